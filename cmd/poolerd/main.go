@@ -1,0 +1,200 @@
+// Command poolerd is a PostgreSQL connection pooler: it speaks the v3 wire
+// protocol to clients and hands their sessions to pools of server
+// connections, one pool per database and user.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"runtime"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/internal/health"
+	"github.com/poolerd/poolerd/internal/proxy"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	loader, err := config.NewLoader(args, stderr)
+	if errors.Is(err, config.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "poolerd:", err)
+		return 2
+	}
+	if loader.Version {
+		fmt.Fprintf(stdout, "poolerd %s (%s)\n", version, runtime.Version())
+		return 0
+	}
+	cfg, err := loader.Load()
+	if err != nil {
+		fmt.Fprintln(stderr, "poolerd: invalid configuration:")
+		fmt.Fprintln(stderr, indent(err.Error()))
+		return 2
+	}
+	if loader.CheckOnly {
+		fmt.Fprintln(stdout, "configuration is valid")
+		return 0
+	}
+	log, err := newLogger(cfg, stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, "poolerd:", err)
+		return 2
+	}
+	defer func() { _ = log.Sync() }()
+	if err := serve(cfg, log); err != nil {
+		log.Error("poolerd stopped", zap.Error(err))
+		return 1
+	}
+	return 0
+}
+
+func indent(s string) string {
+	out := "  "
+	for _, r := range s {
+		out += string(r)
+		if r == '\n' {
+			out += "  "
+		}
+	}
+	return out
+}
+
+func newLogger(cfg *config.Config, w io.Writer) (*zap.Logger, error) {
+	level, err := zapcore.ParseLevel(cfg.LogLevel)
+	if err != nil {
+		return nil, err
+	}
+	ec := zap.NewProductionEncoderConfig()
+	ec.TimeKey = "ts"
+	ec.EncodeTime = zapcore.ISO8601TimeEncoder
+	ec.EncodeDuration = zapcore.StringDurationEncoder
+	var enc zapcore.Encoder
+	if cfg.LogFormat == "json" {
+		enc = zapcore.NewJSONEncoder(ec)
+	} else {
+		ec.EncodeLevel = zapcore.CapitalLevelEncoder
+		enc = zapcore.NewConsoleEncoder(ec)
+	}
+	return zap.New(zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(w)), level)), nil
+}
+
+// serve runs poolerd until a signal stops it.
+func serve(cfg *config.Config, log *zap.Logger) error {
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s (listen / POOLERD_LISTEN): %w", cfg.Listen, err)
+	}
+	srv := proxy.New(cfg, log)
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		collectors.NewBuildInfoCollector(),
+		srv.Collector(),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "poolerd_build_info",
+			Help:        "poolerd's version; always 1.",
+			ConstLabels: prometheus.Labels{"version": version, "goversion": runtime.Version()},
+		}, func() float64 { return 1 }),
+	)
+	var hs *health.Server
+	if cfg.HTTPListen != "" {
+		hln, err := net.Listen("tcp", cfg.HTTPListen)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("listen on %s (http_listen / POOLERD_HTTP_LISTEN): %w", cfg.HTTPListen, err)
+		}
+		hs = health.New(readiness{srv}, reg, log)
+		go func() {
+			if err := hs.Serve(hln); err != nil {
+				log.Error("HTTP server stopped", zap.Error(err))
+			}
+		}()
+	}
+	logSummary(cfg, log)
+	srv.Warm()
+
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+
+	select {
+	case err := <-serveErr:
+		srv.Close()
+		return err
+	case sig := <-sigs:
+		log.Info("shutting down: no new clients; transactions in progress may finish",
+			zap.String("signal", sig.String()), zap.Duration("shutdown_timeout", cfg.ShutdownTimeout))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- srv.Shutdown(ctx) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			log.Warn("shutdown deadline passed; remaining connections were closed")
+		}
+	case sig := <-sigs:
+		log.Warn("second signal: exiting at once", zap.String("signal", sig.String()))
+		srv.Close()
+	}
+	if hs != nil {
+		hctx, hcancel := context.WithTimeout(context.Background(), time.Second)
+		_ = hs.Shutdown(hctx)
+		hcancel()
+	}
+	log.Info("poolerd stopped")
+	return nil
+}
+
+type readiness struct{ srv *proxy.Server }
+
+func (r readiness) Ready() (bool, string) {
+	if !r.srv.Ready() {
+		return false, "not accepting clients (starting or shutting down)"
+	}
+	return true, ""
+}
+
+// logSummary logs the effective configuration, without secrets.
+func logSummary(cfg *config.Config, log *zap.Logger) {
+	fields := []zap.Field{
+		zap.String("version", version),
+		zap.String("listen", cfg.Listen),
+		zap.String("http_listen", cfg.HTTPListen),
+		zap.String("pool_mode", cfg.PoolMode),
+		zap.Int("max_size", cfg.MaxSize),
+		zap.Int("min_size", cfg.MinSize),
+		zap.Duration("checkout_timeout", cfg.CheckoutTimeout),
+		zap.String("auth_type", cfg.AuthType),
+		zap.Int("databases", len(cfg.Databases)),
+		zap.Int("users", len(cfg.Users)),
+	}
+	if u := cfg.UpstreamInfo(); u != nil {
+		fields = append(fields, zap.Stringer("upstream", u))
+	}
+	log.Info("poolerd starting", fields...)
+}

@@ -1,0 +1,323 @@
+// Package backend opens connections to PostgreSQL as a client: dial, startup
+// message, authentication (SCRAM-SHA-256, md5, cleartext, trust, and SCRAM
+// pass-through with a client's recovered key), the server's parameters and
+// cancel key; and it sends cancel requests.
+package backend
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/poolerd/poolerd/internal/auth"
+	"github.com/poolerd/poolerd/internal/wire"
+)
+
+// maxStartupBody caps any message the server sends during startup.
+const maxStartupBody = 64 << 10
+
+// Target locates a PostgreSQL server.
+type Target struct {
+	// Host is a host name, an IP address, or a directory holding the
+	// server's Unix socket (starting with "/").
+	Host string
+	Port int
+}
+
+// Network returns the network and address to dial.
+func (t Target) Network() (network, address string) {
+	if filepath.IsAbs(t.Host) {
+		return "unix", filepath.Join(t.Host, ".s.PGSQL."+strconv.Itoa(t.Port))
+	}
+	return "tcp", net.JoinHostPort(t.Host, strconv.Itoa(t.Port))
+}
+
+// String is host:port (no secrets).
+func (t Target) String() string { _, a := t.Network(); return a }
+
+// Credentials are what poolerd proves to the server.
+type Credentials struct {
+	User string
+	// Secret is the user's secret; the zero value means none (trust).
+	Secret auth.Secret
+	// ClientKey, with the SCRAM verifier in Secret, authenticates with
+	// SCRAM pass-through when no plain password is known.
+	ClientKey []byte
+}
+
+// Conn is an authenticated server connection, ready for queries.
+type Conn struct {
+	net.Conn
+	// PID and Key identify the backend for cancel requests.
+	PID uint32
+	Key []byte
+	// Params are the ParameterStatus values reported at startup.
+	Params map[string]string
+	// Target is where the connection goes.
+	Target Target
+}
+
+// ServerError is an ErrorResponse received from the server.
+type ServerError struct {
+	Severity, Code, Message string
+	// Body is the raw ErrorResponse body, to relay to a client unchanged.
+	Body []byte
+}
+
+func (e *ServerError) Error() string {
+	return fmt.Sprintf("server: %s: %s (SQLSTATE %s)", e.Severity, e.Message, e.Code)
+}
+
+// ErrUnsupportedAuth is returned for authentication methods poolerd cannot
+// perform (GSSAPI, SSPI, ...).
+var ErrUnsupportedAuth = errors.New("unsupported authentication method")
+
+// Connect dials t and logs in as creds to database with the given extra
+// startup parameters. ctx bounds the whole exchange.
+func Connect(ctx context.Context, t Target, database string, creds Credentials, params map[string]string) (*Conn, error) {
+	network, address := t.Network()
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, network, address)
+	if err != nil {
+		return nil, err
+	}
+	if tc, ok := nc.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true)
+		_ = tc.SetKeepAlive(true)
+		_ = tc.SetKeepAlivePeriod(30 * time.Second)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		_ = nc.SetDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Unix(1, 0)) })
+	c, err := startup(nc, t, database, creds, params)
+	if !stop() && err == nil {
+		err = ctx.Err()
+	}
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	if err := nc.SetDeadline(time.Time{}); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func startup(nc net.Conn, t Target, database string, creds Credentials, params map[string]string) (*Conn, error) {
+	sm := pgproto3.StartupMessage{
+		ProtocolVersion: pgproto3.ProtocolVersion30,
+		Parameters:      map[string]string{"user": creds.User, "database": database},
+	}
+	for k, v := range params {
+		sm.Parameters[k] = v
+	}
+	buf, err := sm.Encode(nil)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := nc.Write(buf); err != nil {
+		return nil, err
+	}
+	if err := authenticate(nc, creds); err != nil {
+		return nil, err
+	}
+	c := &Conn{Conn: nc, Params: map[string]string{}, Target: t}
+	for {
+		typ, body, err := wire.ReadMessage(nc, maxStartupBody)
+		if err != nil {
+			return nil, err
+		}
+		switch typ {
+		case 'S':
+			if name, value, ok := wire.ParseParameterStatus(body); ok {
+				c.Params[name] = value
+			}
+		case 'K':
+			if len(body) < 8 {
+				return nil, errors.New("short BackendKeyData from server")
+			}
+			c.PID = binary.BigEndian.Uint32(body)
+			c.Key = append([]byte(nil), body[4:]...)
+		case 'N', 'v':
+		case 'E':
+			return nil, serverError(body)
+		case 'Z':
+			return c, nil
+		default:
+			return nil, fmt.Errorf("unexpected message %q from server during startup", typ)
+		}
+	}
+}
+
+func serverError(body []byte) *ServerError {
+	sev, code, msg := wire.ErrorFields(body)
+	return &ServerError{Severity: sev, Code: code, Message: msg, Body: append([]byte(nil), body...)}
+}
+
+func authenticate(nc net.Conn, creds Credentials) error {
+	var scram *auth.SCRAMClient
+	for {
+		typ, body, err := wire.ReadMessage(nc, maxStartupBody)
+		if err != nil {
+			return err
+		}
+		switch typ {
+		case 'E':
+			return serverError(body)
+		case 'v', 'N':
+			continue
+		case 'R':
+		default:
+			return fmt.Errorf("unexpected message %q from server during authentication", typ)
+		}
+		if len(body) < 4 {
+			return errors.New("short authentication request from server")
+		}
+		code := binary.BigEndian.Uint32(body)
+		data := body[4:]
+		var reply []byte
+		switch code {
+		case pgproto3.AuthTypeOk:
+			return nil
+		case pgproto3.AuthTypeCleartextPassword:
+			pw, ok := creds.Secret.Plain()
+			if !ok {
+				return fmt.Errorf("server asks user %q for a cleartext password, and poolerd knows only a %s: configure the plain password", creds.User, creds.Secret)
+			}
+			reply = passwordMessage(pw)
+		case pgproto3.AuthTypeMD5Password:
+			if len(data) < 4 {
+				return errors.New("short md5 salt from server")
+			}
+			hash, ok := creds.Secret.MD5(creds.User)
+			if !ok {
+				return fmt.Errorf("server asks user %q for md5 authentication, and poolerd knows only a %s: configure the plain or md5 password", creds.User, creds.Secret)
+			}
+			reply = passwordMessage(auth.MD5Response(hash, [4]byte(data[:4])))
+		case pgproto3.AuthTypeSASL:
+			if !hasMechanism(data, "SCRAM-SHA-256") {
+				return fmt.Errorf("%w: server offers no SCRAM-SHA-256", ErrUnsupportedAuth)
+			}
+			scram, err = scramClient(creds)
+			if err != nil {
+				return err
+			}
+			first := scram.ClientFirst()
+			reply = saslInitial(scram.Mechanism(), first)
+		case pgproto3.AuthTypeSASLContinue:
+			if scram == nil {
+				return errors.New("server sent SASLContinue before SASL")
+			}
+			final, err := scram.HandleServerFirst(data)
+			if err != nil {
+				return fmt.Errorf("SCRAM with server: %w", err)
+			}
+			reply = saslResponse(final)
+		case pgproto3.AuthTypeSASLFinal:
+			if scram == nil {
+				return errors.New("server sent SASLFinal before SASL")
+			}
+			if err := scram.HandleServerFinal(data); err != nil {
+				return fmt.Errorf("SCRAM with server: %w", err)
+			}
+			continue
+		default:
+			return fmt.Errorf("%w (code %d) requested by server for user %q: use scram-sha-256, md5, password or trust in pg_hba.conf", ErrUnsupportedAuth, code, creds.User)
+		}
+		if _, err := nc.Write(reply); err != nil {
+			return err
+		}
+	}
+}
+
+func scramClient(creds Credentials) (*auth.SCRAMClient, error) {
+	if pw, ok := creds.Secret.Plain(); ok {
+		return auth.NewSCRAMClient(pw, rand.Reader), nil
+	}
+	if v, ok := creds.Secret.SCRAM(); ok && creds.ClientKey != nil {
+		return auth.NewSCRAMClientFromKeys(v, creds.ClientKey, rand.Reader), nil
+	}
+	if _, ok := creds.Secret.SCRAM(); ok {
+		return nil, fmt.Errorf("server asks user %q for SCRAM and poolerd holds only a SCRAM secret without the client's key: the client must log in with scram-sha-256 (pass-through), or configure the plain password", creds.User)
+	}
+	return nil, fmt.Errorf("server asks user %q for SCRAM and poolerd knows no password for it (%s): configure the plain password", creds.User, creds.Secret)
+}
+
+func hasMechanism(data []byte, mech string) bool {
+	for len(data) > 0 {
+		i := 0
+		for i < len(data) && data[i] != 0 {
+			i++
+		}
+		if string(data[:i]) == mech {
+			return true
+		}
+		if i >= len(data) {
+			break
+		}
+		data = data[i+1:]
+	}
+	return false
+}
+
+func passwordMessage(pw string) []byte {
+	b := []byte{'p', 0, 0, 0, 0}
+	b = append(b, pw...)
+	b = append(b, 0)
+	binary.BigEndian.PutUint32(b[1:], uint32(len(b)-1))
+	return b
+}
+
+func saslInitial(mech string, data []byte) []byte {
+	b := []byte{'p', 0, 0, 0, 0}
+	b = append(b, mech...)
+	b = append(b, 0)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(data)))
+	b = append(b, data...)
+	binary.BigEndian.PutUint32(b[1:], uint32(len(b)-1))
+	return b
+}
+
+func saslResponse(data []byte) []byte {
+	b := []byte{'p', 0, 0, 0, 0}
+	b = append(b, data...)
+	binary.BigEndian.PutUint32(b[1:], uint32(len(b)-1))
+	return b
+}
+
+// Cancel sends a CancelRequest for the backend (pid, key) at t and waits
+// until the server has read it and closed the socket, so that when Cancel
+// returns the signal has been delivered (or ctx ended).
+func Cancel(ctx context.Context, t Target, pid uint32, key []byte) error {
+	network, address := t.Network()
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, network, address)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = nc.SetDeadline(dl)
+	}
+	if _, err := nc.Write(wire.AppendCancelRequest(nil, pid, key)); err != nil {
+		return err
+	}
+	// The server answers nothing and closes the connection once the
+	// request is processed.
+	var b [1]byte
+	if _, err := nc.Read(b[:]); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,213 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/go-viper/mapstructure/v2"
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+)
+
+// EnvPrefix prefixes every environment variable poolerd reads.
+const EnvPrefix = "POOLERD_"
+
+// Key describes one top-level configuration key.
+type Key struct {
+	// Name is the key in the YAML file.
+	Name string
+	// Flag is the command-line flag that sets it, if any.
+	Flag string
+	// Help is one line for --help and the docs.
+	Help string
+}
+
+// Env is the environment variable bound to the key.
+func (k Key) Env() string { return EnvPrefix + strings.ToUpper(k.Name) }
+
+// Keys lists every top-level scalar key, in documentation order. Each is
+// bound explicitly to its environment variable (viper's AutomaticEnv is not
+// used, so a stray POOLERD_ variable never changes anything unannounced).
+func Keys() []Key {
+	return []Key{
+		{Name: "listen", Flag: "listen", Help: "address clients connect to (host:port)"},
+		{Name: "http_listen", Flag: "http-listen", Help: "address of the HTTP health and metrics server; empty disables it"},
+		{Name: "upstream", Flag: "upstream", Help: "sidecar shorthand: postgres://user:password@host:port/db of the upstream server"},
+		{Name: "auth_type", Flag: "auth-type", Help: "client authentication: scram-sha-256, md5 or trust"},
+		{Name: "auth_file", Flag: "auth-file", Help: "PgBouncer-format userlist file with client secrets"},
+		{Name: "pool_mode", Flag: "pool-mode", Help: "session or transaction"},
+		{Name: "max_size", Flag: "pool-size", Help: "most server connections per (database, user) pool"},
+		{Name: "min_size", Flag: "min-pool-size", Help: "server connections a pool keeps open"},
+		{Name: "checkout_timeout", Flag: "checkout-timeout", Help: "how long a client waits for a server connection (0 = no limit)"},
+		{Name: "server_reset_query", Help: "query run before a session-mode server connection is reused; empty disables"},
+		{Name: "server_connect_timeout", Help: "limit on dialing and logging in to PostgreSQL"},
+		{Name: "client_login_timeout", Help: "limit on a client's startup and authentication (0 = no limit)"},
+		{Name: "shutdown_timeout", Help: "how long SIGTERM lets transactions finish before closing everything"},
+		{Name: "log_format", Flag: "log-format", Help: "console or json"},
+		{Name: "log_level", Flag: "log-level", Help: "debug, info, warn or error"},
+		{Name: "log_connections", Help: "log every client login"},
+		{Name: "log_disconnections", Help: "log every client disconnection"},
+	}
+}
+
+// Loader reads the configuration from its sources. It keeps the command line
+// so that a reload sees the same flags and file.
+type Loader struct {
+	flags *pflag.FlagSet
+	// File is the YAML file given with --config, if any.
+	File string
+	// CheckOnly is set by --check-config.
+	CheckOnly bool
+	// Version is set by --version.
+	Version bool
+}
+
+// ErrHelp is returned by NewLoader when -h or --help was given; the usage
+// has been written to the output.
+var ErrHelp = pflag.ErrHelp
+
+// NewLoader parses the command-line arguments (without the program name).
+// Usage and flag errors are written to out.
+func NewLoader(args []string, out io.Writer) (*Loader, error) {
+	fs := pflag.NewFlagSet("poolerd", pflag.ContinueOnError)
+	fs.SetOutput(out)
+	l := &Loader{flags: fs}
+	fs.StringVar(&l.File, "config", "", "YAML configuration file")
+	fs.BoolVar(&l.CheckOnly, "check-config", false, "validate the configuration and exit")
+	fs.BoolVar(&l.Version, "version", false, "print the version and exit")
+	def := Defaults()
+	for _, k := range Keys() {
+		if k.Flag == "" {
+			continue
+		}
+		switch v := defaultValue(&def, k.Name).(type) {
+		case string:
+			fs.String(k.Flag, v, k.Help)
+		case int:
+			fs.Int(k.Flag, v, k.Help)
+		case time.Duration:
+			fs.Duration(k.Flag, v, k.Help)
+		case bool:
+			fs.Bool(k.Flag, v, k.Help)
+		default:
+			return nil, fmt.Errorf("config: key %s has no flag type", k.Name)
+		}
+	}
+	fs.Usage = func() {
+		fmt.Fprintf(out, "Usage: poolerd [flags]\n\nEvery key can also be set in the --config file or with its POOLERD_<KEY> environment variable.\n\nFlags:\n%s", fs.FlagUsages())
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q: poolerd takes only flags (see --help)", fs.Arg(0))
+	}
+	return l, nil
+}
+
+// Load reads the file (if any), the environment and the flags, in increasing
+// order of precedence, and validates the result.
+func (l *Loader) Load() (*Config, error) {
+	v := viper.New()
+	def := Defaults()
+	for _, k := range Keys() {
+		v.SetDefault(k.Name, defaultValue(&def, k.Name))
+		if err := v.BindEnv(k.Name, k.Env()); err != nil {
+			return nil, fmt.Errorf("config: bind %s: %w", k.Env(), err)
+		}
+		if k.Flag != "" {
+			if f := l.flags.Lookup(k.Flag); f != nil && f.Changed {
+				if err := v.BindPFlag(k.Name, f); err != nil {
+					return nil, fmt.Errorf("config: bind --%s: %w", k.Flag, err)
+				}
+			}
+		}
+	}
+	if l.File != "" {
+		f, err := os.Open(l.File)
+		if err != nil {
+			return nil, fmt.Errorf("config file: %w", err)
+		}
+		defer f.Close()
+		v.SetConfigType("yaml")
+		if err := v.ReadConfig(f); err != nil {
+			return nil, fmt.Errorf("config file %s: %w", l.File, err)
+		}
+	}
+	cfg := Defaults()
+	err := v.UnmarshalExact(&cfg, viper.DecodeHook(mapstructure.ComposeDecodeHookFunc(
+		durationHook,
+		mapstructure.StringToTimeDurationHookFunc(),
+	)))
+	if err != nil {
+		return nil, fmt.Errorf("config%s: %w", fileSuffix(l.File), cleanDecodeError(err))
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("config%s: %w", fileSuffix(l.File), err)
+	}
+	return &cfg, nil
+}
+
+func fileSuffix(file string) string {
+	if file == "" {
+		return ""
+	}
+	return " " + file
+}
+
+// durationHook refuses bare numbers for durations: "30" would silently mean
+// 30 nanoseconds.
+func durationHook(from, to reflect.Type, data any) (any, error) {
+	if to != reflect.TypeFor[time.Duration]() || from == reflect.TypeFor[time.Duration]() {
+		return data, nil
+	}
+	switch from.Kind() {
+	case reflect.Int, reflect.Int64, reflect.Int32, reflect.Float64, reflect.Uint64, reflect.Uint:
+		if reflect.ValueOf(data).IsZero() {
+			return time.Duration(0), nil
+		}
+		return nil, fmt.Errorf("duration %v has no unit: write it like \"30s\", \"500ms\" or \"2m\"", data)
+	}
+	return data, nil
+}
+
+// cleanDecodeError turns mapstructure's wording into one a user can act on.
+func cleanDecodeError(err error) error {
+	msg := err.Error()
+	msg = strings.ReplaceAll(msg, "decoding failed due to the following error(s):\n\n", "")
+	if strings.Contains(msg, "has invalid keys") {
+		msg += " (unknown keys are errors: check the spelling against docs/configuration.md)"
+	}
+	return errors.New(msg)
+}
+
+// defaultValue returns the value of a top-level key in cfg.
+func defaultValue(cfg *Config, name string) any {
+	rv := reflect.ValueOf(cfg).Elem()
+	if f, ok := fieldByTag(rv, name); ok {
+		return f.Interface()
+	}
+	return nil
+}
+
+func fieldByTag(rv reflect.Value, name string) (reflect.Value, bool) {
+	rt := rv.Type()
+	for i := range rt.NumField() {
+		tag := rt.Field(i).Tag.Get("mapstructure")
+		if tag == ",squash" {
+			if f, ok := fieldByTag(rv.Field(i), name); ok {
+				return f, true
+			}
+			continue
+		}
+		if tag == name {
+			return rv.Field(i), true
+		}
+	}
+	return reflect.Value{}, false
+}

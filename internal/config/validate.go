@@ -1,0 +1,349 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/poolerd/poolerd/internal/auth"
+)
+
+// WildcardDatabase is the database entry name that matches any database.
+const WildcardDatabase = "*"
+
+// UpstreamURL is the parsed form of the upstream key.
+type UpstreamURL struct {
+	Host     string
+	Port     int
+	Database string
+	User     string
+	Password string
+	// HasPassword distinguishes an empty password from none.
+	HasPassword bool
+}
+
+// String gives the URL without its password, safe for logs.
+func (u *UpstreamURL) String() string {
+	return fmt.Sprintf("postgres://%s@%s/%s", u.User, net.JoinHostPort(u.Host, strconv.Itoa(u.Port)), u.Database)
+}
+
+// ParseUpstream parses a postgres:// or postgresql:// URL. A Unix socket
+// directory is given URL-escaped as the host (postgres://u@%2Fvar%2Frun%2Fpostgresql/db).
+func ParseUpstream(raw string) (*UpstreamURL, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		// url.Parse echoes the input, which holds the password.
+		return nil, errors.New("upstream is not a valid URL: write it as postgres://user:password@host:5432/dbname")
+	}
+	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
+		return nil, fmt.Errorf("upstream scheme %q is not supported: write it as postgres://user:password@host:5432/dbname", u.Scheme)
+	}
+	out := &UpstreamURL{Host: u.Hostname(), Port: 5432}
+	if out.Host == "" {
+		return nil, errors.New("upstream has no host: write it as postgres://user:password@host:5432/dbname")
+	}
+	if p := u.Port(); p != "" {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 1 || n > 65535 {
+			return nil, fmt.Errorf("upstream port %q is not a port number (1-65535)", p)
+		}
+		out.Port = n
+	}
+	if u.User == nil || u.User.Username() == "" {
+		return nil, errors.New("upstream has no user: write it as postgres://user:password@host:5432/dbname")
+	}
+	out.User = u.User.Username()
+	out.Password, out.HasPassword = u.User.Password()
+	out.Database = strings.TrimPrefix(u.Path, "/")
+	if out.Database == "" {
+		out.Database = out.User
+	}
+	for k, vals := range u.Query() {
+		switch k {
+		case "sslmode":
+			switch vals[0] {
+			case "disable", "allow", "prefer":
+			default:
+				return nil, fmt.Errorf("upstream sslmode=%s: poolerd does not speak TLS to PostgreSQL yet; use sslmode=disable or prefer", vals[0])
+			}
+		default:
+			return nil, fmt.Errorf("upstream parameter %q is not supported: only sslmode is read from the URL; set other options as configuration keys", k)
+		}
+	}
+	return out, nil
+}
+
+type userSecret struct {
+	secret auth.Secret
+	source string
+}
+
+// Validate checks every key and resolves derived state (the parsed upstream,
+// the client secrets). Each error says what to change.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		bad("listen %q is not host:port (POOLERD_LISTEN / --listen), e.g. 127.0.0.1:6432", c.Listen)
+	}
+	if c.HTTPListen != "" {
+		if _, _, err := net.SplitHostPort(c.HTTPListen); err != nil {
+			bad("http_listen %q is not host:port (POOLERD_HTTP_LISTEN / --http-listen), e.g. 0.0.0.0:9930; empty disables HTTP", c.HTTPListen)
+		}
+	}
+	switch c.AuthType {
+	case AuthSCRAM, AuthMD5, AuthTrust:
+	default:
+		bad("auth_type %q is not one of scram-sha-256, md5, trust (POOLERD_AUTH_TYPE / --auth-type)", c.AuthType)
+	}
+	c.PoolSettings.validate("", bad)
+	for _, d := range []struct {
+		name  string
+		value int64
+	}{
+		{"server_connect_timeout", int64(c.ServerConnectTimeout)},
+		{"client_login_timeout", int64(c.ClientLoginTimeout)},
+		{"shutdown_timeout", int64(c.ShutdownTimeout)},
+	} {
+		if d.value < 0 {
+			bad("%s must not be negative", d.name)
+		}
+	}
+	if c.ServerConnectTimeout == 0 {
+		bad("server_connect_timeout must be positive (e.g. 15s): a connect with no limit can hang a pool forever")
+	}
+	switch c.LogFormat {
+	case "console", "json":
+	default:
+		bad("log_format %q is not console or json (POOLERD_LOG_FORMAT / --log-format)", c.LogFormat)
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log_level %q is not debug, info, warn or error (POOLERD_LOG_LEVEL / --log-level)", c.LogLevel)
+	}
+
+	c.upstream = nil
+	if c.Upstream != "" {
+		u, err := ParseUpstream(c.Upstream)
+		if err != nil {
+			bad("%w", err)
+		} else {
+			c.upstream = u
+		}
+	}
+
+	seenDB := map[string]bool{}
+	for i, d := range c.Databases {
+		where := fmt.Sprintf("databases[%d]", i)
+		if d.Name == "" {
+			bad("%s has no name: every database entry needs name", where)
+			continue
+		}
+		where = fmt.Sprintf("database %q", d.Name)
+		if seenDB[d.Name] {
+			bad("%s is listed twice: names are case-sensitive; remove one entry", where)
+		}
+		seenDB[d.Name] = true
+		if d.Host == "" && c.upstream == nil {
+			bad("%s has no host: set host (and port), or set upstream to give every database its host", where)
+		}
+		if d.Port != 0 && (d.Port < 1 || d.Port > 65535) {
+			bad("%s port %d is not a port number (1-65535)", where, d.Port)
+		}
+		if d.Password != "" && d.User == "" {
+			bad("%s has a password but no user: the password belongs to user; set user or remove password", where)
+		}
+		if d.Password != "" {
+			if _, err := auth.ParseSecret(d.Password); err != nil {
+				bad("%s password: %w", where, err)
+			}
+		}
+		c.PoolSettings.Effective(d.Overrides).validate(where+" ", bad)
+	}
+
+	c.secrets = map[string]userSecret{}
+	addSecret := func(name, raw, source string) {
+		if prev, ok := c.secrets[name]; ok {
+			bad("user %q has a password in %s and in %s: keep one", name, prev.source, source)
+			return
+		}
+		s, err := auth.ParseSecret(raw)
+		if err != nil {
+			bad("user %q in %s: %w", name, source, err)
+			return
+		}
+		checkSecretKind(c.AuthType, name, source, s, bad)
+		c.secrets[name] = userSecret{secret: s, source: source}
+	}
+	seenUser := map[string]bool{}
+	for i, u := range c.Users {
+		if u.Name == "" {
+			bad("users[%d] has no name: every user entry needs name", i)
+			continue
+		}
+		if seenUser[u.Name] {
+			bad("user %q is listed twice: names are case-sensitive; remove one entry", u.Name)
+		}
+		seenUser[u.Name] = true
+		if u.Password != "" {
+			addSecret(u.Name, u.Password, "users")
+		}
+		c.PoolSettings.Effective(u.Overrides).validate(fmt.Sprintf("user %q ", u.Name), bad)
+	}
+	if c.AuthFile != "" {
+		f, err := os.Open(c.AuthFile)
+		if err != nil {
+			bad("auth_file: %w", err)
+		} else {
+			entries, err := auth.ParseUserlist(f)
+			f.Close()
+			if err != nil {
+				bad("auth_file %s: %w", c.AuthFile, err)
+			}
+			for _, e := range entries {
+				if prev, ok := c.secrets[e.Name]; ok {
+					bad("user %q has a password in %s and in auth_file line %d: keep one", e.Name, prev.source, e.Line)
+					continue
+				}
+				checkSecretKind(c.AuthType, e.Name, fmt.Sprintf("auth_file line %d", e.Line), e.Secret, bad)
+				c.secrets[e.Name] = userSecret{secret: e.Secret, source: "auth_file"}
+			}
+		}
+	}
+	if u := c.upstream; u != nil && u.HasPassword && u.Password != "" {
+		addSecret(u.User, u.Password, "upstream")
+	}
+
+	if len(c.Databases) == 0 && c.upstream == nil {
+		bad("no databases: set upstream (e.g. --upstream postgres://user:password@127.0.0.1:5432/db) or list entries under databases")
+	}
+	if c.AuthType != AuthTrust && len(c.secrets) == 0 {
+		bad("auth_type %s needs client passwords, and none are configured: put the password in upstream, in users[].password or in auth_file (or set auth_type trust on a trusted network)", c.AuthType)
+	}
+	return errors.Join(errs...)
+}
+
+// checkSecretKind refuses secrets the client authentication method cannot
+// check. As in PostgreSQL, md5 authentication of a user whose secret is a
+// SCRAM verifier runs SCRAM instead; SCRAM cannot use an md5 hash.
+func checkSecretKind(authType, user, source string, s auth.Secret, bad func(string, ...any)) {
+	if authType == AuthSCRAM && s.Kind() == auth.SecretMD5 {
+		bad("user %q in %s has an md5 secret, which scram-sha-256 authentication cannot check: give the plain password or a SCRAM secret, or use auth_type md5", user, source)
+	}
+}
+
+func (p PoolSettings) validate(where string, bad func(string, ...any)) {
+	switch p.PoolMode {
+	case PoolSession, PoolTransaction:
+	default:
+		bad("%spool_mode %q is not session or transaction", where, p.PoolMode)
+	}
+	if p.MaxSize < 1 {
+		bad("%smax_size %d must be at least 1 (POOLERD_MAX_SIZE / --pool-size)", where, p.MaxSize)
+	}
+	if p.MinSize < 0 {
+		bad("%smin_size %d must not be negative", where, p.MinSize)
+	}
+	if p.MaxSize >= 1 && p.MinSize > p.MaxSize {
+		bad("%smin_size (%d) exceeds max_size (%d): reduce min_size to %d or raise max_size to %d", where, p.MinSize, p.MaxSize, p.MaxSize, p.MinSize)
+	}
+	if p.CheckoutTimeout < 0 {
+		bad("%scheckout_timeout must not be negative (0 waits without limit)", where)
+	}
+}
+
+// UpstreamInfo returns the parsed upstream URL, or nil without one.
+func (c *Config) UpstreamInfo() *UpstreamURL { return c.upstream }
+
+// ClientSecret returns the secret a client logging in as user must prove.
+func (c *Config) ClientSecret(user string) (auth.Secret, bool) {
+	s, ok := c.secrets[user]
+	return s.secret, ok
+}
+
+// Route says how clients of one (database, user) pair reach PostgreSQL.
+type Route struct {
+	// Database is the name the client asked for.
+	Database string
+	// Host, Port and DBName locate the server database.
+	Host   string
+	Port   int
+	DBName string
+	// ServerUser is the role poolerd logs in as.
+	ServerUser string
+	// ServerSecret is ServerUser's secret; the zero Secret means none is
+	// known (trust, or SCRAM pass-through with the client's proof).
+	ServerSecret auth.Secret
+	// ForcedUser is true when the database entry names the server user, so
+	// all clients share one pool.
+	ForcedUser bool
+	// Settings are the effective pool settings.
+	Settings PoolSettings
+}
+
+// ErrUnknownDatabase is returned by Route for a database with no entry.
+var ErrUnknownDatabase = errors.New("unknown database")
+
+// Route resolves the database entry for a client's database and user.
+func (c *Config) Route(database, user string) (Route, error) {
+	d, ok := c.database(database)
+	if !ok {
+		return Route{}, fmt.Errorf("%w %q", ErrUnknownDatabase, database)
+	}
+	r := Route{Database: database, Host: d.Host, Port: d.Port, DBName: d.DBName}
+	if r.Host == "" && c.upstream != nil {
+		r.Host = c.upstream.Host
+		if r.Port == 0 {
+			r.Port = c.upstream.Port
+		}
+	}
+	if r.Port == 0 {
+		r.Port = 5432
+	}
+	if r.DBName == "" {
+		r.DBName = database
+	}
+	overrides := []Overrides{d.Overrides}
+	if d.User != "" {
+		r.ServerUser = d.User
+		r.ForcedUser = true
+		if d.Password != "" {
+			r.ServerSecret, _ = auth.ParseSecret(d.Password) // validated
+		}
+	} else {
+		r.ServerUser = user
+		r.ServerSecret = c.secrets[user].secret
+	}
+	for _, u := range c.Users {
+		if u.Name == user {
+			overrides = append(overrides, u.Overrides)
+		}
+	}
+	r.Settings = c.PoolSettings.Effective(overrides...)
+	return r, nil
+}
+
+func (c *Config) database(name string) (Database, bool) {
+	var wildcard *Database
+	for i := range c.Databases {
+		switch c.Databases[i].Name {
+		case name:
+			return c.Databases[i], true
+		case WildcardDatabase:
+			wildcard = &c.Databases[i]
+		}
+	}
+	if wildcard != nil {
+		return *wildcard, true
+	}
+	if c.upstream != nil {
+		return Database{Name: WildcardDatabase}, true
+	}
+	return Database{}, false
+}

@@ -1,0 +1,260 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+
+	"go.uber.org/zap"
+
+	"github.com/poolerd/poolerd/internal/auth"
+	"github.com/poolerd/poolerd/internal/backend"
+	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/internal/pool"
+	"github.com/poolerd/poolerd/internal/wire"
+)
+
+// maxParamCache bounds the learned startup-parameter values per pool.
+const maxParamCache = 1024
+
+// dbPool is the pool of one (database, user) pair with what poolerd learned
+// about its server sessions.
+type dbPool struct {
+	srv   *Server
+	key   poolKey
+	route config.Route
+	pool  *pool.Pool[*serverConn]
+	log   *zap.Logger
+
+	mu sync.Mutex
+	// defaults are the server's reported parameters at connection start.
+	defaults map[string]string
+	// learned maps a startup parameter (name, raw value) to the value the
+	// server reports for it, or to the error setting it gave.
+	learned map[paramKey]paramResult
+	// clientKey is the latest SCRAM ClientKey recovered from a client of
+	// this user, for SCRAM pass-through when only a verifier is configured.
+	clientKey []byte
+}
+
+type paramKey struct{ name, value string }
+
+type paramResult struct {
+	value string
+	err   *wire.Error
+}
+
+func newDBPool(srv *Server, key poolKey, route config.Route) *dbPool {
+	d := &dbPool{
+		srv:     srv,
+		key:     key,
+		route:   route,
+		log:     srv.log.With(zap.String("database", key.database), zap.String("user", key.user)),
+		learned: map[paramKey]paramResult{},
+	}
+	cfg := srv.cfg()
+	d.pool = pool.New(pool.Config[*serverConn]{
+		MaxSize:        route.Settings.MaxSize,
+		MinSize:        route.Settings.MinSize,
+		Connect:        d.connect,
+		ConnectTimeout: cfg.ServerConnectTimeout,
+		Logger:         d.log,
+	}, &srv.connIDs)
+	return d
+}
+
+// connect opens one server connection and starts its reader.
+func (d *dbPool) connect(ctx context.Context) (*serverConn, error) {
+	creds := backend.Credentials{User: d.route.ServerUser, Secret: d.route.ServerSecret}
+	if creds.Secret.Kind() == auth.SecretSCRAM {
+		d.mu.Lock()
+		creds.ClientKey = d.clientKey
+		d.mu.Unlock()
+	}
+	target := backend.Target{Host: d.route.Host, Port: d.route.Port}
+	bc, err := backend.Connect(ctx, target, d.route.DBName, creds, nil)
+	if err != nil {
+		return nil, err
+	}
+	sc := newServerConn(d, bc)
+	d.mu.Lock()
+	if d.defaults == nil {
+		d.defaults = maps.Clone(bc.Params)
+	}
+	d.mu.Unlock()
+	go sc.readLoop()
+	d.log.Debug("server connection opened", zap.String("server", target.String()), zap.Uint32("backend_pid", bc.PID))
+	return sc, nil
+}
+
+// checkout takes a server connection, waiting at most checkout_timeout.
+func (d *dbPool) checkout(ctx context.Context) (*serverConn, *wire.Error) {
+	if t := d.route.Settings.CheckoutTimeout; t > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, t)
+		defer cancel()
+	}
+	sc, err := d.pool.Get(ctx)
+	if err != nil {
+		return nil, d.checkoutError(err)
+	}
+	return sc, nil
+}
+
+// checkin returns a connection to the pool, or closes it if it is broken.
+func (d *dbPool) checkin(sc *serverConn) {
+	if sc.isBroken() {
+		d.pool.Discard(sc, "broken")
+		return
+	}
+	d.pool.Put(sc)
+}
+
+// checkoutError turns a pool error into what the client sees.
+func (d *dbPool) checkoutError(err error) *wire.Error {
+	var te *pool.CheckoutTimeoutError
+	var ce *pool.ConnectError
+	switch {
+	case errors.As(err, &te):
+		st := te.Stats
+		return &wire.Error{Severity: "ERROR", Code: "53300",
+			Message: fmt.Sprintf("no server connection available within checkout_timeout (%s)", d.route.Settings.CheckoutTimeout),
+			Detail: fmt.Sprintf("pool %s/%s: total %d, idle %d, active %d, waiting %d, max_size %d",
+				d.key.database, d.key.user, st.Total, st.Idle, st.Active, st.Waiting, st.MaxSize),
+			Hint: "raise max_size (POOLERD_MAX_SIZE) if PostgreSQL's max_connections allows it, shorten transactions, or raise checkout_timeout"}
+	case errors.As(err, &ce):
+		return d.connectError(ce.Err)
+	case errors.Is(err, pool.ErrClosed), errors.Is(err, context.Canceled):
+		return errShuttingDown
+	}
+	return errServerUnavailable(err)
+}
+
+// connectError turns a failure to open a server connection into what the
+// client sees. The server's own refusals (no such database, too many
+// connections, starting up) pass through with their SQLSTATE; a failed
+// server login is poolerd's configuration problem and says so.
+func (d *dbPool) connectError(err error) *wire.Error {
+	var se *backend.ServerError
+	if errors.As(err, &se) {
+		werr := &wire.Error{Severity: "ERROR", Code: se.Code, Message: se.Message}
+		if len(se.Code) == 5 && se.Code[:2] == "28" {
+			werr.Message = "server login failed: " + se.Message
+			werr.Hint = fmt.Sprintf("poolerd logs in to PostgreSQL as %q; check the password configured for it (upstream, users or auth_file) and pg_hba.conf", d.route.ServerUser)
+		}
+		return werr
+	}
+	return errServerUnavailable(err)
+}
+
+func errServerUnavailable(err error) *wire.Error {
+	return &wire.Error{Severity: "ERROR", Code: "08006",
+		Message: "could not connect to the PostgreSQL server",
+		Detail:  err.Error(),
+		Hint:    "check that PostgreSQL is running and reachable from poolerd; the request can be retried"}
+}
+
+var errShuttingDown = &wire.Error{Severity: "FATAL", Code: "57P01",
+	Message: "terminating connection because poolerd is shutting down",
+	Hint:    "reconnect; another poolerd instance or the restarted one will serve you"}
+
+// prepareLogin makes sure the pool knows its server's default parameters
+// and what the server makes of each of the client's startup parameters,
+// using one server round trip only for values it has not seen before. It
+// returns the client's parameters as the server reports them.
+func (d *dbPool) prepareLogin(ctx context.Context, startup map[string]string) (map[string]string, *wire.Error) {
+	d.mu.Lock()
+	haveDefaults := d.defaults != nil
+	var unknown []paramKey
+	out := make(map[string]string, len(startup))
+	for name, value := range startup {
+		if name == "application_name" && printableASCII(value) {
+			out[name] = value // stored as given; no need to ask the server
+			continue
+		}
+		r, ok := d.learned[paramKey{name, value}]
+		switch {
+		case !ok:
+			unknown = append(unknown, paramKey{name, value})
+		case r.err != nil:
+			d.mu.Unlock()
+			return nil, r.err
+		default:
+			out[name] = r.value
+		}
+	}
+	d.mu.Unlock()
+	if haveDefaults && len(unknown) == 0 {
+		return out, nil
+	}
+	sc, werr := d.checkout(ctx)
+	if werr != nil {
+		werr.Severity = "FATAL"
+		return nil, werr
+	}
+	if len(unknown) == 0 {
+		d.checkin(sc)
+		return out, nil
+	}
+	sql := setConfigSQL(unknown)
+	qctx, cancel := context.WithTimeout(ctx, d.srv.cfg().ServerConnectTimeout)
+	err := sc.exec(qctx, sql)
+	cancel()
+	var se *backend.ServerError
+	if errors.As(err, &se) {
+		d.checkin(sc) // the failed statement rolled back; the server is clean
+		werr := &wire.Error{Severity: "FATAL", Code: se.Code, Message: se.Message,
+			Hint: "a startup parameter of the client was refused by PostgreSQL; fix or remove it in the connection settings"}
+		if len(unknown) == 1 {
+			d.mu.Lock()
+			d.remember(unknown[0], paramResult{err: werr})
+			d.mu.Unlock()
+		}
+		return nil, werr
+	}
+	if err != nil {
+		d.pool.Discard(sc, "parameter check failed")
+		return nil, &wire.Error{Severity: "FATAL", Code: "08006", Message: "could not check startup parameters on the server",
+			Detail: err.Error(), Hint: "retry the connection; if it repeats, check the PostgreSQL server"}
+	}
+	d.mu.Lock()
+	for _, k := range unknown {
+		v := k.value
+		if reported, ok := sc.params[k.name]; ok {
+			v = reported
+		} else {
+			sc.applied[k.name] = k.value
+		}
+		d.remember(k, paramResult{value: v})
+		out[k.name] = v
+	}
+	d.mu.Unlock()
+	d.checkin(sc)
+	return out, nil
+}
+
+func (d *dbPool) remember(k paramKey, r paramResult) {
+	if len(d.learned) >= maxParamCache {
+		clear(d.learned)
+	}
+	d.learned[k] = r
+}
+
+// defaultParams returns the server's default reported parameters.
+func (d *dbPool) defaultParams() map[string]string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return maps.Clone(d.defaults)
+}
+
+// setClientKey records a client's SCRAM key for pass-through logins.
+func (d *dbPool) setClientKey(k []byte) {
+	if k == nil {
+		return
+	}
+	d.mu.Lock()
+	d.clientKey = k
+	d.mu.Unlock()
+}

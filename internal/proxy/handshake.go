@@ -1,0 +1,376 @@
+package proxy
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+	"go.uber.org/zap"
+
+	"github.com/poolerd/poolerd/internal/auth"
+	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/internal/wire"
+)
+
+// maxAuthBody caps a client's password and SASL messages.
+const maxAuthBody = 8 << 10
+
+// serveConn runs one client connection from its first byte to its last.
+func (srv *Server) serveConn(nc net.Conn) {
+	if tc, ok := nc.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true)
+		_ = tc.SetKeepAlive(true)
+		_ = tc.SetKeepAlivePeriod(30 * time.Second)
+	}
+	cfg := srv.cfg()
+	s := &session{srv: srv, conn: nc, id: srv.sessIDs.Add(1), addr: nc.RemoteAddr().String()}
+	if t := cfg.ClientLoginTimeout; t > 0 {
+		s.loginDeadline = time.Now().Add(t)
+		_ = nc.SetDeadline(s.loginDeadline)
+	}
+	if !s.handshake(cfg) {
+		_ = nc.Close()
+		return
+	}
+	if err := nc.SetDeadline(time.Time{}); err != nil {
+		s.end(err)
+		return
+	}
+	s.run()
+}
+
+// handshake answers encryption requests, reads the startup message,
+// authenticates the client and sends the session's welcome. It returns
+// false if the connection is done (cancel request, refusal, timeout).
+func (s *session) handshake(cfg *config.Config) bool {
+	for {
+		body, err := wire.ReadStartup(s.conn)
+		if err != nil {
+			s.loginFailed(err)
+			return false
+		}
+		code := binary.BigEndian.Uint32(body)
+		switch {
+		case code == wire.CodeSSL || code == wire.CodeGSSENC:
+			// No TLS or GSS encryption yet: 'N' tells the client to go on
+			// in plain text (or give up, if it requires encryption).
+			if _, err := s.conn.Write([]byte{'N'}); err != nil {
+				return false
+			}
+		case code == wire.CodeCancel:
+			s.srv.handleCancel(body)
+			return false
+		case code>>16 == 3:
+			return s.startup(cfg, body)
+		default:
+			s.fail(&wire.Error{Severity: "FATAL", Code: "0A000",
+				Message: fmt.Sprintf("unsupported frontend protocol %d.%d: server supports 3.0 to 3.0", code>>16, code&0xffff),
+				Hint:    "use a client that speaks PostgreSQL protocol version 3"})
+			return false
+		}
+	}
+}
+
+func (s *session) loginFailed(err error) {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		s.fail(&wire.Error{Severity: "FATAL", Code: "08006", Message: "client did not log in within client_login_timeout",
+			Hint: "raise client_login_timeout if clients are this slow to authenticate"})
+		s.srv.log.Info("client login timed out", zap.String("client", s.addr))
+		return
+	}
+	s.srv.log.Debug("client handshake failed", zap.String("client", s.addr), zap.Error(err))
+}
+
+func (s *session) startup(cfg *config.Config, body []byte) bool {
+	var sm pgproto3.StartupMessage
+	if err := sm.Decode(body); err != nil {
+		s.fail(&wire.Error{Severity: "FATAL", Code: "08P01", Message: "invalid startup packet: " + err.Error(),
+			Hint: "the client sent a malformed startup message; check the driver"})
+		return false
+	}
+	raw := sm.Parameters
+	s.user = raw["user"]
+	if s.user == "" {
+		s.fail(&wire.Error{Severity: "FATAL", Code: "28000", Message: "no PostgreSQL user name specified in startup packet",
+			Hint: "set the user in the connection settings"})
+		return false
+	}
+	s.database = raw["database"]
+	if s.database == "" {
+		s.database = s.user
+	}
+	s.log = s.srv.log.With(zap.Uint64("session", s.id), zap.String("client", s.addr),
+		zap.String("database", s.database), zap.String("user", s.user))
+	params, werr := startupParams(raw)
+	if werr != nil {
+		s.fail(werr)
+		return false
+	}
+	if nego := negotiation(sm.ProtocolVersion, raw); nego != nil {
+		if _, err := s.conn.Write(nego); err != nil {
+			return false
+		}
+	}
+	route, err := cfg.Route(s.database, s.user)
+	if err != nil {
+		s.fail(&wire.Error{Severity: "FATAL", Code: "3D000", Message: fmt.Sprintf("database %q does not exist", s.database),
+			Hint: "add it to databases in the poolerd configuration, or set upstream to serve every database name"})
+		return false
+	}
+	if !s.authenticate(cfg) {
+		return false
+	}
+	dbp, err := s.srv.getPool(s.database, s.user)
+	if err != nil {
+		s.fail(&wire.Error{Severity: "FATAL", Code: "3D000", Message: fmt.Sprintf("database %q does not exist", s.database)})
+		return false
+	}
+	s.dbp = dbp
+	s.mode = route.Settings.PoolMode
+	dbp.setClientKey(s.clientKey)
+	ok, _ := (&pgproto3.AuthenticationOk{}).Encode(nil)
+	if _, err := s.conn.Write(ok); err != nil {
+		return false
+	}
+	ctx, cancel := context.WithCancel(s.srv.ctx)
+	defer cancel()
+	if !s.loginDeadline.IsZero() {
+		ctx, cancel = context.WithDeadline(ctx, s.loginDeadline)
+		defer cancel()
+	}
+	reported, werr := dbp.prepareLogin(ctx, params)
+	if werr != nil {
+		s.fail(werr)
+		s.log.Info("client login refused", zap.String("sqlstate", werr.Code), zap.String("reason", werr.Message))
+		return false
+	}
+	// The session's parameters: the server's defaults for those kept per
+	// client, with the client's own values over them.
+	s.params = map[string]string{}
+	defaults := dbp.defaultParams()
+	for k, v := range defaults {
+		if syncedParam(k) {
+			s.params[k] = v
+		}
+	}
+	maps.Copy(s.params, reported)
+	if s.srv.shuttingDown() {
+		s.fail(errShuttingDown)
+		return false
+	}
+	s.srv.register(s)
+	welcome := make([]byte, 0, 512)
+	names := make([]string, 0, len(defaults))
+	for k := range defaults {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		v := defaults[k]
+		if cv, ok := s.params[k]; ok {
+			v = cv
+		}
+		welcome = wire.AppendParameterStatus(welcome, k, v)
+	}
+	welcome = wire.AppendBackendKeyData(welcome, s.pid, s.key)
+	welcome = wire.AppendReadyForQuery(welcome, wire.TxIdle)
+	if _, err := s.conn.Write(welcome); err != nil {
+		s.srv.forget(s)
+		return false
+	}
+	if cfg.LogConnections {
+		s.log.Info("client connected", zap.String("pool_mode", s.mode),
+			zap.String("application_name", s.params["application_name"]))
+	}
+	return true
+}
+
+// negotiation returns a NegotiateProtocolVersion message when the client
+// asked for a newer minor version or protocol options (_pq_.*); poolerd
+// speaks 3.0 and no options, as PostgreSQL 15 does.
+func negotiation(version uint32, raw map[string]string) []byte {
+	var opts []string
+	for k := range raw {
+		if strings.HasPrefix(k, "_pq_.") {
+			opts = append(opts, k)
+		}
+	}
+	if version == pgproto3.ProtocolVersion30 && len(opts) == 0 {
+		return nil
+	}
+	sort.Strings(opts)
+	msg, _ := (&pgproto3.NegotiateProtocolVersion{NewestMinorProtocol: 0, UnrecognizedOptions: opts}).Encode(nil)
+	return msg
+}
+
+var errBadPassword = func(user string) *wire.Error {
+	return &wire.Error{Severity: "FATAL", Code: "28P01", Message: fmt.Sprintf("password authentication failed for user %q", user)}
+}
+
+// authenticate runs the configured authentication method. It returns
+// false after sending the failure.
+func (s *session) authenticate(cfg *config.Config) bool {
+	if cfg.AuthType == config.AuthTrust {
+		return true
+	}
+	secret, known := cfg.ClientSecret(s.user)
+	useSCRAM := cfg.AuthType == config.AuthSCRAM || secret.Kind() == auth.SecretSCRAM
+	var ok bool
+	var err error
+	if useSCRAM {
+		ok, err = s.authSCRAM(secret, known)
+	} else {
+		ok, err = s.authMD5(secret, known)
+	}
+	if err != nil {
+		s.loginFailed(err)
+		var pe *wire.Error
+		if errors.As(err, &pe) {
+			s.fail(pe)
+		}
+		return false
+	}
+	if !ok {
+		s.fail(errBadPassword(s.user))
+		s.srv.log.Info("client authentication failed", zap.String("client", s.addr),
+			zap.String("user", s.user), zap.String("database", s.database), zap.String("method", map[bool]string{true: "scram-sha-256", false: "md5"}[useSCRAM]))
+		return false
+	}
+	return true
+}
+
+// authSCRAM runs SCRAM-SHA-256. An unknown user, or one whose secret SCRAM
+// cannot check, goes through the same exchange against a mock verifier and
+// fails at the end, so the answer does not reveal which users exist.
+func (s *session) authSCRAM(secret auth.Secret, known bool) (bool, error) {
+	v := s.srv.verifier(s.user, secret, known)
+	mock := v == nil
+	if mock {
+		v = auth.NewSCRAMMockVerifier(s.user, s.srv.mockKey[:])
+	}
+	msg, _ := (&pgproto3.AuthenticationSASL{AuthMechanisms: []string{auth.SCRAMMechanism}}).Encode(nil)
+	if _, err := s.conn.Write(msg); err != nil {
+		return false, err
+	}
+	typ, body, err := wire.ReadMessage(s.conn, maxAuthBody)
+	if err != nil {
+		return false, err
+	}
+	if typ != 'p' {
+		return false, protocolViolation("expected SASLInitialResponse, got message type " + quoteByte(typ))
+	}
+	var init pgproto3.SASLInitialResponse
+	if err := init.Decode(body); err != nil {
+		return false, protocolViolation("malformed SASLInitialResponse")
+	}
+	exch := auth.NewSCRAMServer(v, rand.Reader)
+	first, err := exch.HandleClientFirst(init.AuthMechanism, init.Data)
+	if err != nil {
+		return false, protocolViolation("SCRAM: " + err.Error())
+	}
+	msg, _ = (&pgproto3.AuthenticationSASLContinue{Data: first}).Encode(nil)
+	if _, err := s.conn.Write(msg); err != nil {
+		return false, err
+	}
+	typ, body, err = wire.ReadMessage(s.conn, maxAuthBody)
+	if err != nil {
+		return false, err
+	}
+	if typ != 'p' {
+		return false, protocolViolation("expected SASLResponse, got message type " + quoteByte(typ))
+	}
+	final, err := exch.HandleClientFinal(body)
+	if errors.Is(err, auth.ErrPasswordMismatch) || (err == nil && mock) {
+		return false, nil
+	}
+	if err != nil {
+		return false, protocolViolation("SCRAM: " + err.Error())
+	}
+	msg, _ = (&pgproto3.AuthenticationSASLFinal{Data: final}).Encode(nil)
+	if _, err := s.conn.Write(msg); err != nil {
+		return false, err
+	}
+	if secret.Kind() == auth.SecretSCRAM {
+		s.clientKey = exch.ClientKey()
+	}
+	return true, nil
+}
+
+// authMD5 runs md5 password authentication.
+func (s *session) authMD5(secret auth.Secret, known bool) (bool, error) {
+	var salt [4]byte
+	_, _ = rand.Read(salt[:])
+	msg, _ := (&pgproto3.AuthenticationMD5Password{Salt: salt}).Encode(nil)
+	if _, err := s.conn.Write(msg); err != nil {
+		return false, err
+	}
+	typ, body, err := wire.ReadMessage(s.conn, maxAuthBody)
+	if err != nil {
+		return false, err
+	}
+	if typ != 'p' || len(body) == 0 || body[len(body)-1] != 0 {
+		return false, protocolViolation("expected a password message")
+	}
+	if !known {
+		return false, nil
+	}
+	return auth.VerifyMD5(secret, s.user, salt, string(body[:len(body)-1])), nil
+}
+
+func protocolViolation(msg string) *wire.Error {
+	return &wire.Error{Severity: "FATAL", Code: "08P01", Message: msg,
+		Hint: "the client broke the authentication exchange; check the driver"}
+}
+
+// verifier returns the SCRAM verifier for a user's secret, deriving (once)
+// one from a plain password. nil means SCRAM cannot check this user.
+func (srv *Server) verifier(user string, secret auth.Secret, known bool) *auth.SCRAMVerifier {
+	if !known {
+		return nil
+	}
+	if v, ok := secret.SCRAM(); ok {
+		return v
+	}
+	pw, ok := secret.Plain()
+	if !ok {
+		return nil
+	}
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	if v, ok := srv.verifiers[user]; ok {
+		return v
+	}
+	v, err := auth.DeriveSCRAMVerifier(pw, nil, auth.DefaultSCRAMIterations)
+	if err != nil {
+		return nil
+	}
+	srv.verifiers[user] = v
+	return v
+}
+
+// handleCancel forwards a client's CancelRequest to the backend its session
+// holds right now. Anything else about the request is ignored, as
+// PostgreSQL does (it never answers a cancel request).
+func (srv *Server) handleCancel(body []byte) {
+	if len(body) != 12 {
+		return
+	}
+	pid := binary.BigEndian.Uint32(body[4:])
+	key := binary.BigEndian.Uint32(body[8:])
+	s := srv.lookupSession(pid)
+	if s == nil || subtle.ConstantTimeEq(int32(s.key), int32(key)) != 1 {
+		srv.log.Debug("cancel request for an unknown session")
+		return
+	}
+	s.cancel()
+}

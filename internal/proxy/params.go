@@ -1,0 +1,217 @@
+package proxy
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/poolerd/poolerd/internal/wire"
+)
+
+// syncedParam reports whether a parameter PostgreSQL reports with
+// ParameterStatus is one poolerd keeps per client: a client-settable
+// parameter whose value differs between sessions. The others (server_version,
+// is_superuser, ...) are fixed per server and user.
+func syncedParam(name string) bool {
+	switch name {
+	case "application_name", "client_encoding", "DateStyle", "IntervalStyle", "TimeZone",
+		"standard_conforming_strings", "default_transaction_read_only", "search_path":
+		return true
+	}
+	return false
+}
+
+// canonicalParam returns the name PostgreSQL uses for a parameter
+// (parameter names are case-insensitive; the mixed-case ones are reported
+// in their canonical spelling).
+func canonicalParam(name string) string {
+	lower := strings.ToLower(name)
+	switch lower {
+	case "datestyle":
+		return "DateStyle"
+	case "intervalstyle":
+		return "IntervalStyle"
+	case "timezone":
+		return "TimeZone"
+	}
+	return lower
+}
+
+// startupParams turns a client's startup packet parameters into the session
+// parameters to apply: user, database and protocol options are removed and
+// options=-c name=value is expanded, as PostgreSQL does.
+func startupParams(raw map[string]string) (map[string]string, *wire.Error) {
+	out := make(map[string]string, len(raw))
+	for k, v := range raw {
+		switch {
+		case k == "user", k == "database", strings.HasPrefix(k, "_pq_."):
+		case k == "replication":
+			if v != "false" && v != "off" && v != "no" && v != "0" {
+				return nil, &wire.Error{Severity: "FATAL", Code: "0A000",
+					Message: "poolerd does not pool replication connections",
+					Hint:    "connect replication clients straight to PostgreSQL"}
+			}
+		case k == "options":
+			opts, err := parseOptions(v)
+			if err != nil {
+				return nil, &wire.Error{Severity: "FATAL", Code: "08P01", Message: err.Error(),
+					Hint: "poolerd accepts -c name=value and --name=value in options"}
+			}
+			for name, value := range opts {
+				out[canonicalParam(name)] = value
+			}
+		default:
+			out[canonicalParam(k)] = v
+		}
+	}
+	return out, nil
+}
+
+// parseOptions splits a startup "options" value like PostgreSQL's
+// pg_split_opts (whitespace separates, backslash escapes the next byte) and
+// reads the -c name=value and --name=value switches.
+func parseOptions(s string) (map[string]string, error) {
+	var words []string
+	var cur strings.Builder
+	inWord, escaped := false, false
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case escaped:
+			cur.WriteByte(c)
+			escaped = false
+		case c == '\\':
+			escaped, inWord = true, true
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
+			if inWord {
+				words = append(words, cur.String())
+				cur.Reset()
+				inWord = false
+			}
+		default:
+			cur.WriteByte(c)
+			inWord = true
+		}
+	}
+	if inWord {
+		words = append(words, cur.String())
+	}
+	out := map[string]string{}
+	for i := 0; i < len(words); i++ {
+		w := words[i]
+		var assign string
+		switch {
+		case w == "-c":
+			if i+1 >= len(words) {
+				return nil, fmt.Errorf("options: -c needs name=value")
+			}
+			i++
+			assign = words[i]
+		case strings.HasPrefix(w, "-c"):
+			assign = w[2:]
+		case strings.HasPrefix(w, "--"):
+			assign = w[2:]
+		default:
+			return nil, fmt.Errorf("options: switch %q is not supported", w)
+		}
+		name, value, ok := strings.Cut(assign, "=")
+		if !ok || name == "" {
+			return nil, fmt.Errorf("options: %q is not name=value", assign)
+		}
+		out[strings.ReplaceAll(name, "-", "_")] = value
+	}
+	return out, nil
+}
+
+// printableASCII reports whether PostgreSQL stores s unchanged as an
+// application_name (it rewrites other bytes).
+func printableASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 32 || s[i] > 126 {
+			return false
+		}
+	}
+	return true
+}
+
+// quoteLiteral quotes s as an escape string constant, which means the same
+// whatever standard_conforming_strings is.
+func quoteLiteral(s string) string {
+	var b strings.Builder
+	b.WriteString("E'")
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '\'':
+			b.WriteString("''")
+		case '\\':
+			b.WriteString(`\\`)
+		default:
+			b.WriteByte(s[i])
+		}
+	}
+	b.WriteByte('\'')
+	return b.String()
+}
+
+// quoteIdent quotes a (possibly dotted, for custom options) parameter name.
+func quoteIdent(name string) string {
+	parts := strings.Split(name, ".")
+	for i, p := range parts {
+		parts[i] = `"` + strings.ReplaceAll(p, `"`, `""`) + `"`
+	}
+	return strings.Join(parts, ".")
+}
+
+// setConfigSQL sets parameters with set_config, which takes the value as
+// the startup packet does (a list like search_path stays one string).
+func setConfigSQL(params []paramKey) string {
+	var b strings.Builder
+	b.WriteString("SELECT ")
+	for i, p := range params {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "pg_catalog.set_config(%s, %s, false)", quoteLiteral(p.name), quoteLiteral(p.value))
+	}
+	return b.String()
+}
+
+// paramSyncSQL returns the statements that give server connection sc the
+// session parameters of a client, or "" if it has them already. want holds
+// the client's values; a parameter poolerd applied for an earlier client and
+// this one did not ask for is reset. It records what it applies in sc.
+func paramSyncSQL(want map[string]string, sc *serverConn) string {
+	var sets []paramKey
+	for name, value := range want {
+		if have, reported := sc.params[name]; reported {
+			if syncedParam(name) && have != value {
+				sets = append(sets, paramKey{name, value})
+			}
+			continue
+		}
+		if sc.applied[name] != value {
+			sets = append(sets, paramKey{name, value})
+			sc.applied[name] = value
+		}
+	}
+	var resets []string
+	for name := range sc.applied {
+		if _, ok := want[name]; !ok {
+			resets = append(resets, name)
+			delete(sc.applied, name)
+		}
+	}
+	if len(sets) == 0 && len(resets) == 0 {
+		return ""
+	}
+	sort.Slice(sets, func(i, j int) bool { return sets[i].name < sets[j].name })
+	sort.Strings(resets)
+	var stmts []string
+	if len(sets) > 0 {
+		stmts = append(stmts, setConfigSQL(sets))
+	}
+	for _, name := range resets {
+		stmts = append(stmts, "RESET "+quoteIdent(name))
+	}
+	return strings.Join(stmts, "; ")
+}

@@ -1,0 +1,308 @@
+// Package proxy is poolerd's front end: the client listener, the startup
+// and authentication handshake, the relay between client sessions and pooled
+// server connections, cancel requests and graceful shutdown.
+package proxy
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/poolerd/poolerd/internal/auth"
+	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/internal/pool"
+	"github.com/poolerd/poolerd/internal/wire"
+)
+
+// Server accepts clients and pools their server connections. Create it with
+// New, run Serve for each listener, and stop it with Shutdown or Close.
+type Server struct {
+	conf atomic.Pointer[config.Config]
+	log  *zap.Logger
+	bufs *wire.BufferPool
+
+	// ctx ends when the server is closed; checkouts and cancel requests
+	// give up with it.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	shutting atomic.Bool
+	connIDs  atomic.Uint64
+	sessIDs  atomic.Uint64
+	// mockKey derives stable fake SCRAM salts for unknown users, so that a
+	// login attempt does not reveal which users exist.
+	mockKey [32]byte
+
+	mu        sync.Mutex
+	pools     map[poolKey]*dbPool
+	sessions  map[uint32]*session // by the pid of the key we issued
+	verifiers map[string]*auth.SCRAMVerifier
+	listeners map[net.Listener]struct{}
+	sessWG    sync.WaitGroup
+}
+
+type poolKey struct{ database, user string }
+
+// New creates a server for a validated configuration.
+func New(cfg *config.Config, log *zap.Logger) *Server {
+	ctx, cancel := context.WithCancel(context.Background())
+	srv := &Server{
+		log:       log,
+		bufs:      wire.NewBufferPool(wire.BufferSize),
+		ctx:       ctx,
+		cancel:    cancel,
+		pools:     map[poolKey]*dbPool{},
+		sessions:  map[uint32]*session{},
+		verifiers: map[string]*auth.SCRAMVerifier{},
+		listeners: map[net.Listener]struct{}{},
+	}
+	_, _ = rand.Read(srv.mockKey[:])
+	srv.conf.Store(cfg)
+	return srv
+}
+
+func (srv *Server) cfg() *config.Config { return srv.conf.Load() }
+
+func (srv *Server) shuttingDown() bool { return srv.shutting.Load() }
+
+// Ready reports whether the server accepts clients.
+func (srv *Server) Ready() bool {
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	return !srv.shutting.Load() && len(srv.listeners) > 0
+}
+
+// Warm creates the pools the configuration names completely (the upstream
+// URL's database and user, and databases with a fixed user), so that they
+// open their min_size connections before the first client arrives.
+func (srv *Server) Warm() {
+	cfg := srv.cfg()
+	if u := cfg.UpstreamInfo(); u != nil {
+		srv.getPool(u.Database, u.User)
+	}
+	for _, d := range cfg.Databases {
+		if d.User != "" && d.Name != config.WildcardDatabase {
+			srv.getPool(d.Name, d.User)
+		}
+	}
+}
+
+// Serve accepts clients on ln until it is closed.
+func (srv *Server) Serve(ln net.Listener) error {
+	srv.mu.Lock()
+	if srv.shutting.Load() {
+		srv.mu.Unlock()
+		return net.ErrClosed
+	}
+	srv.listeners[ln] = struct{}{}
+	srv.mu.Unlock()
+	defer func() {
+		srv.mu.Lock()
+		delete(srv.listeners, ln)
+		srv.mu.Unlock()
+	}()
+	var backoff time.Duration
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if srv.shutting.Load() || errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || isTemporary(err) {
+				// Out of file descriptors and the like: slow down, keep going.
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				srv.log.Warn("accept failed; retrying", zap.Error(err), zap.Duration("retry_in", backoff))
+				time.Sleep(backoff)
+				continue
+			}
+			return err
+		}
+		backoff = 0
+		srv.sessWG.Add(1)
+		go func() {
+			defer srv.sessWG.Done()
+			srv.serveConn(nc)
+		}()
+	}
+}
+
+func isTemporary(err error) bool {
+	var t interface{ Temporary() bool }
+	return errors.As(err, &t) && t.Temporary()
+}
+
+// Shutdown stops accepting, ends idle clients with 57P01, lets clients in a
+// transaction finish it, and when ctx ends closes whatever remains.
+func (srv *Server) Shutdown(ctx context.Context) error {
+	srv.mu.Lock()
+	srv.shutting.Store(true)
+	for ln := range srv.listeners {
+		_ = ln.Close()
+	}
+	sessions := make([]*session, 0, len(srv.sessions))
+	for _, s := range srv.sessions {
+		sessions = append(sessions, s)
+	}
+	srv.mu.Unlock()
+	for _, s := range sessions {
+		s.terminateIfIdle()
+	}
+	done := make(chan struct{})
+	go func() { srv.sessWG.Wait(); close(done) }()
+	var err error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		err = ctx.Err()
+		srv.log.Warn("shutdown_timeout reached; closing the remaining clients")
+		srv.Close()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			srv.log.Error("sessions did not end after being closed")
+		}
+	}
+	srv.closePools()
+	srv.cancel()
+	return err
+}
+
+// Close ends every client and server connection at once.
+func (srv *Server) Close() {
+	srv.mu.Lock()
+	srv.shutting.Store(true)
+	for ln := range srv.listeners {
+		_ = ln.Close()
+	}
+	sessions := make([]*session, 0, len(srv.sessions))
+	for _, s := range srv.sessions {
+		sessions = append(sessions, s)
+	}
+	srv.mu.Unlock()
+	srv.cancel()
+	for _, s := range sessions {
+		s.terminate(errShuttingDown)
+	}
+}
+
+func (srv *Server) closePools() {
+	srv.mu.Lock()
+	pools := make([]*dbPool, 0, len(srv.pools))
+	for _, p := range srv.pools {
+		pools = append(pools, p)
+	}
+	srv.mu.Unlock()
+	for _, p := range pools {
+		p.pool.Close()
+	}
+}
+
+// register gives a session its BackendKeyData and makes it cancellable.
+func (srv *Server) register(s *session) {
+	var b [8]byte
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	for {
+		_, _ = rand.Read(b[:])
+		pid := binary.BigEndian.Uint32(b[:4]) & 0x7fffffff
+		if pid == 0 {
+			continue
+		}
+		if _, taken := srv.sessions[pid]; taken {
+			continue
+		}
+		s.pid, s.key = pid, binary.BigEndian.Uint32(b[4:])
+		srv.sessions[pid] = s
+		return
+	}
+}
+
+func (srv *Server) forget(s *session) {
+	if s.pid == 0 {
+		return
+	}
+	srv.mu.Lock()
+	if srv.sessions[s.pid] == s {
+		delete(srv.sessions, s.pid)
+	}
+	srv.mu.Unlock()
+}
+
+func (srv *Server) lookupSession(pid uint32) *session {
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	return srv.sessions[pid]
+}
+
+// getPool returns the pool for (database, user), creating it on first use.
+func (srv *Server) getPool(database, user string) (*dbPool, error) {
+	route, err := srv.cfg().Route(database, user)
+	if err != nil {
+		return nil, err
+	}
+	key := poolKey{database, user}
+	if route.ForcedUser {
+		key.user = route.ServerUser
+	}
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	if p, ok := srv.pools[key]; ok {
+		return p, nil
+	}
+	p := newDBPool(srv, key, route)
+	srv.pools[key] = p
+	return p, nil
+}
+
+// PoolStats is a snapshot of one pool for metrics and tests.
+type PoolStats struct {
+	Database, User string
+	Mode           string
+	pool.Stats
+}
+
+// Pools returns a snapshot of every pool.
+func (srv *Server) Pools() []PoolStats {
+	srv.mu.Lock()
+	pools := make([]*dbPool, 0, len(srv.pools))
+	for _, p := range srv.pools {
+		pools = append(pools, p)
+	}
+	srv.mu.Unlock()
+	out := make([]PoolStats, 0, len(pools))
+	for _, p := range pools {
+		out = append(out, PoolStats{Database: p.key.database, User: p.key.user, Mode: p.route.Settings.PoolMode, Stats: p.pool.Stats()})
+	}
+	return out
+}
+
+// ClientCount returns the number of logged-in clients.
+func (srv *Server) ClientCount() int {
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	return len(srv.sessions)
+}
+
+// terminateIfIdle ends the session now if it is outside a transaction; a
+// session in a transaction ends when the transaction does (settle).
+func (s *session) terminateIfIdle() {
+	sc := s.server.Load()
+	if sc == nil {
+		s.terminate(errShuttingDown)
+		return
+	}
+	sc.mu.Lock()
+	idle := sc.owner.Load() != s || sc.cleanLocked()
+	sc.mu.Unlock()
+	if idle {
+		s.terminate(errShuttingDown)
+	}
+}

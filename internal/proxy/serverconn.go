@@ -1,0 +1,358 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/poolerd/poolerd/internal/backend"
+	"github.com/poolerd/poolerd/internal/pool"
+	"github.com/poolerd/poolerd/internal/wire"
+)
+
+// serverReadSize is the read buffer of a server connection. Server
+// connections are few, so each keeps its buffer for life.
+const serverReadSize = 32 << 10
+
+// maxCapture bounds how much of an inspected server frame is kept.
+const maxCapture = 4096
+
+// serverConn is one pooled connection to PostgreSQL. A single reader
+// goroutine (readLoop) reads everything the server sends, for the whole life
+// of the connection, and relays it to whoever holds the connection: a client
+// session, or poolerd itself while it runs a query of its own. Because the
+// reader is always waiting, a server that closes an idle connection (a
+// restart, pg_terminate_backend) is noticed and dropped at once, not handed
+// to the next client.
+//
+// Protocol state lives here, not in the session: how many ReadyForQuery the
+// server still owes (pending), whether extended-protocol messages were sent
+// without a Sync (unsynced), the last transaction status, and how many of
+// the next responses answer poolerd's own queries (swallow). The connection
+// may go back to its pool only when pending is zero, nothing is unsynced,
+// the status is idle and no frame is half read.
+type serverConn struct {
+	pool.Entry
+	*backend.Conn
+	dbp *dbPool
+	log *zap.Logger
+
+	// Reader goroutine only.
+	cur     wire.Cursor
+	carry   [wire.HeaderLen]byte
+	ncarry  int
+	drop    bool // the current frame is swallowed
+	readBuf []byte
+
+	// swallow counts the ReadyForQuery-terminated responses at the head of
+	// the stream that answer poolerd's own queries. The owner adds before
+	// writing; the reader subtracts.
+	swallow atomic.Int32
+	// owner is the session holding the connection; nil while idle or while
+	// poolerd runs its own query. Changed only under mu.
+	owner atomic.Pointer[session]
+	// copyIn is set when the server entered COPY FROM STDIN (the reader saw
+	// CopyInResponse) and cleared at ReadyForQuery or the client's CopyDone.
+	copyIn atomic.Bool
+
+	mu         sync.Mutex
+	pending    int  // ReadyForQuery owed
+	unsynced   bool // extended-protocol messages sent since the last Sync
+	txStatus   byte // from the last ReadyForQuery
+	cancelling bool // a cancel request for this backend is in flight
+	busy       bool // the owner is assembling a batch for this server
+	midFrame   bool // the reader stopped inside a frame (set at each settle)
+	quiet      chan struct{}
+	opErr      error // first error in a swallowed response
+	broken     bool  // closed, or must be closed instead of reused
+
+	// params are the server's current reported parameters and applied the
+	// unreported ones poolerd set; touched by whoever holds the connection
+	// (the reader while relaying, the holder between requests).
+	params  map[string]string
+	applied map[string]string
+
+	closeOnce sync.Once
+}
+
+// PoolEntry implements pool.Conn.
+func (sc *serverConn) PoolEntry() *pool.Entry { return &sc.Entry }
+
+// Close implements pool.Conn.
+func (sc *serverConn) Close() error {
+	var err error
+	sc.closeOnce.Do(func() {
+		sc.mu.Lock()
+		sc.broken = true
+		sc.mu.Unlock()
+		_ = sc.Conn.Conn.SetDeadline(time.Now())
+		// Terminate lets the backend exit at once instead of logging an
+		// unexpected EOF.
+		_, _ = sc.Conn.Write(wire.AppendTerminate(nil))
+		err = sc.Conn.Close()
+	})
+	return err
+}
+
+func newServerConn(dbp *dbPool, c *backend.Conn) *serverConn {
+	sc := &serverConn{
+		Conn:     c,
+		dbp:      dbp,
+		log:      dbp.log,
+		txStatus: wire.TxIdle,
+		readBuf:  make([]byte, wire.Headroom+serverReadSize),
+		params:   make(map[string]string, len(c.Params)),
+		applied:  map[string]string{},
+	}
+	for k, v := range c.Params {
+		sc.params[k] = v
+	}
+	return sc
+}
+
+// readLoop relays what the server sends until the connection ends.
+func (sc *serverConn) readLoop() {
+	buf := sc.readBuf
+	for {
+		n, err := sc.Conn.Read(buf[wire.Headroom:])
+		if n > 0 {
+			if herr := sc.handle(buf, wire.Headroom, wire.Headroom+n); herr != nil {
+				sc.gone(herr)
+				return
+			}
+		}
+		if err != nil {
+			sc.gone(err)
+			return
+		}
+	}
+}
+
+// handle processes one read: it scans frames, drops those that answer
+// poolerd's own queries, forwards the rest to the owner in one write, and
+// then settles the protocol state.
+func (sc *serverConn) handle(buf []byte, start, end int) error {
+	if sc.ncarry > 0 {
+		start -= sc.ncarry
+		copy(buf[start:], sc.carry[:sc.ncarry])
+		sc.ncarry = 0
+	}
+	own := sc.owner.Load()
+	out, off := start, start
+	rfqs := 0
+	var status byte
+	for off < end {
+		n, ev, err := sc.cur.Next(buf[off:end])
+		if err != nil {
+			return fmt.Errorf("server protocol error: %w", err)
+		}
+		switch ev {
+		case wire.EvPartial:
+			sc.ncarry = copy(sc.carry[:], buf[off:end])
+			end = off
+			continue
+		case wire.EvHeader:
+			sc.drop = sc.swallow.Load() > 0
+			switch sc.cur.Type {
+			case 'Z', 'S', 'E':
+				sc.cur.Capture(maxCapture)
+			case 'G':
+				sc.copyIn.Store(true)
+			}
+		case wire.EvEnd:
+			switch sc.cur.Type {
+			case 'Z':
+				body := sc.cur.Body()
+				if len(body) != 1 {
+					return errors.New("server sent a malformed ReadyForQuery")
+				}
+				status = body[0]
+				rfqs++
+				sc.copyIn.Store(false)
+				if sc.drop {
+					sc.swallow.Add(-1)
+				}
+			case 'S':
+				if name, value, ok := wire.ParseParameterStatus(sc.cur.Body()); ok {
+					sc.params[name] = value
+					if own != nil && !sc.drop {
+						own.noteParameter(name, value)
+					}
+				}
+			case 'E':
+				sev, code, msg := wire.ErrorFields(sc.cur.Body())
+				if sc.drop {
+					sc.mu.Lock()
+					if sc.opErr == nil {
+						sc.opErr = &backend.ServerError{Severity: sev, Code: code, Message: msg, Body: append([]byte(nil), sc.cur.Body()...)}
+					}
+					sc.mu.Unlock()
+				}
+				if sev == "FATAL" || sev == "PANIC" {
+					sc.markBroken()
+					if own != nil && !sc.drop {
+						own.sawFatal.Store(true)
+					}
+				}
+			}
+		}
+		if ev == wire.EvHeader || ev == wire.EvBody {
+			if !sc.drop {
+				if out != off {
+					copy(buf[out:], buf[off:off+n])
+				}
+				out += n
+			}
+		}
+		off += n
+	}
+	if out > start {
+		if own == nil {
+			// Nobody asked: an idle connection got data (a FATAL before
+			// the server closes it, or a protocol surprise).
+			return errors.New("server sent data while idle")
+		}
+		own.writeFromServer(buf[start:out])
+	}
+	sc.settleRead(rfqs, status, !sc.cur.AtBoundary() || sc.ncarry > 0)
+	return nil
+}
+
+// settleRead records what one read of the reader answered.
+func (sc *serverConn) settleRead(rfqs int, status byte, midFrame bool) {
+	sc.mu.Lock()
+	sc.midFrame = midFrame
+	sc.settleLocked(rfqs, status)
+}
+
+// settle re-checks whether the connection can be released (after a cancel
+// request that held it completes).
+func (sc *serverConn) settle() {
+	sc.mu.Lock()
+	sc.settleLocked(0, 0)
+}
+
+// settleLocked records answered requests and releases the connection when
+// it is provably clean and its owner pools by transaction. It unlocks mu.
+func (sc *serverConn) settleLocked(rfqs int, status byte) {
+	if rfqs > 0 {
+		sc.pending -= rfqs
+		sc.txStatus = status
+		if sc.pending < 0 {
+			sc.pending = 0
+			sc.broken = true
+		}
+	}
+	if sc.pending == 0 && sc.quiet != nil && sc.swallow.Load() == 0 {
+		close(sc.quiet)
+		sc.quiet = nil
+	}
+	own := sc.owner.Load()
+	release := own != nil && sc.cleanLocked() && own.releaseWhenIdle()
+	if release {
+		sc.detachLocked(own)
+	}
+	shutdownIdle := own != nil && !release && sc.cleanLocked() && own.srv.shuttingDown()
+	sc.mu.Unlock()
+	if release {
+		sc.dbp.checkin(sc)
+		if own.srv.shuttingDown() {
+			own.terminate(errShuttingDown)
+		}
+	} else if shutdownIdle {
+		own.terminate(errShuttingDown)
+	}
+}
+
+// cleanLocked reports whether the server owes nothing and is outside any
+// transaction and frame.
+func (sc *serverConn) cleanLocked() bool {
+	return sc.pending == 0 && !sc.unsynced && sc.txStatus == wire.TxIdle && !sc.busy &&
+		sc.swallow.Load() == 0 && !sc.cancelling && !sc.midFrame && !sc.broken
+}
+
+func (sc *serverConn) detachLocked(own *session) {
+	sc.owner.Store(nil)
+	own.server.CompareAndSwap(sc, nil)
+}
+
+func (sc *serverConn) markBroken() {
+	sc.mu.Lock()
+	sc.broken = true
+	sc.mu.Unlock()
+}
+
+// gone handles the end of the server connection.
+func (sc *serverConn) gone(err error) {
+	sc.mu.Lock()
+	sc.broken = true
+	own := sc.owner.Load()
+	if own != nil {
+		sc.detachLocked(own)
+	}
+	if sc.quiet != nil {
+		close(sc.quiet)
+		sc.quiet = nil
+	}
+	sc.mu.Unlock()
+	sc.dbp.pool.Discard(sc, "server closed")
+	if own != nil {
+		own.serverLost(sc, err)
+	} else {
+		sc.log.Debug("idle server connection closed", zap.Uint64("conn_id", sc.ID()), zap.Error(err))
+	}
+}
+
+// errServerBroken is returned by exec when the connection failed.
+var errServerBroken = errors.New("server connection lost")
+
+// exec runs poolerd's own simple query on a connection nobody else holds and
+// waits for its ReadyForQuery. It returns the server's error, if any.
+func (sc *serverConn) exec(ctx context.Context, sql string) error {
+	sc.mu.Lock()
+	if sc.broken {
+		sc.mu.Unlock()
+		return errServerBroken
+	}
+	quiet := make(chan struct{})
+	sc.quiet = quiet
+	sc.opErr = nil
+	sc.pending++
+	sc.swallow.Add(1)
+	sc.mu.Unlock()
+	if _, err := sc.Conn.Write(wire.AppendQuery(nil, sql)); err != nil {
+		sc.markBroken()
+		return err
+	}
+	select {
+	case <-quiet:
+	case <-ctx.Done():
+		sc.markBroken()
+		return fmt.Errorf("poolerd query on server connection: %w", ctx.Err())
+	}
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	if sc.broken {
+		return errServerBroken
+	}
+	if sc.opErr != nil {
+		return sc.opErr
+	}
+	if sc.txStatus != wire.TxIdle {
+		sc.broken = true
+		return fmt.Errorf("server left in transaction status %q after %q", sc.txStatus, sql)
+	}
+	return nil
+}
+
+// isBroken reports whether the connection must be closed.
+func (sc *serverConn) isBroken() bool {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	return sc.broken
+}

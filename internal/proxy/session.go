@@ -1,0 +1,520 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/poolerd/poolerd/internal/backend"
+	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/internal/wire"
+)
+
+// session is one client connection. Its goroutine (run) reads everything
+// the client sends and writes it to the server connection the session holds,
+// checking one out when a request arrives and none is held. The server's
+// replies come back through that connection's reader (serverConn.readLoop),
+// which writes them to the client and, in transaction mode, returns the
+// connection to its pool at a clean ReadyForQuery.
+type session struct {
+	srv  *Server
+	conn net.Conn
+	log  *zap.Logger
+	id   uint64
+	pid  uint32 // BackendKeyData we issued
+	key  uint32
+	addr string
+
+	database, user string
+	dbp            *dbPool
+	mode           string
+	clientKey      []byte // SCRAM ClientKey recovered at login, for pass-through
+	loginDeadline  time.Time
+
+	// server is the connection held right now; the server's reader clears it
+	// when it releases the connection.
+	server atomic.Pointer[serverConn]
+
+	// Client goroutine only.
+	cur      wire.Cursor
+	carry    [wire.HeaderLen]byte
+	ncarry   int
+	unsynced bool // extended-protocol messages sent since the last Sync
+	// refusing: a request was refused; skip extended-protocol messages
+	// until the Sync, which gets the ReadyForQuery.
+	refusing bool
+	// dropFrame: the current frame is not forwarded.
+	dropFrame bool
+	// syncsSinceOther counts Syncs sent since the last message other than
+	// Sync, Flush or CopyData (see count).
+	syncsSinceOther int
+	// syncQuery is the parameter sync for a just-attached server.
+	syncQuery []byte
+	wv        [2][]byte
+
+	// pmu guards params: the values this client's session should have on
+	// any server (startup parameters, then what ParameterStatus told it).
+	pmu    sync.Mutex
+	params map[string]string
+
+	wmu      sync.Mutex // serialises writes to the client
+	closed   atomic.Bool
+	sawFatal atomic.Bool // the server sent this client a FATAL error
+	endOnce  sync.Once
+	endErr   atomic.Pointer[wire.Error]
+}
+
+func (s *session) releaseWhenIdle() bool { return s.mode == config.PoolTransaction }
+
+// run relays client messages until the client leaves.
+func (s *session) run() {
+	for {
+		if s.ncarry == 0 {
+			// Wait without a buffer: an idle client holds none.
+			if err := wire.WaitReadable(s.conn); err != nil {
+				s.end(err)
+				return
+			}
+		}
+		bp := s.srv.bufs.Get()
+		buf := *bp
+		n, err := s.conn.Read(buf[wire.Headroom:])
+		var quit bool
+		if n > 0 {
+			quit = s.fromClient(buf, wire.Headroom, wire.Headroom+n)
+		}
+		s.srv.bufs.Put(bp)
+		if quit {
+			s.end(nil)
+			return
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = nil
+			}
+			s.end(err)
+			return
+		}
+	}
+}
+
+// batch accumulates what one read contributes to the server.
+type batch struct {
+	reqs     int  // ReadyForQuery the batch earns
+	unsynced bool // extended-protocol state after the batch
+}
+
+// fromClient handles one read from the client. It returns true when the
+// session must end (Terminate, protocol violation, fatal refusal).
+func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
+	if s.ncarry > 0 {
+		start -= s.ncarry
+		copy(buf[start:], s.carry[:s.ncarry])
+		s.ncarry = 0
+	}
+	s.beginBatch()
+	out, off := start, start
+	b := batch{unsynced: s.unsynced}
+	for off < end {
+		n, ev, err := s.cur.Next(buf[off:end])
+		if err != nil {
+			s.flush(buf[start:out], b)
+			s.fail(&wire.Error{Severity: "FATAL", Code: "08P01", Message: "invalid frontend message: " + err.Error(),
+				Hint: "the client sent bytes that are not a PostgreSQL v3 message; check the driver"})
+			return true
+		}
+		switch ev {
+		case wire.EvPartial:
+			s.ncarry = copy(s.carry[:], buf[off:end])
+			end = off
+			continue
+		case wire.EvHeader:
+			t := s.cur.Type
+			if !isFrontendType(t) {
+				s.flush(buf[start:out], b)
+				s.fail(&wire.Error{Severity: "FATAL", Code: "08P01", Message: "invalid frontend message type " + quoteByte(t),
+					Hint: "the client sent a message poolerd does not know in this state; check the driver"})
+				return true
+			}
+			if t == 'X' {
+				s.flush(buf[start:out], b)
+				return true
+			}
+			s.dropFrame = false
+			switch {
+			case s.refusing:
+				// After a refusal, skip to the Sync as PostgreSQL does
+				// after an error; the Sync gets the ReadyForQuery.
+				s.dropFrame = true
+				if t == 'S' {
+					s.refusing = false
+					s.writeClient(wire.AppendReadyForQuery(nil, wire.TxIdle))
+				}
+			case s.server.Load() == nil && (t == 'd' || t == 'c' || t == 'f'):
+				// COPY messages with no COPY in progress: PostgreSQL ignores
+				// them (they trail a COPY that failed).
+				s.dropFrame = true
+			case s.server.Load() == nil:
+				if werr := s.attach(); werr != nil {
+					if werr.Fatal() {
+						s.fail(werr)
+						return true
+					}
+					s.dropFrame = true
+					s.refuse(werr)
+				}
+			}
+			if !s.dropFrame {
+				s.count(&b, t)
+			}
+		}
+		if (ev == wire.EvHeader || ev == wire.EvBody) && !s.dropFrame {
+			if out != off {
+				copy(buf[out:], buf[off:off+n])
+			}
+			out += n
+		}
+		off += n
+	}
+	return !s.flush(buf[start:out], b)
+}
+
+// count records what a forwarded frame earns. Every Query, FunctionCall and
+// Sync earns one ReadyForQuery, except that PostgreSQL ignores a Sync it
+// reads while in COPY FROM STDIN: such Syncs (sent after the Execute that
+// started the COPY, before its CopyDone or CopyFail) are taken back when the
+// COPY ends.
+func (s *session) count(b *batch, t byte) {
+	switch t {
+	case 'S':
+		b.reqs++
+		b.unsynced = false
+		s.syncsSinceOther++
+		return
+	case 'H', 'd':
+		if t == 'H' {
+			b.unsynced = true
+		}
+		return
+	case 'c', 'f':
+		if sc := s.server.Load(); sc != nil && sc.copyIn.CompareAndSwap(true, false) {
+			b.reqs -= s.syncsSinceOther
+		}
+	case 'Q', 'F':
+		b.reqs++
+	case 'P', 'B', 'D', 'E', 'C':
+		b.unsynced = true
+	}
+	s.syncsSinceOther = 0
+}
+
+func isFrontendType(t byte) bool {
+	switch t {
+	case 'Q', 'F', 'S', 'P', 'B', 'D', 'E', 'C', 'H', 'd', 'c', 'f', 'X':
+		return true
+	}
+	return false
+}
+
+// refuse answers a request that could not get a server with an error, and
+// keeps the session: a simple query gets ReadyForQuery at once, an extended
+// one at its Sync.
+func (s *session) refuse(werr *wire.Error) {
+	msg := werr.Append(nil)
+	switch s.cur.Type {
+	case 'Q', 'F', 'S':
+		msg = wire.AppendReadyForQuery(msg, wire.TxIdle)
+	default:
+		s.refusing = true
+	}
+	s.writeClient(msg)
+	s.srv.log.Debug("request refused", zap.Uint64("session", s.id), zap.String("sqlstate", werr.Code), zap.String("reason", werr.Message))
+}
+
+// beginBatch keeps the held server from being released while this read is
+// being processed, so that all of it goes to one server.
+func (s *session) beginBatch() {
+	sc := s.server.Load()
+	if sc == nil {
+		return
+	}
+	sc.mu.Lock()
+	if sc.owner.Load() == s {
+		sc.busy = true
+	}
+	sc.mu.Unlock()
+}
+
+// flush ends a batch: it records what the server will owe, then writes the
+// parameter sync (if the server was just attached) and the client's bytes in
+// one system call. A batch that sent nothing may leave the server clean; in
+// transaction mode it is released here. It returns false if the server was
+// lost.
+func (s *session) flush(data []byte, b batch) bool {
+	s.unsynced = b.unsynced
+	sc := s.server.Load()
+	if sc == nil {
+		return true
+	}
+	sync := s.syncQuery
+	s.syncQuery = nil
+	syncReqs := 0
+	if sync != nil {
+		syncReqs = 1
+	}
+	sc.mu.Lock()
+	if sc.owner.Load() != s {
+		sc.mu.Unlock()
+		return len(data) == 0
+	}
+	sc.pending += b.reqs + syncReqs
+	sc.swallow.Add(int32(syncReqs))
+	sc.unsynced = b.unsynced
+	sc.busy = false
+	release := len(data) == 0 && syncReqs == 0 && s.releaseWhenIdle() && sc.cleanLocked()
+	if release {
+		sc.detachLocked(s)
+	}
+	sc.mu.Unlock()
+	if release {
+		s.dbp.checkin(sc)
+		return true
+	}
+	var err error
+	switch {
+	case sync != nil && len(data) > 0:
+		s.wv[0], s.wv[1] = sync, data
+		bufs := net.Buffers(s.wv[:])
+		_, err = bufs.WriteTo(sc.Conn.Conn)
+		s.wv[0], s.wv[1] = nil, nil
+	case sync != nil:
+		_, err = sc.Conn.Write(sync)
+	case len(data) > 0:
+		_, err = sc.Conn.Write(data)
+	}
+	if err != nil {
+		sc.markBroken()
+		s.serverLost(sc, err)
+		return false
+	}
+	return true
+}
+
+// attach checks out a server connection and makes it this session's. The
+// query that brings the server's session parameters in line with the
+// client's is kept for flush, which sends it ahead of the client's bytes.
+func (s *session) attach() *wire.Error {
+	if s.srv.shuttingDown() {
+		return errShuttingDown
+	}
+	for attempt := 0; ; attempt++ {
+		sc, werr := s.dbp.checkout(s.srv.ctx)
+		if werr != nil {
+			return werr
+		}
+		sc.mu.Lock()
+		if sc.broken {
+			sc.mu.Unlock()
+			s.dbp.pool.Discard(sc, "broken at checkout")
+			if attempt < 2 {
+				continue
+			}
+			return errServerUnavailable(errServerBroken)
+		}
+		sc.owner.Store(s)
+		sc.busy = true
+		sc.unsynced = false
+		sc.mu.Unlock()
+		s.server.Store(sc)
+		s.syncQuery = s.syncParams(sc)
+		s.syncsSinceOther = 0
+		return nil
+	}
+}
+
+// syncParams returns the query that gives sc this session's parameters,
+// or nil when they already match.
+func (s *session) syncParams(sc *serverConn) []byte {
+	s.pmu.Lock()
+	sql := paramSyncSQL(s.params, sc)
+	s.pmu.Unlock()
+	if sql == "" {
+		return nil
+	}
+	return wire.AppendQuery(nil, sql)
+}
+
+// noteParameter is called by the server's reader for a ParameterStatus that
+// answers this client: the client's session now has that value.
+func (s *session) noteParameter(name, value string) {
+	s.pmu.Lock()
+	s.params[name] = value
+	s.pmu.Unlock()
+}
+
+// writeFromServer forwards server bytes to the client.
+func (s *session) writeFromServer(p []byte) {
+	s.writeClient(p)
+}
+
+// writeClient writes to the client; errors end the session through its
+// reader, which sees the closed connection.
+func (s *session) writeClient(p []byte) {
+	s.wmu.Lock()
+	_, err := s.conn.Write(p)
+	s.wmu.Unlock()
+	if err != nil && !s.closed.Load() {
+		s.srv.log.Debug("client write failed", zap.Uint64("session", s.id), zap.Error(err))
+		_ = s.conn.Close()
+	}
+}
+
+// fail sends a final error and closes the client connection.
+func (s *session) fail(werr *wire.Error) {
+	s.endErr.CompareAndSwap(nil, werr)
+	_ = s.conn.SetWriteDeadline(time.Now().Add(time.Second))
+	s.writeClient(werr.Append(nil))
+	_ = s.conn.Close()
+}
+
+// terminate ends the session from another goroutine (shutdown, server
+// loss): the client gets werr and its connection is closed, which makes run
+// return and clean up.
+func (s *session) terminate(werr *wire.Error) {
+	if s.closed.Load() {
+		return
+	}
+	s.fail(werr)
+}
+
+// serverLost is called when the held server connection failed.
+func (s *session) serverLost(sc *serverConn, err error) {
+	s.server.CompareAndSwap(sc, nil)
+	if s.closed.Load() {
+		return
+	}
+	s.srv.log.Warn("server connection lost while in use",
+		zap.Uint64("session", s.id), zap.String("client", s.addr), zap.String("database", s.database),
+		zap.String("user", s.user), zap.Uint64("conn_id", sc.ID()), zap.Error(err))
+	if s.sawFatal.Load() {
+		// The client already has the server's own FATAL message.
+		_ = s.conn.Close()
+		return
+	}
+	// The client's session state on the server is gone, as after a backend
+	// crash: end the client connection the way PostgreSQL would.
+	s.terminate(&wire.Error{Severity: "FATAL", Code: "08006", Message: "server connection lost",
+		Detail: "the PostgreSQL backend serving this session closed its connection or failed",
+		Hint:   "reconnect; if this repeats, check the PostgreSQL server log"})
+}
+
+// end cleans up after the client has gone: the server connection goes back
+// to its pool if it is provably clean (after server_reset_query in session
+// mode), and is closed otherwise.
+func (s *session) end(err error) {
+	s.endOnce.Do(func() {
+		s.closed.Store(true)
+		_ = s.conn.Close()
+		s.srv.forget(s)
+		if sc := s.server.Load(); sc != nil {
+			s.releaseAtEnd(sc)
+		}
+		if s.srv.cfg().LogDisconnections {
+			fields := []zap.Field{zap.Uint64("session", s.id), zap.String("client", s.addr),
+				zap.String("database", s.database), zap.String("user", s.user)}
+			if werr := s.endErr.Load(); werr != nil {
+				fields = append(fields, zap.String("reason", werr.Message), zap.String("sqlstate", werr.Code))
+			} else if err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, os.ErrDeadlineExceeded) {
+				fields = append(fields, zap.Error(err))
+			}
+			s.srv.log.Info("client disconnected", fields...)
+		}
+	})
+}
+
+func (s *session) releaseAtEnd(sc *serverConn) {
+	sc.mu.Lock()
+	if sc.owner.Load() != s {
+		sc.mu.Unlock()
+		return
+	}
+	clean := sc.cleanLocked()
+	busy := sc.pending > 0
+	sc.detachLocked(s)
+	sc.mu.Unlock()
+	if !clean {
+		reason := "client left in a transaction"
+		if busy {
+			reason = "client left with a request in progress"
+			// Stop the running query so its locks go at once; closing
+			// the socket alone is noticed only when the query ends.
+			s.srv.cancelBackend(sc)
+		}
+		s.dbp.pool.Discard(sc, reason)
+		return
+	}
+	if s.mode == config.PoolSession {
+		if q := s.dbp.route.Settings.ServerResetQuery; q != "" {
+			ctx, cancel := context.WithTimeout(s.srv.ctx, 10*time.Second)
+			err := sc.exec(ctx, q)
+			cancel()
+			if err != nil {
+				s.srv.log.Warn("server_reset_query failed; closing the server connection",
+					zap.Uint64("conn_id", sc.ID()), zap.Error(err))
+				s.dbp.pool.Discard(sc, "server_reset_query failed")
+				return
+			}
+			// DISCARD ALL / RESET ALL return every parameter to the
+			// server's defaults.
+			clear(sc.applied)
+		}
+	}
+	s.dbp.checkin(sc)
+}
+
+// cancel forwards a cancel request to the backend this session holds, if it
+// is running something; the connection is not released until the request has
+// been delivered, so the signal cannot reach another client's query.
+func (s *session) cancel() {
+	sc := s.server.Load()
+	if sc == nil {
+		return
+	}
+	sc.mu.Lock()
+	if sc.owner.Load() != s || sc.pending == 0 || sc.cancelling {
+		sc.mu.Unlock()
+		return
+	}
+	sc.cancelling = true
+	sc.mu.Unlock()
+	s.srv.cancelBackend(sc)
+	sc.mu.Lock()
+	sc.cancelling = false
+	sc.mu.Unlock()
+	// The reader may have skipped a release while the cancel was in flight.
+	sc.settle()
+}
+
+// cancelBackend sends a CancelRequest for sc's backend and waits for it to
+// be delivered (bounded).
+func (srv *Server) cancelBackend(sc *serverConn) {
+	ctx, cancel := context.WithTimeout(srv.ctx, 5*time.Second)
+	defer cancel()
+	if err := backend.Cancel(ctx, sc.Target, sc.PID, sc.Key); err != nil {
+		srv.log.Warn("cancel request to server failed", zap.Uint64("conn_id", sc.ID()), zap.Error(err))
+	}
+}
+
+func quoteByte(b byte) string {
+	if b >= 0x20 && b < 0x7f {
+		return "'" + string(rune(b)) + "'"
+	}
+	return "0x" + string("0123456789abcdef"[b>>4]) + string("0123456789abcdef"[b&15])
+}

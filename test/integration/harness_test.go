@@ -1,0 +1,196 @@
+// Package integration runs poolerd in-process against a real PostgreSQL
+// started by the test harness (test/pgtest), and talks to it with real
+// clients: pgx, lib/pq-style raw protocol, psql and pgbench.
+package integration
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/internal/proxy"
+	"github.com/poolerd/poolerd/test/pgtest"
+)
+
+// pg is the PostgreSQL server every test in this package uses.
+var pg *pgtest.Server
+
+func TestMain(m *testing.M) {
+	var err error
+	pg, err = pgtest.Start(pgtest.Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "integration: cannot start PostgreSQL:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	if err := pg.Cleanup(); err != nil {
+		fmt.Fprintln(os.Stderr, "integration: cleanup:", err)
+	}
+	os.Exit(code)
+}
+
+// instance is one poolerd running in the test process.
+type instance struct {
+	srv  *proxy.Server
+	addr string
+	cfg  *config.Config
+	logs *logBuffer
+}
+
+// logBuffer collects poolerd's log output for assertions and for printing
+// when a test fails.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *logBuffer) Sync() error { return nil }
+
+// String returns everything logged so far.
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// startPoolerd starts poolerd in front of pg in sidecar form (upstream
+// app:secret) with a small pool; mutate adjusts the configuration before it
+// is validated. The instance is shut down when the test ends.
+func startPoolerd(t *testing.T, mutate func(c *config.Config)) *instance {
+	t.Helper()
+	cfg := config.Defaults()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.HTTPListen = ""
+	cfg.Upstream = pg.DSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp)
+	cfg.MaxSize = 5
+	cfg.CheckoutTimeout = 10 * time.Second
+	cfg.ShutdownTimeout = 5 * time.Second
+	cfg.LogLevel = "debug"
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("invalid test configuration: %v", err)
+	}
+	logs := &logBuffer{}
+	enc := zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig())
+	log := zap.New(zapcore.NewCore(enc, logs, zapcore.DebugLevel))
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := proxy.New(&cfg, log)
+	srv.Warm()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(ln)
+	}()
+	inst := &instance{srv: srv, addr: ln.Addr().String(), cfg: &cfg, logs: logs}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		<-done
+		if t.Failed() {
+			t.Logf("poolerd log:\n%s", logs.String())
+		}
+	})
+	return inst
+}
+
+// dsn is a connection URL for poolerd; extra are query parameters such as
+// "application_name=x".
+func (p *instance) dsn(user, password, db string, extra ...string) string {
+	u := url.URL{Scheme: "postgres", Host: p.addr, Path: "/" + db}
+	if password != "" {
+		u.User = url.UserPassword(user, password)
+	} else {
+		u.User = url.User(user)
+	}
+	q := url.Values{"sslmode": {"disable"}}
+	for _, kv := range extra {
+		k, v, _ := strings.Cut(kv, "=")
+		q.Set(k, v)
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// appDSN is the DSN of the default user and database.
+func (p *instance) appDSN(extra ...string) string {
+	return p.dsn(pgtest.RoleApp, pgtest.Password, pgtest.DBApp, extra...)
+}
+
+// connect opens a pgx connection through poolerd as app to app.
+func (p *instance) connect(t *testing.T, extra ...string) *pgx.Conn {
+	t.Helper()
+	return connectDSN(t, p.appDSN(extra...))
+}
+
+func connectDSN(t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	return c
+}
+
+// directDSN connects to PostgreSQL itself, bypassing poolerd.
+func directDSN(db string) string {
+	return pg.DSN(pgtest.RoleApp, pgtest.Password, db) + "?sslmode=disable"
+}
+
+// ctx returns a context that ends with the test or after d.
+func ctxTimeout(t *testing.T, d time.Duration) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// eventually polls cond until it holds or d passes.
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// poolStats returns the stats of the pool for (database, user).
+func (p *instance) poolStats(t *testing.T, database, user string) proxy.PoolStats {
+	t.Helper()
+	for _, ps := range p.srv.Pools() {
+		if ps.Database == database && ps.User == user {
+			return ps
+		}
+	}
+	t.Fatalf("no pool for %s/%s", database, user)
+	return proxy.PoolStats{}
+}
