@@ -90,9 +90,10 @@ func (sc *serverConn) Close() error {
 		sc.mu.Lock()
 		sc.broken = true
 		sc.mu.Unlock()
-		_ = sc.Conn.Conn.SetDeadline(time.Now())
-		// Terminate lets the backend exit at once instead of logging an
-		// unexpected EOF.
+		// Terminate lets the backend exit (rolling back) at once instead of
+		// waiting to notice the closed socket. The deadline also wakes the
+		// reader goroutine, which then finds the connection gone.
+		_ = sc.Conn.Conn.SetDeadline(time.Now().Add(time.Second))
 		_, _ = sc.Conn.Write(wire.AppendTerminate(nil))
 		err = sc.Conn.Close()
 	})

@@ -1,0 +1,203 @@
+package config
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func load(t *testing.T, yaml string, args ...string) (*Config, error) {
+	t.Helper()
+	if yaml != "" {
+		path := filepath.Join(t.TempDir(), "poolerd.yaml")
+		if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		args = append([]string{"--config", path}, args...)
+	}
+	l, err := NewLoader(args, io.Discard)
+	if err != nil {
+		return nil, err
+	}
+	return l.Load()
+}
+
+func TestQuickStartFlags(t *testing.T) {
+	c, err := load(t, "", "--upstream", "postgres://app:secret@127.0.0.1:5432/app", "--listen", "127.0.0.1:6432",
+		"--pool-mode", "session", "--pool-size", "7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.PoolMode != PoolSession || c.MaxSize != 7 || c.Listen != "127.0.0.1:6432" {
+		t.Fatalf("flags not applied: %+v", c.PoolSettings)
+	}
+	r, err := c.Route("anydb", "app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Host != "127.0.0.1" || r.Port != 5432 || r.DBName != "anydb" || r.ServerUser != "app" {
+		t.Fatalf("route %+v", r)
+	}
+	if pw, ok := r.ServerSecret.Plain(); !ok || pw != "secret" {
+		t.Fatal("upstream password is not the server secret")
+	}
+	if s, ok := c.ClientSecret("app"); !ok || s.Kind() == 0 {
+		t.Fatal("upstream user has no client secret")
+	}
+}
+
+func TestPrecedenceFlagOverEnvOverFile(t *testing.T) {
+	yaml := "upstream: postgres://app:secret@db:5432/app\nmax_size: 3\nmin_size: 1\ncheckout_timeout: 5s\n"
+	t.Setenv("POOLERD_MAX_SIZE", "9")
+	t.Setenv("POOLERD_CHECKOUT_TIMEOUT", "7s")
+	c, err := load(t, yaml, "--pool-size", "11")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.MaxSize != 11 || c.CheckoutTimeout != 7*time.Second || c.MinSize != 1 {
+		t.Fatalf("max %d checkout %s min %d", c.MaxSize, c.CheckoutTimeout, c.MinSize)
+	}
+}
+
+func TestEveryKeyHasAnEnvVar(t *testing.T) {
+	for _, k := range Keys() {
+		t.Run(k.Name, func(t *testing.T) {
+			def := Defaults()
+			var val string
+			switch defaultValue(&def, k.Name).(type) {
+			case string:
+				val = map[string]string{"listen": "127.0.0.1:7000", "http_listen": "127.0.0.1:7001",
+					"upstream": "postgres://u:p@h:1/d", "auth_type": "md5", "auth_file": "",
+					"pool_mode": "session", "server_reset_query": "SELECT 2", "log_format": "json", "log_level": "warn"}[k.Name]
+			case int:
+				val = "2"
+			case time.Duration:
+				val = "3s"
+			case bool:
+				val = "false"
+			}
+			t.Setenv(k.Env(), val)
+			c, err := load(t, "upstream: postgres://app:secret@db/app\n")
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := defaultValue(c, k.Name)
+			want := defaultValue(&def, k.Name)
+			if k.Name != "auth_file" && got == want {
+				t.Fatalf("%s=%s did not change %s (still %v)", k.Env(), val, k.Name, got)
+			}
+		})
+	}
+}
+
+func TestRejects(t *testing.T) {
+	const up = "upstream: postgres://app:secret@db/app\n"
+	for _, tc := range []struct {
+		name, yaml, want string
+	}{
+		{"unknown key", up + "max_sise: 3\n", "max_sise"},
+		{"unknown key in a list", up + "databases:\n  - name: a\n    hots: x\n", "hots"},
+		{"duration without unit", up + "checkout_timeout: 30\n", "has no unit"},
+		{"min above max", up + "max_size: 2\nmin_size: 5\n", "min_size (5) exceeds max_size (2): reduce min_size to 2 or raise max_size to 5"},
+		{"bad pool mode", up + "pool_mode: statement-ish\n", "pool_mode"},
+		{"no databases", "auth_type: trust\n", "no databases"},
+		{"no passwords", "databases:\n  - name: a\n    host: h\n", "needs client passwords"},
+		{"duplicate database", up + "databases:\n  - name: a\n  - name: a\n", "listed twice"},
+		{"db override", up + "databases:\n  - name: a\n    max_size: 0\n", "database \"a\" max_size 0"},
+		{"md5 secret with scram", up + "users:\n  - name: bob\n    password: md5" + strings.Repeat("a", 32) + "\n", "md5 secret"},
+		{"password without user", up + "databases:\n  - name: a\n    password: x\n", "no user"},
+		{"bad upstream", "upstream: mysql://x\n", "scheme"},
+		{"tls upstream", "upstream: postgres://a:b@h/d?sslmode=require\n", "TLS"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := load(t, tc.yaml)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("want error containing %q, got %v", tc.want, err)
+			}
+		})
+	}
+}
+
+func TestUpstreamErrorHidesPassword(t *testing.T) {
+	_, err := load(t, "upstream: \"postgres://app:hunter2@db:99999/app\"\n")
+	if err == nil || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("error %v", err)
+	}
+	_, err = load(t, "upstream: \"postgres://app:hunter2@db/%zz\"\n")
+	if err == nil || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("error %v", err)
+	}
+}
+
+func TestRoutesAreCaseSensitiveAndOverridesLayer(t *testing.T) {
+	yaml := `
+auth_type: scram-sha-256
+pool_mode: transaction
+max_size: 10
+databases:
+  - name: Sales
+    host: 10.0.0.1
+    port: 5433
+    dbname: sales_prod
+    pool_mode: session
+    max_size: 4
+  - name: reports
+    host: 10.0.0.2
+    user: reporter
+    password: r3p
+    min_size: 0
+  - name: "*"
+    host: 10.0.0.3
+users:
+  - name: Alice
+    password: pw
+    max_size: 2
+  - name: bob
+    password: pw
+`
+	c, err := load(t, yaml)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _ := c.Route("Sales", "bob")
+	if r.Host != "10.0.0.1" || r.Port != 5433 || r.DBName != "sales_prod" || r.Settings.PoolMode != PoolSession || r.Settings.MaxSize != 4 {
+		t.Fatalf("Sales/bob %+v", r)
+	}
+	r, _ = c.Route("Sales", "Alice")
+	if r.Settings.MaxSize != 2 || r.Settings.PoolMode != PoolSession {
+		t.Fatalf("user override should win over database: %+v", r.Settings)
+	}
+	r, _ = c.Route("sales", "bob") // different case: the wildcard
+	if r.Host != "10.0.0.3" || r.DBName != "sales" {
+		t.Fatalf("sales/bob %+v", r)
+	}
+	r, _ = c.Route("reports", "bob")
+	if !r.ForcedUser || r.ServerUser != "reporter" {
+		t.Fatalf("forced user %+v", r)
+	}
+	if _, ok := c.ClientSecret("alice"); ok {
+		t.Fatal("user names must be case-sensitive")
+	}
+}
+
+func TestAuthFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "userlist.txt")
+	if err := os.WriteFile(path, []byte("\"carol\" \"pw\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := load(t, "upstream: postgres://app:secret@db/app\nauth_file: "+path+"\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := c.ClientSecret("carol"); !ok {
+		t.Fatal("auth_file user missing")
+	}
+	_, err = load(t, "upstream: postgres://app:secret@db/app\nauth_file: "+path+"\nusers:\n  - name: carol\n    password: x\n")
+	if err == nil || !strings.Contains(err.Error(), "keep one") {
+		t.Fatalf("duplicate secret: %v", err)
+	}
+}
