@@ -81,6 +81,14 @@ func (e *ServerError) Error() string {
 // perform (GSSAPI, SSPI, ...).
 var ErrUnsupportedAuth = errors.New("unsupported authentication method")
 
+// AuthError means poolerd could not log in with what it was configured
+// with (no usable secret, a SCRAM verifier that is not the server's, a method
+// it cannot perform): a configuration problem, not an outage.
+type AuthError struct{ Err error }
+
+func (e *AuthError) Error() string { return e.Err.Error() }
+func (e *AuthError) Unwrap() error { return e.Err }
+
 // Connect dials t and logs in as creds to database with the given extra
 // startup parameters. ctx bounds the whole exchange.
 func Connect(ctx context.Context, t Target, database string, creds Credentials, params map[string]string) (*Conn, error) {
@@ -130,6 +138,11 @@ func startup(nc net.Conn, t Target, database string, creds Credentials, params m
 		return nil, err
 	}
 	if err := authenticate(nc, creds); err != nil {
+		var se *ServerError
+		var ne net.Error
+		if !errors.As(err, &se) && !errors.As(err, &ne) && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+			err = &AuthError{Err: err}
+		}
 		return nil, err
 	}
 	c := &Conn{Conn: nc, Params: map[string]string{}, Target: t}

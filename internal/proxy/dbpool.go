@@ -146,6 +146,11 @@ func (d *dbPool) connectError(err error) *wire.Error {
 		}
 		return werr
 	}
+	var ae *backend.AuthError
+	if errors.As(err, &ae) {
+		return &wire.Error{Severity: "ERROR", Code: "28000", Message: "server login failed: " + ae.Error(),
+			Hint: fmt.Sprintf("poolerd could not log in to PostgreSQL as %q with its configured secret; fix the secret for that user in the poolerd configuration", d.route.ServerUser)}
+	}
 	return errServerUnavailable(err)
 }
 

@@ -121,13 +121,15 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 			return false
 		}
 	}
+	// Authenticate before looking at the database, as PostgreSQL does, so
+	// that an anonymous client cannot learn which databases exist.
+	if !s.authenticate(cfg) {
+		return false
+	}
 	route, err := cfg.Route(s.database, s.user)
 	if err != nil {
 		s.fail(&wire.Error{Severity: "FATAL", Code: "3D000", Message: fmt.Sprintf("database %q does not exist", s.database),
 			Hint: "add it to databases in the poolerd configuration, or set upstream to serve every database name"})
-		return false
-	}
-	if !s.authenticate(cfg) {
 		return false
 	}
 	dbp, err := s.srv.getPool(s.database, s.user)

@@ -147,7 +147,7 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 	out, off := start, start
 	rfqs := 0
 	var status byte
-	for off < end {
+	for off < end || sc.cur.Ending() {
 		n, ev, err := sc.cur.Next(buf[off:end])
 		if err != nil {
 			return fmt.Errorf("server protocol error: %w", err)

@@ -122,7 +122,7 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 	s.beginBatch()
 	out, off := start, start
 	b := batch{unsynced: s.unsynced}
-	for off < end {
+	for off < end || s.cur.Ending() {
 		n, ev, err := s.cur.Next(buf[off:end])
 		if err != nil {
 			s.flush(buf[start:out], b)

@@ -78,6 +78,12 @@ func (c *Cursor) Truncated() bool { return len(c.capture) < c.Len }
 // AtBoundary reports whether the cursor is between frames.
 func (c *Cursor) AtBoundary() bool { return !c.inFrame }
 
+// Ending reports whether the current frame's bytes have all been consumed
+// but its EvEnd has not been reported yet. Loops over a chunk must keep
+// calling Next while this holds, even when the chunk is used up, or the
+// last frame of a read would end only with the next read.
+func (c *Cursor) Ending() bool { return c.inFrame && c.left == 0 }
+
 // Remaining is the number of body bytes of the current frame not yet seen.
 func (c *Cursor) Remaining() int { return c.left }
 

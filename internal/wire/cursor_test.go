@@ -159,3 +159,24 @@ func FuzzCursor(f *testing.F) {
 		}
 	})
 }
+
+// TestCursorEndsAtTheEndOfInput pins the contract the relay loops rely on:
+// a frame that ends exactly where a read ends reports EvEnd without more
+// input, as long as the caller asks while Ending() holds.
+func TestCursorEndsAtTheEndOfInput(t *testing.T) {
+	for _, f := range [][]byte{frame('Z', "I"), frame('S', "")} {
+		var c Cursor
+		var events []Event
+		for off := 0; off < len(f) || c.Ending(); {
+			n, ev, err := c.Next(f[off:])
+			if err != nil {
+				t.Fatal(err)
+			}
+			events = append(events, ev)
+			off += n
+		}
+		if events[len(events)-1] != EvEnd || !c.AtBoundary() {
+			t.Fatalf("frame %q: events %v, boundary %v", f, events, c.AtBoundary())
+		}
+	}
+}

@@ -131,7 +131,7 @@ func (p *instance) dsn(user, password, db string, extra ...string) string {
 		k, v, _ := strings.Cut(kv, "=")
 		q.Set(k, v)
 	}
-	u.RawQuery = q.Encode()
+	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
 	return u.String()
 }
 
@@ -160,7 +160,7 @@ func connectDSN(t *testing.T, dsn string) *pgx.Conn {
 
 // directDSN connects to PostgreSQL itself, bypassing poolerd.
 func directDSN(db string) string {
-	return pg.DSN(pgtest.RoleApp, pgtest.Password, db) + "?sslmode=disable"
+	return pg.DSN(pgtest.RoleApp, pgtest.Password, db)
 }
 
 // ctx returns a context that ends with the test or after d.

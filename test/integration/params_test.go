@@ -1,0 +1,369 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/test/pgtest"
+)
+
+// showAll returns SHOW name for each name.
+func showAll(t *testing.T, c *pgx.Conn, names ...string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, n := range names {
+		out[n] = scalarText(t, c, "SHOW "+n)
+	}
+	return out
+}
+
+// serverDefaults returns SHOW name on a fresh direct connection to
+// PostgreSQL as app.
+func serverDefaults(t *testing.T, names ...string) map[string]string {
+	t.Helper()
+	ctx := ctxTimeout(t, 10*time.Second)
+	c, err := pgx.Connect(ctx, pg.DSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	return showAll(t, c, names...)
+}
+
+// pgErrorOf returns the PostgreSQL error in err.
+func pgErrorOf(t *testing.T, err error) *pgconn.PgError {
+	t.Helper()
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		t.Fatalf("not a PostgreSQL error: %v", err)
+	}
+	return pe
+}
+
+// paramConfig is the pgx configuration of a client of p (as app, simple
+// protocol) with startup parameters params, given as name=value pairs.
+// pgx sends them as they are, which the URL form cannot do for values with
+// spaces.
+func paramConfig(t *testing.T, dsn string, params ...string) *pgx.ConnConfig {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	for _, kv := range params {
+		k, v, _ := strings.Cut(kv, "=")
+		cfg.RuntimeParams[k] = v
+	}
+	return cfg
+}
+
+// connectParams connects to p as app with startup parameters params.
+func connectParams(t *testing.T, p *instance, params ...string) *pgx.Conn {
+	t.Helper()
+	c, err := pgx.ConnectConfig(ctxTimeout(t, 15*time.Second), paramConfig(t, p.appDSN(), params...))
+	if err != nil {
+		t.Fatalf("connect with %q: %v", params, err)
+	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	return c
+}
+
+// paramsLoginError connects with startup parameters params to dsn, which
+// must fail with a PostgreSQL error.
+func paramsLoginError(t *testing.T, dsn string, params ...string) *pgconn.PgError {
+	t.Helper()
+	c, err := pgx.ConnectConfig(ctxTimeout(t, 15*time.Second), paramConfig(t, dsn, params...))
+	if err == nil {
+		c.Close(context.Background())
+		t.Fatalf("login with %q succeeded, want it refused", params)
+	}
+	return pgErrorOf(t, err)
+}
+
+func TestParamsStartupPerClient(t *testing.T) {
+	t.Parallel()
+	p := startPoolerd(t, func(c *config.Config) {
+		c.MaxSize = 1
+		c.ServerConnectTimeout = 5 * time.Second
+	})
+	names := []string{"application_name", "DateStyle", "search_path", "extra_float_digits"}
+	defaults := serverDefaults(t, names...)
+	if defaults["DateStyle"] != "ISO, MDY" || defaults["search_path"] != `"$user", public` || defaults["extra_float_digits"] != "1" {
+		t.Fatalf("unexpected server defaults %v", defaults)
+	}
+
+	a := connectParams(t, p, "application_name=alpha", "datestyle=SQL,DMY",
+		"options=-c search_path=foo", "extra_float_digits=0")
+	b := connectParams(t, p, "application_name=beta")
+	// A client with A's DateStyle and search_path, spelled differently.
+	c := connectParams(t, p, "application_name=gamma", `options=--DateStyle=SQL,\ DMY --search-path=foo`)
+	want := map[*pgx.Conn]map[string]string{
+		a: {"application_name": "alpha", "DateStyle": "SQL, DMY", "search_path": "foo", "extra_float_digits": "0"},
+		b: {"application_name": "beta", "DateStyle": defaults["DateStyle"], "search_path": defaults["search_path"],
+			"extra_float_digits": defaults["extra_float_digits"]},
+		c: {"application_name": "gamma", "DateStyle": "SQL, DMY", "search_path": "foo",
+			"extra_float_digits": defaults["extra_float_digits"]},
+	}
+	label := map[*pgx.Conn]string{a: "A", b: "B", c: "C"}
+
+	pid := scalarText(t, a, "SELECT pg_backend_pid()::text")
+	for round := 0; round < 4; round++ {
+		order := []*pgx.Conn{a, b, c}
+		if round%2 == 1 {
+			order = []*pgx.Conn{b, c, a}
+		}
+		for _, name := range names {
+			for _, cl := range order {
+				if got := scalarText(t, cl, "SHOW "+name); got != want[cl][name] {
+					t.Errorf("round %d: client %s sees %s = %q, want %q", round, label[cl], name, got, want[cl][name])
+				}
+			}
+		}
+		for _, cl := range order {
+			if got := scalarText(t, cl, "SELECT pg_backend_pid()::text"); got != pid {
+				t.Fatalf("client %s on backend %s, want the single backend %s", label[cl], got, pid)
+			}
+		}
+	}
+	// The session's own date output follows its DateStyle.
+	if got := scalarText(t, a, "SELECT '2024-03-05'::date::text"); got != "05/03/2024" {
+		t.Errorf("A formats a date as %q, want 05/03/2024", got)
+	}
+	if got := scalarText(t, b, "SELECT '2024-03-05'::date::text"); got != "2024-03-05" {
+		t.Errorf("B formats a date as %q, want 2024-03-05", got)
+	}
+}
+
+func TestParamsParameterStatusAtLogin(t *testing.T) {
+	t.Parallel()
+	p := startPoolerd(t, func(c *config.Config) { c.ServerConnectTimeout = 5 * time.Second })
+	// Warm the pool with a client of other parameters first, so that the
+	// values cannot just be the ones of the first server login.
+	other := connectParams(t, p, "application_name=first", "datestyle=German")
+	scalarText(t, other, "SELECT 1")
+
+	c := connectParams(t, p, "application_name=alpha", "options=-c DateStyle=SQL,DMY")
+	pc := c.PgConn()
+	for name, want := range map[string]string{
+		"application_name":            "alpha",
+		"DateStyle":                   "SQL, DMY",
+		"client_encoding":             "UTF8",
+		"standard_conforming_strings": "on",
+		"integer_datetimes":           "on",
+	} {
+		if got := pc.ParameterStatus(name); got != want {
+			t.Errorf("ParameterStatus %s = %q, want %q", name, got, want)
+		}
+	}
+	for _, name := range []string{"server_version", "TimeZone", "server_encoding", "IntervalStyle", "is_superuser", "session_authorization"} {
+		if pc.ParameterStatus(name) == "" {
+			t.Errorf("ParameterStatus %s missing", name)
+		}
+	}
+	// What was reported is what the session has.
+	if got := scalarText(t, c, "SHOW TimeZone"); got != pc.ParameterStatus("TimeZone") {
+		t.Errorf("TimeZone reported %q, SHOW says %q", pc.ParameterStatus("TimeZone"), got)
+	}
+	if got := scalarText(t, c, "SELECT current_setting('server_version')"); got != pc.ParameterStatus("server_version") {
+		t.Errorf("server_version reported %q, server says %q", pc.ParameterStatus("server_version"), got)
+	}
+	if got := other.PgConn().ParameterStatus("DateStyle"); got != "German, DMY" {
+		t.Errorf("first client: DateStyle reported %q, want \"German, DMY\"", got)
+	}
+}
+
+func TestParamsInvalidStartupParameter(t *testing.T) {
+	t.Parallel()
+	p := startPoolerd(t, func(c *config.Config) { c.ServerConnectTimeout = 5 * time.Second })
+	for _, tc := range []struct {
+		name  string
+		extra []string
+	}{
+		{"DateStyle", []string{"DateStyle=nonsense"}},
+		{"options work_mem", []string{"options=-c work_mem=abc"}},
+		{"unknown parameter", []string{"no_such_parameter=1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			// What PostgreSQL itself says about it.
+			direct := paramsLoginError(t, pg.DSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp), tc.extra...)
+			// Twice: the second time poolerd may answer from what it
+			// learned.
+			for i := 0; i < 2; i++ {
+				pe := paramsLoginError(t, p.appDSN(), tc.extra...)
+				if pe.Code != direct.Code || pe.Severity != "FATAL" {
+					t.Errorf("attempt %d: got %s %s %q, PostgreSQL says %s %s %q",
+						i+1, pe.Severity, pe.Code, pe.Message, direct.Severity, direct.Code, direct.Message)
+				}
+			}
+		})
+	}
+	t.Run("pool still fine", func(t *testing.T) {
+		t.Parallel()
+		c := connectParams(t, p, "datestyle=ISO,DMY")
+		if got := scalarText(t, c, "SHOW DateStyle"); got != "ISO, DMY" {
+			t.Fatalf("DateStyle %q", got)
+		}
+	})
+}
+
+func TestParamsUnsupportedOptionsSwitch(t *testing.T) {
+	t.Parallel()
+	p := startPoolerd(t, nil)
+	for _, opt := range []string{"-d 5", "-c", "-c novalue"} {
+		t.Run(opt, func(t *testing.T) {
+			pe := paramsLoginError(t, p.appDSN(), "options="+opt)
+			if pe.Severity != "FATAL" || pe.Code == "" {
+				t.Fatalf("got %s %s %q", pe.Severity, pe.Code, pe.Message)
+			}
+			if !strings.Contains(pe.Message, "options") {
+				t.Errorf("message %q does not name the options parameter", pe.Message)
+			}
+			t.Logf("%s %s: %s (hint: %s)", pe.Severity, pe.Code, pe.Message, pe.Hint)
+		})
+	}
+	pe := paramsLoginError(t, p.appDSN(), "options=-d 5")
+	if !strings.Contains(pe.Message, "-d") {
+		t.Errorf("message %q does not name the switch", pe.Message)
+	}
+}
+
+func TestParamsClientSetFollowsClient(t *testing.T) {
+	t.Parallel()
+	p := startPoolerd(t, func(c *config.Config) { c.MaxSize = 1 })
+	mine := connectParams(t, p, "application_name=initial")
+	ctx := ctxTimeout(t, 15*time.Second)
+	if _, err := mine.Exec(ctx, "SET application_name = 'mine'"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mine.Exec(ctx, "SET DateStyle = 'Postgres, DMY'"); err != nil {
+		t.Fatal(err)
+	}
+	if got := mine.PgConn().ParameterStatus("application_name"); got != "mine" {
+		t.Errorf("pgx was told application_name %q", got)
+	}
+	others := []*pgx.Conn{
+		connectParams(t, p),
+		connectParams(t, p, "application_name=other"),
+	}
+	for round := 0; round < 3; round++ {
+		for i, o := range others {
+			want := []string{"", "other"}[i]
+			if got := scalarText(t, o, "SHOW application_name"); got != want {
+				t.Errorf("round %d: other client %d sees application_name %q, want %q", round, i, got, want)
+			}
+			if got := scalarText(t, o, "SHOW DateStyle"); got != "ISO, MDY" {
+				t.Errorf("round %d: other client %d sees DateStyle %q", round, i, got)
+			}
+		}
+		if got := scalarText(t, mine, "SHOW application_name"); got != "mine" {
+			t.Errorf("round %d: application_name %q after other clients used the server, want mine", round, got)
+		}
+		if got := scalarText(t, mine, "SHOW DateStyle"); got != "Postgres, DMY" {
+			t.Errorf("round %d: DateStyle %q, want \"Postgres, DMY\"", round, got)
+		}
+	}
+	// After RESET (which, unlike on a direct connection, cannot restore the
+	// startup value: poolerd applied it with SET), the value the client was
+	// told is the one it keeps.
+	if _, err := mine.Exec(ctx, "RESET application_name"); err != nil {
+		t.Fatal(err)
+	}
+	told := mine.PgConn().ParameterStatus("application_name")
+	scalarText(t, others[1], "SELECT 1")
+	if got := scalarText(t, mine, "SHOW application_name"); got != told {
+		t.Errorf("after RESET: application_name %q, but the client was told %q", got, told)
+	}
+}
+
+func TestParamsSessionModeResetQuery(t *testing.T) {
+	t.Parallel()
+	p := startPoolerd(t, func(c *config.Config) {
+		c.MaxSize = 1
+		c.PoolMode = config.PoolSession
+	})
+	defaults := serverDefaults(t, "work_mem", "statement_timeout")
+	table := "reset_probe_" + strings.ReplaceAll(time.Now().Format("150405.000000"), ".", "")
+	ctx := ctxTimeout(t, 15*time.Second)
+
+	a := p.connect(t)
+	pidA := scalarText(t, a, "SELECT pg_backend_pid()::text")
+	for _, sql := range []string{
+		"CREATE TEMP TABLE " + table + " (x int)",
+		"SET work_mem = '77MB'",
+		"SET statement_timeout = '42s'",
+		"PREPARE probe_stmt AS SELECT 1",
+	} {
+		if _, err := a.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	if got := scalarText(t, a, "SHOW work_mem"); got != "77MB" {
+		t.Fatalf("work_mem %q", got)
+	}
+	if err := a.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	b := p.connect(t)
+	if got := scalarText(t, b, "SELECT pg_backend_pid()::text"); got != pidA {
+		t.Fatalf("B got backend %s, A had %s: the test needs the same server connection", got, pidA)
+	}
+	if got := scalarText(t, b, "SELECT count(*)::text FROM pg_class WHERE relname = '"+table+"'"); got != "0" {
+		t.Errorf("A's temporary table survives for B")
+	}
+	if got := showAll(t, b, "work_mem", "statement_timeout"); got["work_mem"] != defaults["work_mem"] || got["statement_timeout"] != defaults["statement_timeout"] {
+		t.Errorf("B sees %v, want the defaults %v", got, defaults)
+	}
+	if got := scalarText(t, b, "SELECT count(*)::text FROM pg_prepared_statements WHERE name = 'probe_stmt'"); got != "0" {
+		t.Errorf("A's prepared statement survives for B")
+	}
+}
+
+func TestParamsUnknownDatabase(t *testing.T) {
+	t.Parallel()
+
+	t.Run("not in databases", func(t *testing.T) {
+		t.Parallel()
+		p := startPoolerd(t, func(c *config.Config) {
+			c.Upstream = ""
+			c.Databases = []config.Database{{Name: pgtest.DBApp, Host: pg.Host, Port: pg.Port}}
+			c.Users = []config.User{{Name: pgtest.RoleApp, Password: pgtest.Password}}
+		})
+		c := p.connect(t)
+		scalarText(t, c, "SELECT 1")
+		// "other" exists on the server, but poolerd does not serve it.
+		for _, db := range []string{pgtest.DBOther, "no_such_db"} {
+			pe := loginPgError(t, p.dsn(pgtest.RoleApp, pgtest.Password, db))
+			if pe.Code != "3D000" || pe.Severity != "FATAL" {
+				t.Errorf("%s: got %s %s %q, want FATAL 3D000", db, pe.Severity, pe.Code, pe.Message)
+			}
+			if !strings.Contains(pe.Message, db) || pe.Hint == "" {
+				t.Errorf("%s: message %q hint %q: want the name and a hint", db, pe.Message, pe.Hint)
+			}
+		}
+	})
+
+	t.Run("not on the server", func(t *testing.T) {
+		t.Parallel()
+		p := startPoolerd(t, nil)
+		pe := loginPgError(t, p.dsn(pgtest.RoleApp, pgtest.Password, "no_such_db"))
+		if pe.Code != "3D000" || pe.Severity != "FATAL" {
+			t.Fatalf("got %s %s %q, want FATAL 3D000", pe.Severity, pe.Code, pe.Message)
+		}
+		if !strings.Contains(pe.Message, "no_such_db") {
+			t.Errorf("message %q does not name the database", pe.Message)
+		}
+		// The known database still works.
+		c := p.connect(t)
+		scalarText(t, c, "SELECT 1")
+	})
+}

@@ -1,0 +1,218 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/test/pgtest"
+)
+
+// appDirect connects straight to PostgreSQL as app.
+func appDirect(t *testing.T) *pgx.Conn {
+	t.Helper()
+	c, err := pgx.Connect(ctxTimeout(t, 10*time.Second), pg.DSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp))
+	if err != nil {
+		t.Fatalf("connect to PostgreSQL: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	return c
+}
+
+// shutdownAsync starts srv.Shutdown with a context of timeout d and returns
+// a channel that gets its result.
+func shutdownAsync(p *instance, d time.Duration) <-chan error {
+	ch := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		defer cancel()
+		ch <- p.srv.Shutdown(ctx)
+	}()
+	return ch
+}
+
+// expectRefused checks that a new client cannot log in: the dial fails, or
+// the connection is closed (possibly after a 57P01 error) without a login.
+func expectRefused(t *testing.T, addr string) {
+	t.Helper()
+	nc, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		return
+	}
+	defer nc.Close()
+	c := &feConn{t: t, nc: nc, fe: pgproto3.NewFrontend(nc, nc)}
+	pkt, _ := (&pgproto3.StartupMessage{ProtocolVersion: pgproto3.ProtocolVersion30,
+		Parameters: startupParamsFor(pgtest.RoleApp)}).Encode(nil)
+	if _, err := nc.Write(pkt); err != nil {
+		return
+	}
+	for _, e := range c.expectClosed(3 * time.Second) {
+		if e.Code != "57P01" {
+			t.Errorf("new client during shutdown got %s %s %s", e.Severity, e.Code, e.Message)
+		}
+	}
+}
+
+// pgxQueryFails checks that c can no longer run queries; the error must be
+// 57P01 or a closed connection.
+func pgxQueryFails(t *testing.T, c *pgx.Conn) {
+	t.Helper()
+	_, err := c.Exec(ctxTimeout(t, 5*time.Second), "SELECT 1")
+	if err == nil {
+		t.Fatal("query succeeded after shutdown")
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code != "57P01" {
+		t.Errorf("got %s %s, want 57P01 or a closed connection", pe.Code, pe.Message)
+	}
+	t.Logf("after shutdown: %v", err)
+}
+
+func TestShutdownIdleClients(t *testing.T) {
+	t.Parallel()
+	p := startPoolerd(t, nil)
+
+	neverQueried := dialFE(t, p.addr)
+	neverQueried.login(pgtest.RoleApp, pgtest.Password)
+	queried := dialFE(t, p.addr)
+	queried.login(pgtest.RoleApp, pgtest.Password)
+	queried.mustQuery("SELECT 1")
+	pc := p.connect(t)
+	if _, err := pc.Exec(ctxTimeout(t, 10*time.Second), "SELECT 1"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "three clients", func() bool { return p.srv.ClientCount() == 3 })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := p.srv.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("Shutdown with only idle clients took %s", d)
+	}
+	for name, c := range map[string]*feConn{"never queried": neverQueried, "queried": queried} {
+		e := c.expectError()
+		if e.Code != "57P01" || e.Severity != "FATAL" {
+			t.Errorf("%s client got %s %s %s, want FATAL 57P01", name, e.Severity, e.Code, e.Message)
+		}
+		c.expectClosed(3 * time.Second)
+	}
+	pgxQueryFails(t, pc)
+	if n := p.srv.ClientCount(); n != 0 {
+		t.Errorf("%d clients left after Shutdown", n)
+	}
+	if p.srv.Ready() {
+		t.Error("Ready after Shutdown")
+	}
+	expectRefused(t, p.addr)
+	// A second Shutdown (the harness runs one too) is harmless.
+	if err := p.srv.Shutdown(ctx); err != nil {
+		t.Errorf("second Shutdown: %v", err)
+	}
+}
+
+func TestShutdownLetsTransactionsFinish(t *testing.T) {
+	t.Parallel()
+	p := startPoolerd(t, func(c *config.Config) { c.ShutdownTimeout = 5 * time.Second })
+	direct := appDirect(t)
+	table := fmt.Sprintf("shutdown_tx_%d", time.Now().UnixNano())
+	ctx := ctxTimeout(t, 20*time.Second)
+	if _, err := direct.Exec(ctx, "CREATE TABLE "+table+" (x int)"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = direct.Exec(context.Background(), "DROP TABLE IF EXISTS "+table) })
+
+	tx := p.connect(t, "default_query_exec_mode=simple_protocol")
+	for _, sql := range []string{"BEGIN", "INSERT INTO " + table + " VALUES (1)"} {
+		if _, err := tx.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	idle := dialFE(t, p.addr)
+	idle.login(pgtest.RoleApp, pgtest.Password)
+
+	done := shutdownAsync(p, 10*time.Second)
+	eventually(t, 5*time.Second, "shutdown to start", func() bool { return !p.srv.Ready() })
+
+	// The idle client is told at once, while the transaction goes on.
+	if e := idle.expectError(); e.Code != "57P01" || e.Severity != "FATAL" {
+		t.Errorf("idle client got %s %s %s, want FATAL 57P01", e.Severity, e.Code, e.Message)
+	}
+	idle.expectClosed(3 * time.Second)
+	expectRefused(t, p.addr)
+
+	time.Sleep(200 * time.Millisecond)
+	select {
+	case err := <-done:
+		t.Fatalf("Shutdown returned (%v) while a client is in a transaction", err)
+	default:
+	}
+	for _, sql := range []string{"INSERT INTO " + table + " VALUES (2)", "COMMIT"} {
+		if _, err := tx.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s after shutdown started: %v", sql, err)
+		}
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Shutdown did not return after the last transaction ended")
+	}
+	pgxQueryFails(t, tx)
+
+	var n int
+	if err := direct.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 {
+		t.Errorf("%d rows committed, want 2", n)
+	}
+}
+
+func TestShutdownDeadline(t *testing.T) {
+	t.Parallel()
+	p := startPoolerd(t, nil)
+	app := fmt.Sprintf("shutdown_stuck_%d", time.Now().UnixNano())
+	stuck := p.connect(t, "default_query_exec_mode=simple_protocol", "application_name="+app)
+	ctx := ctxTimeout(t, 20*time.Second)
+	for _, sql := range []string{"BEGIN", "SELECT 1"} {
+		if _, err := stuck.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	where := "application_name = '" + app + "' AND state LIKE 'idle in transaction%'"
+	if n := countBackends(t, where); n != 1 {
+		t.Fatalf("%d backends idle in transaction for the client before shutdown, want 1", n)
+	}
+
+	sctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := p.srv.Shutdown(sctx)
+	elapsed := time.Since(start)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Shutdown returned %v, want the context's deadline error", err)
+	}
+	if elapsed < 450*time.Millisecond || elapsed > 4*time.Second {
+		t.Errorf("Shutdown returned after %s, want about 500ms", elapsed)
+	}
+	pgxQueryFails(t, stuck)
+	eventually(t, 5*time.Second, "the stuck transaction's backend to go", func() bool {
+		return countBackends(t, "application_name = '"+app+"'") == 0
+	})
+	if n := p.srv.ClientCount(); n != 0 {
+		t.Errorf("%d clients left after Shutdown", n)
+	}
+}
