@@ -1,0 +1,46 @@
+# poolerd developer tasks. `make` (or `make help`) lists them.
+#
+# `make test` is THE test command: CI (.ci/run) and the README both run it,
+# so what passes here passes in CI.
+
+SHELL := /bin/bash
+
+GO      ?= go
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X main.version=$(VERSION)
+# Extra arguments for `make run`, appended to poolerd's command line,
+# e.g. make run ARGS="--log-level debug".
+ARGS    ?=
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## list the targets
+	@echo "poolerd $(VERSION)"
+	@echo
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: build
+build: ## build bin/poolerd (version from git describe)
+	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/poolerd ./cmd/poolerd
+
+.PHONY: test
+test: ## what CI runs: go vet, gofmt check, go test -race (needs PostgreSQL, see .ci/run)
+	$(GO) vet ./...
+	@unformatted="$$(find . \( -path './.*' -o -path ./bin -o -name testdata \) -prune \
+		-o -name '*.go' -print0 | xargs -0 -r gofmt -l)"; \
+	if [ -n "$$unformatted" ]; then \
+		echo "gofmt: these files are not formatted (run gofmt -w on them):"; \
+		echo "$$unformatted"; \
+		exit 1; \
+	fi
+	$(GO) test -race -count=1 -timeout 15m ./...
+
+.PHONY: run
+run: build ## start a throwaway PostgreSQL in .run/ and poolerd in front of it (Ctrl-C stops both)
+	./scripts/run.sh $(ARGS)
+
+.PHONY: clean
+clean: ## stop the PostgreSQL of `make run` if running; remove bin/ and .run/
+	./scripts/run.sh clean
+	rm -rf bin .run
