@@ -169,6 +169,24 @@ func New[C Conn](cfg Config[C], ids *atomic.Uint64) *Pool[C] {
 	return p
 }
 
+// TryGet checks out the most recently used idle connection if one is free
+// and nobody is queued, without waiting or opening a connection.
+func (p *Pool[C]) TryGet() (C, bool) {
+	var zero C
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := len(p.idle)
+	if p.closed || n == 0 || len(p.waiters) > 0 {
+		return zero, false
+	}
+	c := p.idle[n-1]
+	p.idle[n-1] = zero
+	p.idle = p.idle[:n-1]
+	p.checkoutLocked(c)
+	p.stats.Hits++
+	return c, true
+}
+
 // Get checks out a connection, waiting in FIFO order until one is free or
 // ctx ends. A context deadline that passes yields *CheckoutTimeoutError.
 func (p *Pool[C]) Get(ctx context.Context) (C, error) {

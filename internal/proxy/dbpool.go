@@ -90,7 +90,17 @@ func (d *dbPool) connect(ctx context.Context) (*serverConn, error) {
 }
 
 // checkout takes a server connection, waiting at most checkout_timeout.
+// The common case, an idle connection ready, costs one lock and no
+// allocation; contexts and timers are made only when the client must wait.
 func (d *dbPool) checkout(ctx context.Context) (*serverConn, *wire.Error) {
+	if sc, ok := d.pool.TryGet(); ok {
+		return sc, nil
+	}
+	return d.checkoutWait(ctx)
+}
+
+// checkoutWait queues for a server connection.
+func (d *dbPool) checkoutWait(ctx context.Context) (*serverConn, *wire.Error) {
 	if t := d.route.Settings.CheckoutTimeout; t > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, t)

@@ -64,6 +64,10 @@ type session struct {
 	pmu    sync.Mutex
 	params map[string]string
 
+	// waitCancel withdraws a checkout in progress (a cancel request).
+	waitMu     sync.Mutex
+	waitCancel context.CancelCauseFunc
+
 	wmu      sync.Mutex // serialises writes to the client
 	closed   atomic.Bool
 	sawFatal atomic.Bool // the server sent this client a FATAL error
@@ -76,12 +80,11 @@ func (s *session) releaseWhenIdle() bool { return s.mode == config.PoolTransacti
 // run relays client messages until the client leaves.
 func (s *session) run() {
 	for {
-		if s.ncarry == 0 {
-			// Wait without a buffer: an idle client holds none.
-			if err := wire.WaitReadable(s.conn); err != nil {
-				s.end(err)
-				return
-			}
+		// Wait without a buffer: an idle client (even one that stopped in
+		// the middle of a header, kept in s.carry) holds none.
+		if err := wire.WaitReadable(s.conn); err != nil {
+			s.end(err)
+			return
 		}
 		bp := s.srv.bufs.Get()
 		buf := *bp
@@ -315,7 +318,7 @@ func (s *session) attach() *wire.Error {
 		return errShuttingDown
 	}
 	for attempt := 0; ; attempt++ {
-		sc, werr := s.dbp.checkout(s.srv.ctx)
+		sc, werr := s.checkout()
 		if werr != nil {
 			return werr
 		}
@@ -337,6 +340,32 @@ func (s *session) attach() *wire.Error {
 		s.syncsSinceOther = 0
 		return nil
 	}
+}
+
+// errClientCancel is the cause given to a checkout the client cancelled.
+var errClientCancel = errors.New("cancel request from the client")
+
+// checkout gets a server connection for a request. While it waits in the
+// queue, a cancel request from the client withdraws the request: it is
+// refused with 57014, as the query would have been.
+func (s *session) checkout() (*serverConn, *wire.Error) {
+	if sc, ok := s.dbp.pool.TryGet(); ok {
+		return sc, nil
+	}
+	ctx, cancel := context.WithCancelCause(s.srv.ctx)
+	defer cancel(nil)
+	s.waitMu.Lock()
+	s.waitCancel = cancel
+	s.waitMu.Unlock()
+	sc, werr := s.dbp.checkoutWait(ctx)
+	s.waitMu.Lock()
+	s.waitCancel = nil
+	s.waitMu.Unlock()
+	if werr != nil && errors.Is(context.Cause(ctx), errClientCancel) {
+		return nil, &wire.Error{Severity: "ERROR", Code: "57014", Message: "canceling statement due to user request",
+			Detail: "the request was cancelled while it waited for a server connection"}
+	}
+	return sc, werr
 }
 
 // syncParams returns the query that gives sc this session's parameters,
@@ -485,6 +514,11 @@ func (s *session) releaseAtEnd(sc *serverConn) {
 func (s *session) cancel() {
 	sc := s.server.Load()
 	if sc == nil {
+		s.waitMu.Lock()
+		if s.waitCancel != nil {
+			s.waitCancel(errClientCancel)
+		}
+		s.waitMu.Unlock()
 		return
 	}
 	sc.mu.Lock()
