@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -37,6 +38,14 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	if err := pg.Cleanup(); err != nil {
 		fmt.Fprintln(os.Stderr, "integration: cleanup:", err)
+	}
+	// Every goroutine poolerd started (sessions, server readers, pool
+	// maintainers) must have ended with its instance's shutdown.
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "integration: leaked goroutines:", err)
+			code = 1
+		}
 	}
 	os.Exit(code)
 }
