@@ -33,6 +33,7 @@ func (srv *Server) serveConn(nc net.Conn) {
 	}
 	cfg := srv.cfg()
 	s := &session{srv: srv, conn: nc, id: srv.sessIDs.Add(1), addr: nc.RemoteAddr().String()}
+	s.log = srv.log.With(zap.Uint64("session", s.id), zap.String("client", s.addr))
 	if t := cfg.ClientLoginTimeout; t > 0 {
 		s.loginDeadline = time.Now().Add(t)
 		_ = nc.SetDeadline(s.loginDeadline)
@@ -85,10 +86,10 @@ func (s *session) loginFailed(err error) {
 	if errors.As(err, &ne) && ne.Timeout() {
 		s.fail(&wire.Error{Severity: "FATAL", Code: "08006", Message: "client did not log in within client_login_timeout",
 			Hint: "raise client_login_timeout if clients are this slow to authenticate"})
-		s.srv.log.Info("client login timed out", zap.String("client", s.addr))
+		s.log.Info("client login timed out")
 		return
 	}
-	s.srv.log.Debug("client handshake failed", zap.String("client", s.addr), zap.Error(err))
+	s.log.Debug("client handshake failed", zap.Error(err))
 }
 
 func (s *session) startup(cfg *config.Config, body []byte) bool {
@@ -109,8 +110,7 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	if s.database == "" {
 		s.database = s.user
 	}
-	s.log = s.srv.log.With(zap.Uint64("session", s.id), zap.String("client", s.addr),
-		zap.String("database", s.database), zap.String("user", s.user))
+	s.log = s.log.With(zap.String("database", s.database), zap.String("user", s.user))
 	params, werr := startupParams(raw)
 	if werr != nil {
 		s.fail(werr)
@@ -244,8 +244,11 @@ func (s *session) authenticate(cfg *config.Config) bool {
 	}
 	if !ok {
 		s.fail(errBadPassword(s.user))
-		s.srv.log.Info("client authentication failed", zap.String("client", s.addr),
-			zap.String("user", s.user), zap.String("database", s.database), zap.String("method", map[bool]string{true: "scram-sha-256", false: "md5"}[useSCRAM]))
+		method := "md5"
+		if useSCRAM {
+			method = "scram-sha-256"
+		}
+		s.log.Info("client authentication failed", zap.String("method", method))
 		return false
 	}
 	return true

@@ -79,30 +79,27 @@ func (s *session) releaseWhenIdle() bool { return s.mode == config.PoolTransacti
 
 // run relays client messages until the client leaves.
 func (s *session) run() {
+	rd, err := wire.NewConnReader(s.conn, s.srv.bufs)
+	if err != nil {
+		s.end(err)
+		return
+	}
 	for {
-		// Wait without a buffer: an idle client (even one that stopped in
-		// the middle of a header, kept in s.carry) holds none.
-		if err := wire.WaitReadable(s.conn); err != nil {
-			s.end(err)
-			return
-		}
-		bp := s.srv.bufs.Get()
-		buf := *bp
-		n, err := s.conn.Read(buf[wire.Headroom:])
-		var quit bool
-		if n > 0 {
-			quit = s.fromClient(buf, wire.Headroom, wire.Headroom+n)
-		}
-		s.srv.bufs.Put(bp)
-		if quit {
-			s.end(nil)
-			return
-		}
+		// The buffer is borrowed only once data has arrived: an idle
+		// client (even one that stopped inside a header, kept in s.carry)
+		// holds none.
+		bp, n, err := rd.Read()
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				err = nil
 			}
 			s.end(err)
+			return
+		}
+		quit := s.fromClient(*bp, wire.Headroom, wire.Headroom+n)
+		s.srv.bufs.Put(bp)
+		if quit {
+			s.end(nil)
 			return
 		}
 	}
@@ -238,7 +235,7 @@ func (s *session) refuse(werr *wire.Error) {
 		s.refusing = true
 	}
 	s.writeClient(msg)
-	s.srv.log.Debug("request refused", zap.Uint64("session", s.id), zap.String("sqlstate", werr.Code), zap.String("reason", werr.Message))
+	s.log.Warn("request refused", zap.String("sqlstate", werr.Code), zap.String("reason", werr.Message), zap.String("detail", werr.Detail))
 }
 
 // beginBatch keeps the held server from being released while this read is
@@ -400,7 +397,7 @@ func (s *session) writeClient(p []byte) {
 	_, err := s.conn.Write(p)
 	s.wmu.Unlock()
 	if err != nil && !s.closed.Load() {
-		s.srv.log.Debug("client write failed", zap.Uint64("session", s.id), zap.Error(err))
+		s.log.Debug("client write failed", zap.Error(err))
 		_ = s.conn.Close()
 	}
 }
@@ -429,9 +426,7 @@ func (s *session) serverLost(sc *serverConn, err error) {
 	if s.closed.Load() {
 		return
 	}
-	s.srv.log.Warn("server connection lost while in use",
-		zap.Uint64("session", s.id), zap.String("client", s.addr), zap.String("database", s.database),
-		zap.String("user", s.user), zap.Uint64("conn_id", sc.ID()), zap.Error(err))
+	s.log.Warn("server connection lost while in use", zap.Uint64("conn_id", sc.ID()), zap.Error(err))
 	if s.sawFatal.Load() {
 		// The client already has the server's own FATAL message.
 		_ = s.conn.Close()
@@ -456,14 +451,13 @@ func (s *session) end(err error) {
 			s.releaseAtEnd(sc)
 		}
 		if s.srv.cfg().LogDisconnections {
-			fields := []zap.Field{zap.Uint64("session", s.id), zap.String("client", s.addr),
-				zap.String("database", s.database), zap.String("user", s.user)}
+			var fields []zap.Field
 			if werr := s.endErr.Load(); werr != nil {
 				fields = append(fields, zap.String("reason", werr.Message), zap.String("sqlstate", werr.Code))
 			} else if err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, os.ErrDeadlineExceeded) {
 				fields = append(fields, zap.Error(err))
 			}
-			s.srv.log.Info("client disconnected", fields...)
+			s.log.Info("client disconnected", fields...)
 		}
 	})
 }
@@ -495,7 +489,7 @@ func (s *session) releaseAtEnd(sc *serverConn) {
 			err := sc.exec(ctx, q)
 			cancel()
 			if err != nil {
-				s.srv.log.Warn("server_reset_query failed; closing the server connection",
+				s.log.Warn("server_reset_query failed; closing the server connection",
 					zap.Uint64("conn_id", sc.ID()), zap.Error(err))
 				s.dbp.pool.Discard(sc, "server_reset_query failed")
 				return

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"errors"
+	"io"
 	"net"
 	"sync"
 	"syscall"
@@ -35,31 +36,70 @@ func (bp *BufferPool) Get() *[]byte { return bp.p.Get().(*[]byte) }
 // Put returns a buffer.
 func (bp *BufferPool) Put(b *[]byte) { bp.p.Put(b) }
 
-// WaitReadable blocks until conn has data to read, is closed by the peer, or
-// its read deadline passes, without reading anything: it peeks one byte into
-// a stack variable. It lets an idle session wait without holding a buffer.
-// Connections that are not *net.TCPConn or *net.UnixConn return at once.
-func WaitReadable(conn net.Conn) error {
+// ConnReader reads a connection into buffers borrowed from a pool only when
+// data has arrived: the read happens inside the runtime poller's callback,
+// and a read that finds nothing gives the buffer back before waiting. An
+// idle connection therefore holds no buffer, and a read costs the same
+// system calls as net.Conn.Read (one that finds data, one that finds none).
+//
+// A ConnReader is used by one goroutine at a time.
+type ConnReader struct {
+	rc   syscall.RawConn
+	pool *BufferPool
+	fn   func(fd uintptr) bool // r.tryRead, bound once: no allocation per read
+	buf  *[]byte
+	n    int
+	err  error
+}
+
+// NewConnReader prepares reads of conn, which must be a *net.TCPConn or a
+// *net.UnixConn.
+func NewConnReader(conn net.Conn, pool *BufferPool) (*ConnReader, error) {
 	sc, ok := conn.(syscall.Conn)
 	if !ok {
-		return nil
+		return nil, errors.New("wire: connection has no file descriptor")
 	}
 	rc, err := sc.SyscallConn()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	var perr error
-	err = rc.Read(func(fd uintptr) bool {
-		var b [1]byte
-		_, _, e := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		if errors.Is(e, syscall.EAGAIN) || errors.Is(e, syscall.EINTR) {
-			return false // wait for readability
+	r := &ConnReader{rc: rc, pool: pool}
+	r.fn = r.tryRead
+	return r, nil
+}
+
+// Read waits for data and returns a borrowed buffer holding n bytes at
+// [Headroom:Headroom+n]. The caller returns the buffer with Put. At end of
+// stream it returns io.EOF and no buffer. Read deadlines apply.
+func (r *ConnReader) Read() (buf *[]byte, n int, err error) {
+	r.buf, r.n, r.err = nil, 0, nil
+	if err := r.rc.Read(r.fn); err != nil {
+		return nil, 0, err
+	}
+	buf, n, err = r.buf, r.n, r.err
+	r.buf = nil
+	return buf, n, err
+}
+
+func (r *ConnReader) tryRead(fd uintptr) bool {
+	b := r.pool.Get()
+	for {
+		n, err := syscall.Read(int(fd), (*b)[Headroom:])
+		switch {
+		case err == syscall.EINTR:
+			continue
+		case err == syscall.EAGAIN:
+			r.pool.Put(b)
+			return false // wait for readability without a buffer
+		case err != nil:
+			r.pool.Put(b)
+			r.err = err
+		case n == 0:
+			r.pool.Put(b)
+			r.err = io.EOF
+		default:
+			r.buf, r.n = b, n
 		}
-		perr = e // nil with data or EOF (the Read that follows reports EOF)
 		return true
-	})
-	if err != nil {
-		return err
 	}
-	return perr
 }

@@ -1,7 +1,7 @@
 // Package wire moves PostgreSQL v3 protocol frames: a cursor that walks a
 // byte stream frame by frame without copying, exact reads for the startup
-// handshake, builders for the few messages poolerd writes itself, pooled
-// buffers, and a wait for readability that holds no buffer.
+// handshake, builders for the few messages poolerd writes itself, and reads
+// into pooled buffers borrowed only while data is in flight.
 package wire
 
 import (
