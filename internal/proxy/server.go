@@ -142,17 +142,7 @@ func isTemporary(err error) bool {
 // Shutdown stops accepting, ends idle clients with 57P01, lets clients in a
 // transaction finish it, and when ctx ends closes whatever remains.
 func (srv *Server) Shutdown(ctx context.Context) error {
-	srv.mu.Lock()
-	srv.shutting.Store(true)
-	for ln := range srv.listeners {
-		_ = ln.Close()
-	}
-	sessions := make([]*session, 0, len(srv.sessions))
-	for _, s := range srv.sessions {
-		sessions = append(sessions, s)
-	}
-	srv.mu.Unlock()
-	for _, s := range sessions {
+	for _, s := range srv.stopAccepting() {
 		s.terminateIfIdle()
 	}
 	done := make(chan struct{})
@@ -177,7 +167,18 @@ func (srv *Server) Shutdown(ctx context.Context) error {
 
 // Close ends every client and server connection at once.
 func (srv *Server) Close() {
+	sessions := srv.stopAccepting()
+	srv.cancel()
+	for _, s := range sessions {
+		s.terminate(errShuttingDown)
+	}
+}
+
+// stopAccepting marks the server as shutting down, closes its listeners and
+// returns the sessions logged in at that moment.
+func (srv *Server) stopAccepting() []*session {
 	srv.mu.Lock()
+	defer srv.mu.Unlock()
 	srv.shutting.Store(true)
 	for ln := range srv.listeners {
 		_ = ln.Close()
@@ -186,11 +187,7 @@ func (srv *Server) Close() {
 	for _, s := range srv.sessions {
 		sessions = append(sessions, s)
 	}
-	srv.mu.Unlock()
-	srv.cancel()
-	for _, s := range sessions {
-		s.terminate(errShuttingDown)
-	}
+	return sessions
 }
 
 func (srv *Server) closePools() {

@@ -300,7 +300,7 @@ func (s *session) flush(data []byte, b batch) bool {
 		_, err = sc.Conn.Write(data)
 	}
 	if err != nil {
-		sc.markBroken()
+		s.dbp.pool.Discard(sc, "write to server failed")
 		s.serverLost(sc, err)
 		return false
 	}
