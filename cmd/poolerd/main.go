@@ -125,7 +125,7 @@ func serve(cfg *config.Config, log *zap.Logger) error {
 			ln.Close()
 			return fmt.Errorf("listen on %s (http_listen / POOLERD_HTTP_LISTEN): %w", cfg.HTTPListen, err)
 		}
-		hs = health.New(readiness{srv}, reg, log)
+		hs = health.New(srv, reg, log)
 		go func() {
 			if err := hs.Serve(hln); err != nil {
 				log.Error("HTTP server stopped", zap.Error(err))
@@ -134,6 +134,15 @@ func serve(cfg *config.Config, log *zap.Logger) error {
 	}
 	logSummary(cfg, log)
 	srv.Warm()
+	if cfg.StartupMode == config.StartupFailFast {
+		// Seed 004 Q2: refuse to start in a degraded state.
+		if err := srv.WaitWarm(context.Background(), 3); err != nil {
+			srv.Close()
+			ln.Close()
+			return fmt.Errorf("startup_mode fail-fast: upstream unreachable: %w", err)
+		}
+		log.Info("configured pools are warm")
+	}
 
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
@@ -168,15 +177,6 @@ func serve(cfg *config.Config, log *zap.Logger) error {
 	}
 	log.Info("poolerd stopped")
 	return nil
-}
-
-type readiness struct{ srv *proxy.Server }
-
-func (r readiness) Ready() (bool, string) {
-	if !r.srv.Ready() {
-		return false, "not accepting clients (starting or shutting down)"
-	}
-	return true, ""
 }
 
 // logSummary logs the effective configuration, without secrets.

@@ -5,6 +5,7 @@ package config
 
 import (
 	"fmt"
+	"reflect"
 	"time"
 )
 
@@ -15,6 +16,14 @@ const (
 	// PoolTransaction holds a server connection from the first message of a
 	// transaction until ReadyForQuery reports the session idle.
 	PoolTransaction = "transaction"
+)
+
+// Startup modes.
+const (
+	// StartupWait keeps retrying an unreachable upstream and stays unready.
+	StartupWait = "wait"
+	// StartupFailFast exits non-zero after 3 failed attempts.
+	StartupFailFast = "fail-fast"
 )
 
 // Client authentication methods.
@@ -46,8 +55,16 @@ type Config struct {
 	// Pool settings; databases and users may override them.
 	PoolSettings `mapstructure:",squash"`
 
-	// ServerConnectTimeout bounds dialing and logging in to PostgreSQL.
-	ServerConnectTimeout time.Duration `mapstructure:"server_connect_timeout"`
+	// StartupMode is what happens when the upstream cannot be reached at
+	// start: wait (keep retrying, stay unready) or fail-fast (exit after 3
+	// attempts).
+	StartupMode string `mapstructure:"startup_mode"`
+	// ReconnectBackoffBase and ReconnectBackoffMax shape the exponential
+	// backoff between failed connects: base, 2×base, 4×base ... up to max.
+	ReconnectBackoffBase time.Duration `mapstructure:"reconnect_backoff_base"`
+	ReconnectBackoffMax  time.Duration `mapstructure:"reconnect_backoff_max"`
+	// RecycleRate is the most connections one pool recycles per second.
+	RecycleRate int `mapstructure:"recycle_rate"`
 	// ClientLoginTimeout bounds a client's startup and authentication.
 	ClientLoginTimeout time.Duration `mapstructure:"client_login_timeout"`
 	// ShutdownTimeout is how long SIGTERM waits for transactions to finish.
@@ -89,6 +106,46 @@ type PoolSettings struct {
 	// ServerResetQuery runs before a server connection used in session mode
 	// is given to another client.
 	ServerResetQuery string `mapstructure:"server_reset_query"`
+	// ServerConnectTimeout bounds dialing and logging in to PostgreSQL.
+	ServerConnectTimeout time.Duration `mapstructure:"server_connect_timeout"`
+
+	// ValidationInterval: a connection idle longer than this is checked
+	// with ValidationQuery before use; 0 disables validation.
+	ValidationInterval time.Duration `mapstructure:"validation_interval"`
+	// ValidationQuery is the check; the empty query is a valid (cheapest)
+	// round trip.
+	ValidationQuery string `mapstructure:"validation_query"`
+	// ValidationTimeout bounds one validation.
+	ValidationTimeout time.Duration `mapstructure:"validation_timeout"`
+
+	// MaxLifetime recycles idle connections older than this (±10 % jitter);
+	// 0 disables.
+	MaxLifetime time.Duration `mapstructure:"max_lifetime"`
+	// MaxQueries recycles idle connections that ran this many queries; 0
+	// disables.
+	MaxQueries int `mapstructure:"max_queries"`
+	// IdleTimeout closes connections idle this long while the pool holds
+	// more than MinSize; 0 disables.
+	IdleTimeout time.Duration `mapstructure:"idle_timeout"`
+
+	// LeakDetectionThreshold warns about a client that keeps a server
+	// connection busy (in a transaction or a query) this long; 0 disables.
+	LeakDetectionThreshold time.Duration `mapstructure:"leak_detection_threshold"`
+
+	// QueryTimeout cancels one query running longer than this; 0 disables.
+	QueryTimeout time.Duration `mapstructure:"query_timeout"`
+	// TransactionTimeout ends a client whose transaction (the whole lease of
+	// its server connection) lasts longer than this; 0 disables.
+	TransactionTimeout time.Duration `mapstructure:"transaction_timeout"`
+	// IdleTransactionTimeout ends a client idle inside a transaction this
+	// long; 0 disables.
+	IdleTransactionTimeout time.Duration `mapstructure:"idle_transaction_timeout"`
+	// ClientIdleTimeout ends a client idle outside a transaction this long;
+	// 0 disables.
+	ClientIdleTimeout time.Duration `mapstructure:"client_idle_timeout"`
+	// ServerResponseTimeout declares a server hung when requests are pending
+	// and it sent nothing for this long; 0 disables.
+	ServerResponseTimeout time.Duration `mapstructure:"server_response_timeout"`
 }
 
 // Database is one entry of the databases list.
@@ -125,13 +182,27 @@ type User struct {
 
 // Overrides are the pool settings a database or user entry may set; nil
 // inherits. A user's setting wins over its database's, which wins over the
-// global one (PgBouncer's order).
+// global one (PgBouncer's order). Each field has the name and key of its
+// PoolSettings field.
 type Overrides struct {
-	PoolMode         *string        `mapstructure:"pool_mode"`
-	MaxSize          *int           `mapstructure:"max_size"`
-	MinSize          *int           `mapstructure:"min_size"`
-	CheckoutTimeout  *time.Duration `mapstructure:"checkout_timeout"`
-	ServerResetQuery *string        `mapstructure:"server_reset_query"`
+	PoolMode               *string        `mapstructure:"pool_mode"`
+	MaxSize                *int           `mapstructure:"max_size"`
+	MinSize                *int           `mapstructure:"min_size"`
+	CheckoutTimeout        *time.Duration `mapstructure:"checkout_timeout"`
+	ServerResetQuery       *string        `mapstructure:"server_reset_query"`
+	ServerConnectTimeout   *time.Duration `mapstructure:"server_connect_timeout"`
+	ValidationInterval     *time.Duration `mapstructure:"validation_interval"`
+	ValidationQuery        *string        `mapstructure:"validation_query"`
+	ValidationTimeout      *time.Duration `mapstructure:"validation_timeout"`
+	MaxLifetime            *time.Duration `mapstructure:"max_lifetime"`
+	MaxQueries             *int           `mapstructure:"max_queries"`
+	IdleTimeout            *time.Duration `mapstructure:"idle_timeout"`
+	LeakDetectionThreshold *time.Duration `mapstructure:"leak_detection_threshold"`
+	QueryTimeout           *time.Duration `mapstructure:"query_timeout"`
+	TransactionTimeout     *time.Duration `mapstructure:"transaction_timeout"`
+	IdleTransactionTimeout *time.Duration `mapstructure:"idle_transaction_timeout"`
+	ClientIdleTimeout      *time.Duration `mapstructure:"client_idle_timeout"`
+	ServerResponseTimeout  *time.Duration `mapstructure:"server_response_timeout"`
 }
 
 // Defaults returns the configuration every key starts from.
@@ -141,13 +212,24 @@ func Defaults() Config {
 		HTTPListen: "0.0.0.0:9930",
 		AuthType:   AuthSCRAM,
 		PoolSettings: PoolSettings{
-			PoolMode:         PoolTransaction,
-			MaxSize:          20,
-			MinSize:          0,
-			CheckoutTimeout:  30 * time.Second,
-			ServerResetQuery: "DISCARD ALL",
+			PoolMode:               PoolTransaction,
+			MaxSize:                20,
+			MinSize:                0,
+			CheckoutTimeout:        30 * time.Second,
+			ServerResetQuery:       "DISCARD ALL",
+			ServerConnectTimeout:   15 * time.Second,
+			ValidationInterval:     5 * time.Second,
+			ValidationQuery:        "SELECT 1",
+			ValidationTimeout:      5 * time.Second,
+			MaxLifetime:            time.Hour,
+			MaxQueries:             50000,
+			IdleTimeout:            60 * time.Second,
+			LeakDetectionThreshold: 30 * time.Second,
 		},
-		ServerConnectTimeout: 15 * time.Second,
+		StartupMode:          StartupWait,
+		ReconnectBackoffBase: time.Second,
+		ReconnectBackoffMax:  16 * time.Second,
+		RecycleRate:          1,
 		ClientLoginTimeout:   60 * time.Second,
 		ShutdownTimeout:      30 * time.Second,
 		LogFormat:            "console",
@@ -160,21 +242,13 @@ func Defaults() Config {
 // Effective applies overrides to base in order; a later override wins.
 func (base PoolSettings) Effective(over ...Overrides) PoolSettings {
 	out := base
+	dst := reflect.ValueOf(&out).Elem()
 	for _, o := range over {
-		if o.PoolMode != nil {
-			out.PoolMode = *o.PoolMode
-		}
-		if o.MaxSize != nil {
-			out.MaxSize = *o.MaxSize
-		}
-		if o.MinSize != nil {
-			out.MinSize = *o.MinSize
-		}
-		if o.CheckoutTimeout != nil {
-			out.CheckoutTimeout = *o.CheckoutTimeout
-		}
-		if o.ServerResetQuery != nil {
-			out.ServerResetQuery = *o.ServerResetQuery
+		src := reflect.ValueOf(o)
+		for i := range src.NumField() {
+			if f := src.Field(i); !f.IsNil() {
+				dst.FieldByName(src.Type().Field(i).Name).Set(f.Elem())
+			}
 		}
 	}
 	return out

@@ -71,7 +71,8 @@ func TestEveryKeyHasAnEnvVar(t *testing.T) {
 			case string:
 				val = map[string]string{"listen": "127.0.0.1:7000", "http_listen": "127.0.0.1:7001",
 					"upstream": "postgres://u:p@h:1/d", "auth_type": "md5", "auth_file": "",
-					"pool_mode": "session", "server_reset_query": "SELECT 2", "log_format": "json", "log_level": "warn"}[k.Name]
+					"pool_mode": "session", "server_reset_query": "SELECT 2", "log_format": "json", "log_level": "warn",
+					"startup_mode": "fail-fast", "validation_query": "SELECT 2"}[k.Name]
 			case int:
 				val = "2"
 			case time.Duration:

@@ -6,8 +6,10 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"reflect"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/poolerd/poolerd/internal/auth"
 )
@@ -102,20 +104,25 @@ func (c *Config) Validate() error {
 		bad("auth_type %q is not one of scram-sha-256, md5, trust (POOLERD_AUTH_TYPE / --auth-type)", c.AuthType)
 	}
 	c.PoolSettings.validate("", bad)
-	for _, d := range []struct {
-		name  string
-		value int64
-	}{
-		{"server_connect_timeout", int64(c.ServerConnectTimeout)},
-		{"client_login_timeout", int64(c.ClientLoginTimeout)},
-		{"shutdown_timeout", int64(c.ShutdownTimeout)},
-	} {
-		if d.value < 0 {
-			bad("%s must not be negative", d.name)
-		}
+	if c.ClientLoginTimeout < 0 {
+		bad("client_login_timeout must not be negative (0 disables it)")
 	}
-	if c.ServerConnectTimeout == 0 {
-		bad("server_connect_timeout must be positive (e.g. 15s): a connect with no limit can hang a pool forever")
+	if c.ShutdownTimeout < 0 {
+		bad("shutdown_timeout must not be negative")
+	}
+	switch c.StartupMode {
+	case StartupWait, StartupFailFast:
+	default:
+		bad("startup_mode %q is not wait or fail-fast (POOLERD_STARTUP_MODE / --startup-mode)", c.StartupMode)
+	}
+	if c.ReconnectBackoffBase <= 0 {
+		bad("reconnect_backoff_base must be positive, e.g. 1s")
+	}
+	if c.ReconnectBackoffMax < c.ReconnectBackoffBase {
+		bad("reconnect_backoff_max (%s) is below reconnect_backoff_base (%s): raise it to at least %s", c.ReconnectBackoffMax, c.ReconnectBackoffBase, c.ReconnectBackoffBase)
+	}
+	if c.RecycleRate < 1 {
+		bad("recycle_rate %d must be at least 1 (connections recycled per second per pool)", c.RecycleRate)
 	}
 	switch c.LogFormat {
 	case "console", "json":
@@ -253,8 +260,20 @@ func (p PoolSettings) validate(where string, bad func(string, ...any)) {
 	if p.MaxSize >= 1 && p.MinSize > p.MaxSize {
 		bad("%smin_size (%d) exceeds max_size (%d): reduce min_size to %d or raise max_size to %d", where, p.MinSize, p.MaxSize, p.MaxSize, p.MinSize)
 	}
-	if p.CheckoutTimeout < 0 {
-		bad("%scheckout_timeout must not be negative (0 waits without limit)", where)
+	rv := reflect.ValueOf(p)
+	for i := range rv.NumField() {
+		if d, ok := rv.Field(i).Interface().(time.Duration); ok && d < 0 {
+			bad("%s%s must not be negative (0 disables it)", where, rv.Type().Field(i).Tag.Get("mapstructure"))
+		}
+	}
+	if p.ServerConnectTimeout == 0 {
+		bad("%sserver_connect_timeout must be positive (e.g. 15s): a connect with no limit can hang a pool forever", where)
+	}
+	if p.ValidationInterval > 0 && p.ValidationTimeout == 0 {
+		bad("%svalidation_timeout must be positive when validation_interval is set (e.g. 5s)", where)
+	}
+	if p.MaxQueries < 0 {
+		bad("%smax_queries must not be negative (0 disables it)", where)
 	}
 }
 

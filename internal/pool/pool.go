@@ -1,13 +1,15 @@
 // Package pool keeps the server connections of one (database, user) pair:
 // checkout with a deadline and a FIFO queue, reuse of the most recently used
-// idle connection, background connects, a floor of open connections, and
-// statistics.
+// idle connection, validation before use, background connects with
+// exponential backoff and a health state, a floor of open connections,
+// recycling by age, query count and idleness, and statistics.
 package pool
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,7 +31,9 @@ type Entry struct {
 	id       uint64
 	created  time.Time
 	lastUsed time.Time
+	lifetime time.Duration // max_lifetime with this connection's jitter
 	uses     uint64
+	queries  atomic.Uint64
 	state    entryState // guarded by the pool's mutex
 }
 
@@ -42,6 +46,12 @@ func (e *Entry) Created() time.Time { return e.created }
 // Uses is how many times the connection has been checked out.
 func (e *Entry) Uses() uint64 { return e.uses }
 
+// AddQueries counts queries run on the connection (for max_queries).
+func (e *Entry) AddQueries(n uint64) { e.queries.Add(n) }
+
+// Queries is how many queries ran on the connection.
+func (e *Entry) Queries() uint64 { return e.queries.Load() }
+
 type entryState uint8
 
 const (
@@ -49,6 +59,45 @@ const (
 	stateIdle
 	stateActive
 	stateClosed
+)
+
+// State is a pool's health.
+type State int32
+
+const (
+	// Initializing: warming up, no connection opened yet.
+	Initializing State = iota
+	// Healthy: connects succeed and the pool holds what it should.
+	Healthy
+	// Degraded: connects fail, but at least half of max_size is open.
+	Degraded
+	// Unhealthy: connects fail and less than half of max_size is open.
+	Unhealthy
+	// Recovering: a connect succeeded after failures; refilling min_size.
+	Recovering
+	// ShuttingDown: closing; no new checkouts.
+	ShuttingDown
+	// Terminated: closed.
+	Terminated
+)
+
+var stateNames = [...]string{"initializing", "healthy", "degraded", "unhealthy", "recovering", "shutting_down", "terminated"}
+
+func (s State) String() string {
+	if int(s) < len(stateNames) {
+		return stateNames[s]
+	}
+	return fmt.Sprintf("state(%d)", int(s))
+}
+
+// Usable reports whether the state serves clients normally.
+func (s State) Usable() bool { return s == Healthy || s == Degraded || s == Recovering }
+
+// Recycle reasons.
+const (
+	RecycleLifetime = "max_lifetime"
+	RecycleQueries  = "max_queries"
+	RecycleIdle     = "idle_timeout"
 )
 
 // Errors returned by Get.
@@ -75,41 +124,117 @@ type ConnectError struct{ Err error }
 func (e *ConnectError) Error() string { return "connect to server: " + e.Err.Error() }
 func (e *ConnectError) Unwrap() error { return e.Err }
 
+// UnavailableError is returned at once, instead of queueing, while connects
+// fail and the pool holds no connection that could serve the request.
+type UnavailableError struct {
+	// RetryIn is when the next connect attempt is due.
+	RetryIn time.Duration
+	// Attempts is the number of failed attempts in a row.
+	Attempts int
+	// Err is the last connect failure.
+	Err error
+}
+
+func (e *UnavailableError) Error() string {
+	return fmt.Sprintf("upstream unavailable after %d failed connect attempts, next retry in %s: %v",
+		e.Attempts, e.RetryIn.Round(100*time.Millisecond), e.Err)
+}
+func (e *UnavailableError) Unwrap() error { return e.Err }
+
+// ValidationError is returned when validation failed on a connection and
+// on the one tried after it.
+type ValidationError struct{ Err error }
+
+func (e *ValidationError) Error() string {
+	return "server connection failed validation: " + e.Err.Error()
+}
+func (e *ValidationError) Unwrap() error { return e.Err }
+
 // Config configures a pool.
 type Config[C Conn] struct {
 	// MaxSize is the most connections open or opening at once.
 	MaxSize int
 	// MinSize is how many connections the pool keeps open.
 	MinSize int
+	// Warm makes the pool open at least one connection at start (and keep
+	// retrying while that fails), so that its health is known before the
+	// first client: set for pools named by the configuration.
+	Warm bool
 	// Connect opens one connection; ctx carries the connect deadline.
 	Connect func(ctx context.Context) (C, error)
 	// ConnectTimeout bounds one Connect call.
 	ConnectTimeout time.Duration
-	// RetryDelay is the pause after a failed background connect before the
-	// pool tries again to reach MinSize.
-	RetryDelay time.Duration
+	// Unreachable reports whether a Connect error means the server did not
+	// accept the TCP connection at all (as opposed to refusing the login).
+	// While that is the case the pool calls Probe every ProbeInterval and,
+	// when the server accepts connections again, retries at once.
+	Unreachable func(error) bool
+	// Probe checks cheaply whether the server accepts TCP connections.
+	Probe func(ctx context.Context) error
+	// ProbeInterval is how often Probe runs; 0 means 250ms.
+	ProbeInterval time.Duration
+	// BackoffBase and BackoffMax shape the pause after failed connects:
+	// base, 2×base, 4×base ... capped at max, each with ±20 % jitter.
+	BackoffBase, BackoffMax time.Duration
+	// Validate checks an idle connection before use; nil disables.
+	Validate func(ctx context.Context, c C) error
+	// ValidationInterval: connections idle longer than this are validated.
+	ValidationInterval time.Duration
+	// ValidationTimeout bounds one Validate call.
+	ValidationTimeout time.Duration
+	// MaxLifetime, MaxQueries and IdleTimeout recycle idle connections;
+	// zero disables each. MaxLifetime gets ±10 % jitter per connection.
+	MaxLifetime time.Duration
+	MaxQueries  uint64
+	IdleTimeout time.Duration
+	// RecycleRate is the most connections recycled per second; 0 means 1.
+	RecycleRate int
 	// Logger receives lifecycle events; it should carry the pool's fields.
 	Logger *zap.Logger
 	// Now returns the current time; nil means time.Now.
 	Now func() time.Time
+	// Rand returns a float in [0,1) for jitter; nil means math/rand/v2.
+	Rand func() float64
 }
 
 // Stats is a consistent snapshot of a pool.
 type Stats struct {
+	State            State
 	MaxSize, MinSize int
 	// Total counts open connections plus those being opened.
 	Total, Idle, Active, Opening, Waiting int
-	// Acquisitions counts successful checkouts; Hits were served by an idle
-	// connection, Misses had to wait for a new or returned one.
+	// Acquisitions counts successful checkouts; Hits reused an open
+	// connection, Misses got a newly opened one.
 	Acquisitions, Hits, Misses uint64
 	Releases                   uint64
 	Timeouts                   uint64
-	ConnectAttempts            uint64
-	ConnectFailures            uint64
+	// ConnectAttempts and ConnectFailures count every connect; Failures is
+	// the number of failures in a row now, NextRetry when the next attempt
+	// is due while failing.
+	ConnectAttempts, ConnectFailures uint64
+	Failures                         int
+	NextRetry                        time.Time
+	LastError                        string
+	// FastFailures counts checkouts refused at once while unavailable.
+	FastFailures uint64
+	// ValidationFailures counts connections that failed validation.
+	ValidationFailures uint64
+	// Recycled counts connections recycled, by reason.
+	RecycledLifetime, RecycledQueries, RecycledIdle uint64
 	// WaitTotal is the summed checkout wait; WaitMax the longest.
 	WaitTotal, WaitMax time.Duration
 	PeakActive         int
 	Created            time.Time
+	// LastHealthCheck is when a connect or validation last succeeded.
+	LastHealthCheck time.Time
+}
+
+// AvgWait is the mean checkout wait.
+func (s Stats) AvgWait() time.Duration {
+	if s.Acquisitions == 0 {
+		return 0
+	}
+	return s.WaitTotal / time.Duration(s.Acquisitions)
 }
 
 type waiter[C Conn] struct {
@@ -138,39 +263,106 @@ type Pool[C Conn] struct {
 	closed  bool
 	stats   Stats
 
+	failures    int // connect failures in a row
+	backoffN    int // failures counted for the backoff; a probe resets it
+	nextAttempt time.Time
+	lastErr     error
+	everOpened  bool
+	recycledNow int       // recycled in the current second
+	recycleSec  time.Time // start of that second
+	changed     chan struct{}
+
 	wake    chan struct{} // nudges the maintainer
 	done    chan struct{}
 	stopped chan struct{}
 }
 
-// New creates a pool and starts its maintainer, which keeps MinSize
-// connections open. ids numbers connections across pools.
+// New creates a pool and starts its maintainer. ids numbers connections
+// across pools.
 func New[C Conn](cfg Config[C], ids *atomic.Uint64) *Pool[C] {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.Rand == nil {
+		cfg.Rand = rand.Float64
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
-	if cfg.RetryDelay <= 0 {
-		cfg.RetryDelay = time.Second
+	if cfg.BackoffBase <= 0 {
+		cfg.BackoffBase = time.Second
+	}
+	if cfg.BackoffMax < cfg.BackoffBase {
+		cfg.BackoffMax = cfg.BackoffBase
+	}
+	if cfg.ProbeInterval <= 0 {
+		cfg.ProbeInterval = 250 * time.Millisecond
+	}
+	if cfg.RecycleRate <= 0 {
+		cfg.RecycleRate = 1
 	}
 	p := &Pool[C]{
 		cfg:     cfg,
 		log:     cfg.Logger,
 		nextID:  ids,
+		changed: make(chan struct{}),
 		wake:    make(chan struct{}, 1),
 		done:    make(chan struct{}),
 		stopped: make(chan struct{}),
 	}
 	p.stats.MaxSize, p.stats.MinSize = cfg.MaxSize, cfg.MinSize
 	p.stats.Created = cfg.Now()
+	p.stats.State = Initializing
+	if !cfg.Warm && cfg.MinSize == 0 {
+		p.stats.State = Healthy // nothing to warm up; connects happen on demand
+	}
 	go p.maintain()
 	return p
 }
 
-// TryGet checks out the most recently used idle connection if one is free
-// and nobody is queued, without waiting or opening a connection.
+// State returns the pool's health.
+func (p *Pool[C]) State() State {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stats.State
+}
+
+// WaitWarm waits until the pool has opened its warm-up connections
+// (max(min_size, 1)), or maxFailures connects in a row have failed, or ctx
+// ends. It returns the last connect error in the second case.
+func (p *Pool[C]) WaitWarm(ctx context.Context, maxFailures int) error {
+	for {
+		p.mu.Lock()
+		st, fails, last, ch := p.stats.State, p.failures, p.lastErr, p.changed
+		open := p.total - p.opening
+		p.mu.Unlock()
+		switch {
+		case st == Healthy && open >= max(p.cfg.MinSize, 1):
+			return nil
+		case fails >= maxFailures:
+			return fmt.Errorf("%d connect attempts failed: %w", fails, last)
+		case st == ShuttingDown || st == Terminated:
+			return ErrClosed
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// Changed returns a channel closed at the next state change or connect
+// outcome.
+func (p *Pool[C]) Changed() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.changed
+}
+
+// TryGet checks out the most recently used idle connection if one is free,
+// nobody is queued and it needs no validation, without waiting or opening a
+// connection.
 func (p *Pool[C]) TryGet() (C, bool) {
 	var zero C
 	p.mu.Lock()
@@ -180,6 +372,9 @@ func (p *Pool[C]) TryGet() (C, bool) {
 		return zero, false
 	}
 	c := p.idle[n-1]
+	if p.needsValidation(c) {
+		return zero, false
+	}
 	p.idle[n-1] = zero
 	p.idle = p.idle[:n-1]
 	p.checkoutLocked(c)
@@ -188,14 +383,63 @@ func (p *Pool[C]) TryGet() (C, bool) {
 }
 
 // Get checks out a connection, waiting in FIFO order until one is free or
-// ctx ends. A context deadline that passes yields *CheckoutTimeoutError.
+// ctx ends. A connection idle longer than the validation interval is
+// validated first; one that fails is closed and another tried, once. A
+// context deadline that passes yields *CheckoutTimeoutError. While connects
+// fail and no connection is open, it returns *UnavailableError at once.
 func (p *Pool[C]) Get(ctx context.Context) (C, error) {
+	var zero C
+	var lastErr error
+	for attempt := 0; attempt < 2; attempt++ {
+		c, fresh, err := p.get(ctx)
+		if err != nil {
+			if lastErr != nil {
+				return zero, &ValidationError{Err: lastErr}
+			}
+			return zero, err
+		}
+		if fresh || !p.needsValidation(c) {
+			return c, nil
+		}
+		if err := p.validate(ctx, c); err != nil {
+			lastErr = err
+			continue
+		}
+		return c, nil
+	}
+	return zero, &ValidationError{Err: lastErr}
+}
+
+func (p *Pool[C]) needsValidation(c C) bool {
+	return p.cfg.Validate != nil && p.cfg.ValidationInterval > 0 &&
+		p.cfg.Now().Sub(c.PoolEntry().lastUsed) > p.cfg.ValidationInterval
+}
+
+func (p *Pool[C]) validate(ctx context.Context, c C) error {
+	vctx, cancel := context.WithTimeout(ctx, p.cfg.ValidationTimeout)
+	err := p.cfg.Validate(vctx, c)
+	cancel()
+	if err != nil {
+		p.mu.Lock()
+		p.stats.ValidationFailures++
+		p.mu.Unlock()
+		p.log.Warn("server connection failed validation; closing it", zap.Uint64("conn_id", c.PoolEntry().id), zap.Error(err))
+		p.Discard(c, "validation failed")
+		return err
+	}
+	p.mu.Lock()
+	p.stats.LastHealthCheck = p.cfg.Now()
+	p.mu.Unlock()
+	return nil
+}
+
+func (p *Pool[C]) get(ctx context.Context) (C, bool, error) {
 	var zero C
 	start := p.cfg.Now()
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		return zero, ErrClosed
+		return zero, false, ErrClosed
 	}
 	if n := len(p.idle); n > 0 && len(p.waiters) == 0 {
 		c := p.idle[n-1]
@@ -204,7 +448,12 @@ func (p *Pool[C]) Get(ctx context.Context) (C, error) {
 		p.checkoutLocked(c)
 		p.stats.Hits++
 		p.mu.Unlock()
-		return c, nil
+		return c, false, nil
+	}
+	if uerr := p.unavailableLocked(start); uerr != nil {
+		p.stats.FastFailures++
+		p.mu.Unlock()
+		return zero, false, uerr
 	}
 	w := &waiter[C]{ch: make(chan result[C], 1)}
 	p.waiters = append(p.waiters, w)
@@ -229,15 +478,24 @@ func (p *Pool[C]) Get(ctx context.Context) (C, error) {
 		p.stats.Timeouts++
 		st := p.statsLocked()
 		p.mu.Unlock()
-		return zero, &CheckoutTimeoutError{Waited: waited, Stats: st}
+		return zero, false, &CheckoutTimeoutError{Waited: waited, Stats: st}
 	}
 	p.mu.Unlock()
-	return zero, ctx.Err()
+	return zero, false, ctx.Err()
 }
 
-func (p *Pool[C]) received(r result[C], start time.Time) (C, error) {
+// unavailableLocked returns the error for a checkout that cannot be served:
+// connects are failing (in backoff) and no connection is open or opening.
+func (p *Pool[C]) unavailableLocked(now time.Time) *UnavailableError {
+	if p.failures == 0 || p.total > 0 || !now.Before(p.nextAttempt) {
+		return nil
+	}
+	return &UnavailableError{RetryIn: p.nextAttempt.Sub(now), Attempts: p.failures, Err: p.lastErr}
+}
+
+func (p *Pool[C]) received(r result[C], start time.Time) (C, bool, error) {
 	if r.err != nil {
-		return r.conn, r.err
+		return r.conn, false, r.err
 	}
 	p.mu.Lock()
 	if r.fresh {
@@ -247,11 +505,12 @@ func (p *Pool[C]) received(r result[C], start time.Time) (C, error) {
 	}
 	p.noteWaitLocked(p.cfg.Now().Sub(start))
 	p.mu.Unlock()
-	return r.conn, nil
+	return r.conn, r.fresh, nil
 }
 
 // Put returns a clean connection: the next waiter gets it, or it becomes the
-// most recently used idle connection.
+// most recently used idle connection. A connection due for recycling is
+// closed instead, within the recycle rate.
 func (p *Pool[C]) Put(c C) {
 	e := c.PoolEntry()
 	p.mu.Lock()
@@ -261,10 +520,17 @@ func (p *Pool[C]) Put(c C) {
 	}
 	p.active--
 	p.stats.Releases++
-	e.lastUsed = p.cfg.Now()
+	now := p.cfg.Now()
+	e.lastUsed = now
 	if p.closed {
 		p.closeLocked(c)
 		p.mu.Unlock()
+		return
+	}
+	if reason := p.recycleReason(e, now, false); reason != "" && len(p.waiters) == 0 && p.recycleBudgetLocked(now) {
+		p.recycleLocked(c, reason, now)
+		p.mu.Unlock()
+		p.nudge()
 		return
 	}
 	p.handOffLocked(c, false)
@@ -281,7 +547,6 @@ func (p *Pool[C]) Discard(c C, reason string) {
 		p.active--
 		p.stats.Releases++
 	case stateIdle:
-		p.removeIdleLocked(c)
 	default:
 		p.mu.Unlock()
 		return
@@ -311,23 +576,21 @@ func (p *Pool[C]) Close() {
 		return
 	}
 	p.closed = true
+	p.setStateLocked(ShuttingDown, "pool closing")
 	for _, w := range p.waiters {
 		w.ch <- result[C]{err: ErrClosed}
 	}
 	p.waiters = nil
-	idle := p.idle
-	p.idle = nil
-	for _, c := range idle {
-		c.PoolEntry().state = stateNew // so closeLocked does not look in idle
-		p.closeLocked(c)
+	for len(p.idle) > 0 {
+		p.closeLocked(p.idle[len(p.idle)-1])
 	}
+	p.setStateLocked(Terminated, "pool closed")
 	p.mu.Unlock()
 	close(p.done)
 	<-p.stopped
 }
 
-// Idle returns the idle connections (for inspection by tests and the admin
-// console); the pool keeps ownership.
+// Idle returns the idle connections (for inspection); the pool keeps them.
 func (p *Pool[C]) Idle() []C {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -390,7 +653,7 @@ func (p *Pool[C]) removeIdleLocked(c C) {
 	}
 }
 
-// closeLocked closes c and forgets it. c must not be in the idle list.
+// closeLocked closes c and forgets it.
 func (p *Pool[C]) closeLocked(c C) {
 	e := c.PoolEntry()
 	if e.state == stateIdle {
@@ -400,34 +663,41 @@ func (p *Pool[C]) closeLocked(c C) {
 	p.total--
 	// Close may block briefly on a socket; it never calls back into the pool.
 	go c.Close()
+	p.evalLocked("connection closed")
 }
 
 func (p *Pool[C]) statsLocked() Stats {
 	s := p.stats
 	s.Total, s.Idle, s.Active, s.Opening, s.Waiting = p.total, len(p.idle), p.active, p.opening, len(p.waiters)
+	s.Failures = p.failures
+	if p.failures > 0 {
+		s.NextRetry = p.nextAttempt
+	}
+	if p.lastErr != nil {
+		s.LastError = p.lastErr.Error()
+	}
 	return s
 }
 
-// startConnectLocked opens one connection in the background; it goes to the
-// first waiter, or becomes idle.
+// startConnectLocked opens one connection in the background (unless connects
+// are in backoff); it goes to the first waiter, or becomes idle.
 func (p *Pool[C]) startConnectLocked() {
+	if p.failures > 0 && p.cfg.Now().Before(p.nextAttempt) {
+		return // backing off: the maintainer retries when due
+	}
+	if (p.failures > 0 || !p.everOpened) && p.opening > 0 {
+		return // one attempt at a time until the server is known to answer
+	}
 	p.total++
 	p.opening++
 	p.stats.ConnectAttempts++
+	attempt := p.failures + 1
 	go func() {
 		c, err := p.dial()
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		if err != nil {
-			p.connectFailedLocked()
-			// The waiter this attempt was started for learns why at once,
-			// instead of waiting out its checkout timeout.
-			if len(p.waiters) > p.opening {
-				w := p.waiters[0]
-				p.removeWaiterLocked(w)
-				w.ch <- result[C]{err: &ConnectError{Err: err}}
-			}
-			p.log.Warn("server connect failed", zap.Error(err))
+			p.connectFailedLocked(err, attempt)
 			return
 		}
 		p.adoptLocked(c)
@@ -440,25 +710,124 @@ func (p *Pool[C]) dial() (C, error) {
 	return p.cfg.Connect(ctx)
 }
 
-func (p *Pool[C]) connectFailedLocked() {
+// backoff is the pause after n failures in a row, with ±20 % jitter.
+func (p *Pool[C]) backoff(n int) time.Duration {
+	d := p.cfg.BackoffBase
+	for i := 1; i < n && d < p.cfg.BackoffMax; i++ {
+		d *= 2
+	}
+	d = min(d, p.cfg.BackoffMax)
+	return time.Duration(float64(d) * (0.8 + 0.4*p.cfg.Rand()))
+}
+
+func (p *Pool[C]) connectFailedLocked(err error, attempt int) {
 	p.opening--
 	p.total--
 	p.stats.ConnectFailures++
+	p.failures++
+	p.backoffN++
+	p.lastErr = err
+	wait := p.backoff(p.backoffN)
+	p.nextAttempt = p.cfg.Now().Add(wait)
+	p.log.Warn("server connect failed",
+		zap.Int("attempt", attempt), zap.Duration("next_retry_in", wait.Round(time.Millisecond)), zap.Error(err))
+	// Nothing open means nothing can serve the queue before the next
+	// attempt: tell every waiter now instead of letting them time out.
+	if p.total == 0 {
+		uerr := &UnavailableError{RetryIn: wait, Attempts: p.failures, Err: err}
+		for _, w := range p.waiters {
+			w.ch <- result[C]{err: uerr}
+		}
+		p.waiters = p.waiters[:0]
+	}
+	p.evalLocked("connect failed: " + err.Error())
+	p.broadcastLocked()
+	p.nudge()
 }
 
 // adoptLocked takes a newly opened connection into the pool.
 func (p *Pool[C]) adoptLocked(c C) {
 	p.opening--
+	now := p.cfg.Now()
 	e := c.PoolEntry()
 	e.id = p.nextID.Add(1)
-	e.created = p.cfg.Now()
-	e.lastUsed = e.created
+	e.created = now
+	e.lastUsed = now
+	if p.cfg.MaxLifetime > 0 {
+		e.lifetime = time.Duration(float64(p.cfg.MaxLifetime) * (0.9 + 0.2*p.cfg.Rand()))
+	}
+	p.stats.LastHealthCheck = now
+	p.everOpened = true
+	if p.failures > 0 {
+		p.log.Info("server connect succeeded; backoff ended", zap.Int("failed_attempts", p.failures))
+	}
+	p.failures, p.backoffN, p.lastErr = 0, 0, nil
 	if p.closed {
 		e.state = stateActive
 		p.closeLocked(c)
 		return
 	}
 	p.handOffLocked(c, true)
+	p.evalLocked("connected")
+	p.broadcastLocked()
+	p.nudge()
+}
+
+// warmTarget is how many connections the pool wants open regardless of
+// demand.
+func (p *Pool[C]) warmTarget() int {
+	if p.cfg.Warm {
+		return max(p.cfg.MinSize, 1)
+	}
+	return p.cfg.MinSize
+}
+
+// evalLocked recomputes the health state after an event.
+func (p *Pool[C]) evalLocked(reason string) {
+	st := p.stats.State
+	if st == ShuttingDown || st == Terminated {
+		return
+	}
+	open := p.total - p.opening
+	var next State
+	switch {
+	case p.failures > 0 && 2*open >= p.cfg.MaxSize:
+		next = Degraded
+	case p.failures > 0:
+		next = Unhealthy
+	case open >= p.warmTarget() && (st == Initializing || st == Recovering || st == Unhealthy || st == Degraded):
+		next = Healthy
+	case st == Unhealthy || st == Degraded:
+		next = Recovering
+	default:
+		next = st
+	}
+	p.setStateLocked(next, reason)
+}
+
+func (p *Pool[C]) setStateLocked(next State, reason string) {
+	prev := p.stats.State
+	if next == prev {
+		return
+	}
+	p.stats.State = next
+	p.broadcastLocked()
+	fields := []zap.Field{zap.Stringer("from", prev), zap.Stringer("to", next), zap.String("reason", reason),
+		zap.Int("open", p.total-p.opening), zap.Int("max_size", p.cfg.MaxSize)}
+	if p.failures > 0 {
+		fields = append(fields, zap.Duration("next_retry_in", p.nextAttempt.Sub(p.cfg.Now()).Round(time.Millisecond)))
+	}
+	if next == Unhealthy || next == Degraded {
+		p.log.Warn("pool health changed", fields...)
+	} else {
+		p.log.Info("pool health changed", fields...)
+	}
+}
+
+// broadcastLocked wakes everyone waiting on Changed.
+func (p *Pool[C]) broadcastLocked() {
+	close(p.changed)
+	p.changed = make(chan struct{})
 }
 
 func (p *Pool[C]) nudge() {
@@ -468,7 +837,9 @@ func (p *Pool[C]) nudge() {
 	}
 }
 
-// maintain keeps MinSize connections open, retrying after failures.
+// maintain keeps the pool's floor of connections open, retries failed
+// connects with backoff (probing for the server's return), and recycles
+// idle connections.
 func (p *Pool[C]) maintain() {
 	defer close(p.stopped)
 	t := time.NewTimer(0)
@@ -480,38 +851,122 @@ func (p *Pool[C]) maintain() {
 		case <-p.wake:
 		case <-t.C:
 		}
+		now := p.cfg.Now()
+		p.probeIfDown(now)
 		p.mu.Lock()
-		need := p.cfg.MinSize - p.total
+		p.recycleIdleLocked(now)
+		p.fillLocked(now)
+		tick := time.Second
+		if p.failures > 0 {
+			tick = min(p.cfg.ProbeInterval, max(p.nextAttempt.Sub(now), time.Millisecond))
+		}
 		p.mu.Unlock()
-		for range max(need, 0) {
-			if err := p.openIdle(); err != nil {
-				p.log.Warn("could not open min_size server connections; retrying",
-					zap.Int("min_size", p.cfg.MinSize), zap.Duration("retry_in", p.cfg.RetryDelay), zap.Error(err))
-				break
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
 			}
 		}
-		t.Reset(p.cfg.RetryDelay)
+		t.Reset(tick)
 	}
 }
 
-// openIdle opens one connection synchronously for the maintainer.
-func (p *Pool[C]) openIdle() error {
+// probeIfDown checks, while the server refuses TCP connections, whether it
+// accepts them again; if so the backoff starts over and a connect is due at
+// once.
+func (p *Pool[C]) probeIfDown(now time.Time) {
 	p.mu.Lock()
-	if p.closed || p.total >= p.cfg.MinSize || p.total >= p.cfg.MaxSize {
-		p.mu.Unlock()
-		return nil
-	}
-	p.total++
-	p.opening++
-	p.stats.ConnectAttempts++
+	down := p.failures > 0 && p.lastErr != nil && p.cfg.Probe != nil && p.cfg.Unreachable != nil &&
+		p.cfg.Unreachable(p.lastErr) && now.Before(p.nextAttempt)
 	p.mu.Unlock()
-	c, err := p.dial()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if err != nil {
-		p.connectFailedLocked()
-		return err
+	if !down {
+		return
 	}
-	p.adoptLocked(c)
-	return nil
+	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.ProbeInterval)
+	err := p.cfg.Probe(ctx)
+	cancel()
+	if err != nil {
+		return
+	}
+	p.mu.Lock()
+	if p.failures > 0 {
+		p.log.Info("server accepts connections again; retrying now", zap.Int("failed_attempts", p.failures))
+		p.backoffN = 0 // the next failure backs off from the base again
+		p.nextAttempt = now
+	}
+	p.mu.Unlock()
+}
+
+// fillLocked starts connects the pool needs: its floor (min_size, or one
+// while warming up or failing after it had connections) and the waiters
+// not yet covered by a connect in progress.
+func (p *Pool[C]) fillLocked(now time.Time) {
+	if p.closed {
+		return
+	}
+	target := p.warmTarget()
+	if p.failures > 0 && p.everOpened {
+		target = max(target, 1) // keep trying until the server is back
+	}
+	need := max(target-p.total, len(p.waiters)-p.opening)
+	for range min(need, p.cfg.MaxSize-p.total) {
+		before := p.opening
+		p.startConnectLocked()
+		if p.opening == before {
+			break // backing off
+		}
+	}
+}
+
+// recycleReason says why an idle connection should be closed now, if it
+// should. idle is true for the janitor's scan of idle connections.
+func (p *Pool[C]) recycleReason(e *Entry, now time.Time, idle bool) string {
+	switch {
+	case e.lifetime > 0 && now.Sub(e.created) >= e.lifetime:
+		return RecycleLifetime
+	case p.cfg.MaxQueries > 0 && e.queries.Load() >= p.cfg.MaxQueries:
+		return RecycleQueries
+	case idle && p.cfg.IdleTimeout > 0 && now.Sub(e.lastUsed) >= p.cfg.IdleTimeout && p.total > p.cfg.MinSize:
+		return RecycleIdle
+	}
+	return ""
+}
+
+func (p *Pool[C]) recycleBudgetLocked(now time.Time) bool {
+	if now.Sub(p.recycleSec) >= time.Second {
+		p.recycleSec, p.recycledNow = now, 0
+	}
+	return p.recycledNow < p.cfg.RecycleRate
+}
+
+// recycleIdleLocked closes idle connections due for recycling, oldest use
+// first, within the recycle rate.
+func (p *Pool[C]) recycleIdleLocked(now time.Time) {
+	if p.closed {
+		return
+	}
+	for i := 0; i < len(p.idle) && p.recycleBudgetLocked(now); {
+		c := p.idle[i] // least recently used first
+		if reason := p.recycleReason(c.PoolEntry(), now, true); reason != "" {
+			p.recycleLocked(c, reason, now)
+			continue
+		}
+		i++
+	}
+}
+
+func (p *Pool[C]) recycleLocked(c C, reason string, now time.Time) {
+	e := c.PoolEntry()
+	p.recycledNow++
+	switch reason {
+	case RecycleLifetime:
+		p.stats.RecycledLifetime++
+	case RecycleQueries:
+		p.stats.RecycledQueries++
+	case RecycleIdle:
+		p.stats.RecycledIdle++
+	}
+	p.log.Info("server connection recycled", zap.Uint64("conn_id", e.id), zap.String("reason", reason),
+		zap.Duration("lifetime", now.Sub(e.created).Round(time.Millisecond)), zap.Uint64("queries", e.queries.Load()))
+	p.closeLocked(c)
 }

@@ -21,18 +21,21 @@ func (c *fakeConn) Close() error      { c.closed.Store(true); return nil }
 
 // dialer counts connects and can be told to fail or block.
 type dialer struct {
-	mu      sync.Mutex
-	n       int
-	open    int
-	maxOpen int
-	fail    error
-	delay   time.Duration
+	mu       sync.Mutex
+	n        int
+	fail     error
+	delay    time.Duration
+	attempts []time.Time
 }
 
 func (d *dialer) connect(ctx context.Context) (*fakeConn, error) {
-	if d.delay > 0 {
+	d.mu.Lock()
+	d.attempts = append(d.attempts, time.Now())
+	delay := d.delay
+	d.mu.Unlock()
+	if delay > 0 {
 		select {
-		case <-time.After(d.delay):
+		case <-time.After(delay):
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
@@ -46,8 +49,22 @@ func (d *dialer) connect(ctx context.Context) (*fakeConn, error) {
 	return &fakeConn{n: d.n}, nil
 }
 
+func (d *dialer) setFail(err error) {
+	d.mu.Lock()
+	d.fail = err
+	d.mu.Unlock()
+}
+
+func baseConfig(d *dialer, max, min int) Config[*fakeConn] {
+	return Config[*fakeConn]{
+		MaxSize: max, MinSize: min, Connect: d.connect, ConnectTimeout: time.Second,
+		BackoffBase: time.Second, BackoffMax: 16 * time.Second,
+		Rand: func() float64 { return 0.5 }, // no jitter: exact schedules
+	}
+}
+
 func newPool(d *dialer, max, min int) *Pool[*fakeConn] {
-	return New(Config[*fakeConn]{MaxSize: max, MinSize: min, Connect: d.connect, ConnectTimeout: time.Second, RetryDelay: time.Second}, new(atomic.Uint64))
+	return New(baseConfig(d, max, min), new(atomic.Uint64))
 }
 
 func TestReusesMostRecentlyUsed(t *testing.T) {
@@ -134,7 +151,7 @@ func TestCheckoutTimeoutReportsState(t *testing.T) {
 	})
 }
 
-func TestConnectFailureReachesTheWaiter(t *testing.T) {
+func TestConnectFailureReachesTheWaiterAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		boom := errors.New("connection refused")
 		p := newPool(&dialer{fail: boom}, 2, 0)
@@ -143,15 +160,299 @@ func TestConnectFailureReachesTheWaiter(t *testing.T) {
 		defer cancel()
 		start := time.Now()
 		_, err := p.Get(ctx)
-		var ce *ConnectError
-		if !errors.As(err, &ce) || !errors.Is(err, boom) {
-			t.Fatalf("want ConnectError wrapping the cause, got %v", err)
+		var ue *UnavailableError
+		if !errors.As(err, &ue) || !errors.Is(err, boom) || ue.RetryIn != time.Second || ue.Attempts != 1 {
+			t.Fatalf("want UnavailableError wrapping the cause, retry in 1s, got %v", err)
 		}
 		if time.Since(start) != 0 {
 			t.Fatalf("waited %s for a failed connect", time.Since(start))
 		}
-		if st := p.Stats(); st.Total != 0 || st.ConnectFailures != 1 {
+		// Within the backoff: refused at once without a new attempt.
+		time.Sleep(500 * time.Millisecond)
+		_, err = p.Get(ctx)
+		if !errors.As(err, &ue) || ue.RetryIn != 500*time.Millisecond {
+			t.Fatalf("second checkout: %v", err)
+		}
+		if st := p.Stats(); st.Total != 0 || st.ConnectFailures != 1 || st.FastFailures != 1 || st.State != Healthy && st.State != Unhealthy {
 			t.Fatalf("stats %+v", st)
+		}
+	})
+}
+
+// FR-003: 1, 2, 4, 8, 16, 16 ... seconds between attempts; a success ends it.
+func TestBackoffSchedule(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &dialer{fail: errors.New("too many connections")}
+		cfg := baseConfig(d, 5, 0)
+		cfg.Warm = true
+		p := New(cfg, new(atomic.Uint64))
+		defer p.Close()
+		start := time.Now()
+		time.Sleep(50 * time.Second)
+		synctest.Wait()
+		d.mu.Lock()
+		var gaps []time.Duration
+		for i := 1; i < len(d.attempts); i++ {
+			gaps = append(gaps, d.attempts[i].Sub(d.attempts[i-1]))
+		}
+		first := d.attempts[0].Sub(start)
+		d.mu.Unlock()
+		want := []time.Duration{1, 2, 4, 8, 16, 16}
+		if first != 0 || len(gaps) < len(want) {
+			t.Fatalf("first attempt at %s, gaps %v", first, gaps)
+		}
+		for i, w := range want {
+			if gaps[i] != w*time.Second {
+				t.Fatalf("gaps %v, want %v seconds", gaps, want)
+			}
+		}
+		if st := p.Stats(); st.State != Unhealthy || st.Failures != len(gaps)+1 {
+			t.Fatalf("stats %+v", st)
+		}
+		d.setFail(nil)
+		time.Sleep(16 * time.Second)
+		synctest.Wait()
+		if st := p.Stats(); st.State != Healthy || st.Failures != 0 || st.Idle != 1 {
+			t.Fatalf("after recovery: %+v", st)
+		}
+	})
+}
+
+// FR-003: while the server refuses TCP connections the pool probes, and
+// retries as soon as it accepts them again instead of waiting out the
+// backoff.
+func TestProbeEndsBackoffEarly(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		refused := errors.New("connection refused")
+		d := &dialer{fail: refused}
+		var up atomic.Bool
+		cfg := baseConfig(d, 5, 0)
+		cfg.Warm = true
+		cfg.Unreachable = func(err error) bool { return errors.Is(err, refused) }
+		cfg.Probe = func(context.Context) error {
+			if up.Load() {
+				return nil
+			}
+			return refused
+		}
+		p := New(cfg, new(atomic.Uint64))
+		defer p.Close()
+		time.Sleep(20 * time.Second) // backoff has grown to 8-16s
+		synctest.Wait()
+		if p.State() != Unhealthy {
+			t.Fatalf("state %s", p.State())
+		}
+		up.Store(true)
+		d.setFail(nil)
+		back := time.Now()
+		for p.State() != Healthy {
+			time.Sleep(50 * time.Millisecond)
+			if time.Since(back) > 2*time.Second {
+				t.Fatalf("not healthy %s after the server came back: %+v", time.Since(back), p.Stats())
+			}
+		}
+		if d := time.Since(back); d > 500*time.Millisecond {
+			t.Fatalf("recovered after %s; the probe should notice within its interval", d)
+		}
+	})
+}
+
+func TestHealthStates(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &dialer{}
+		cfg := baseConfig(d, 2, 0)
+		cfg.Warm = true
+		p := New(cfg, new(atomic.Uint64))
+		defer p.Close()
+		if st := p.State(); st != Initializing && st != Healthy {
+			t.Fatalf("start: %s", st)
+		}
+		synctest.Wait()
+		if p.State() != Healthy {
+			t.Fatalf("after warm-up: %s", p.State())
+		}
+		// One of two connections open and connects failing: degraded.
+		a, _ := p.Get(context.Background())
+		d.setFail(errors.New("down"))
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		_, _ = p.Get(ctx)
+		cancel()
+		synctest.Wait()
+		if p.State() != Degraded {
+			t.Fatalf("one of two open, connects failing: %s", p.State())
+		}
+		p.Discard(a, "server closed")
+		synctest.Wait()
+		if p.State() != Unhealthy {
+			t.Fatalf("nothing open, connects failing: %s", p.State())
+		}
+		d.setFail(nil)
+		time.Sleep(20 * time.Second)
+		synctest.Wait()
+		if p.State() != Healthy {
+			t.Fatalf("after recovery: %s", p.State())
+		}
+	})
+}
+
+func TestRecoveringUntilMinSize(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &dialer{fail: errors.New("down")}
+		cfg := baseConfig(d, 5, 3)
+		cfg.Warm = true
+		d.delay = 100 * time.Millisecond
+		p := New(cfg, new(atomic.Uint64))
+		defer p.Close()
+		time.Sleep(3 * time.Second)
+		if p.State() != Unhealthy {
+			t.Fatalf("state %s", p.State())
+		}
+		d.setFail(nil)
+		var seen []State
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) && p.State() != Healthy {
+			ch := p.Changed()
+			select {
+			case <-ch:
+				seen = append(seen, p.State())
+			case <-time.After(time.Second):
+			}
+		}
+		if len(seen) < 2 || seen[0] != Recovering || seen[len(seen)-1] != Healthy {
+			t.Fatalf("transitions %v, want recovering then healthy", seen)
+		}
+	})
+}
+
+func TestWaitWarm(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &dialer{fail: errors.New("refused")}
+		cfg := baseConfig(d, 5, 2)
+		cfg.Warm = true
+		p := New(cfg, new(atomic.Uint64))
+		defer p.Close()
+		start := time.Now()
+		err := p.WaitWarm(context.Background(), 3)
+		if err == nil || time.Since(start) != 3*time.Second { // attempts at 0, 1, 3
+			t.Fatalf("fail-fast: %v after %s", err, time.Since(start))
+		}
+
+		ok := New(baseConfig(&dialer{}, 5, 2), new(atomic.Uint64))
+		defer ok.Close()
+		if err := ok.WaitWarm(context.Background(), 3); err != nil {
+			t.Fatal(err)
+		}
+		if st := ok.Stats(); st.Idle != 2 {
+			t.Fatalf("warm-up opened %d", st.Idle)
+		}
+	})
+}
+
+// FR-002: a connection idle longer than the interval is validated; one
+// that fails is closed and another used; two failures give an error.
+func TestValidationBeforeUse(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &dialer{}
+		var bad sync.Map // conn n -> true
+		var validated atomic.Int32
+		cfg := baseConfig(d, 3, 0)
+		cfg.ValidationInterval = 5 * time.Second
+		cfg.ValidationTimeout = time.Second
+		cfg.Validate = func(ctx context.Context, c *fakeConn) error {
+			validated.Add(1)
+			if _, ok := bad.Load(c.n); ok {
+				return errors.New("server closed the connection")
+			}
+			return nil
+		}
+		p := New(cfg, new(atomic.Uint64))
+		defer p.Close()
+		ctx := context.Background()
+		a, _ := p.Get(ctx)
+		p.Put(a)
+		b, _ := p.Get(ctx) // idle 0s: no validation
+		if b != a || validated.Load() != 0 {
+			t.Fatalf("fresh reuse validated %d times", validated.Load())
+		}
+		p.Put(b)
+		time.Sleep(6 * time.Second)
+		bad.Store(a.n, true)
+		c, err := p.Get(ctx) // a is stale and bad: closed, a new one used
+		synctest.Wait()
+		if err != nil || c == a || !a.closed.Load() || validated.Load() != 1 {
+			t.Fatalf("got %v %v, a closed %v, validations %d", c, err, a.closed.Load(), validated.Load())
+		}
+		if st := p.Stats(); st.ValidationFailures != 1 {
+			t.Fatalf("stats %+v", st)
+		}
+		// Two stale bad connections in a row: an error.
+		e, _ := p.Get(ctx)
+		p.Put(c)
+		p.Put(e)
+		time.Sleep(6 * time.Second)
+		bad.Store(c.n, true)
+		bad.Store(e.n, true)
+		_, err = p.Get(ctx)
+		var ve *ValidationError
+		if !errors.As(err, &ve) {
+			t.Fatalf("want ValidationError, got %v", err)
+		}
+	})
+}
+
+// FR-009: lifetime (with jitter), query count and idle time, only idle
+// connections, at most recycle_rate per second, min_size kept.
+func TestRecycling(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &dialer{}
+		cfg := baseConfig(d, 5, 1)
+		cfg.MaxLifetime = time.Hour
+		cfg.MaxQueries = 100
+		cfg.IdleTimeout = time.Minute
+		cfg.RecycleRate = 1
+		p := New(cfg, new(atomic.Uint64))
+		defer p.Close()
+		ctx := context.Background()
+		synctest.Wait()
+		// max_queries: recycled when it comes back.
+		a, _ := p.Get(ctx)
+		a.AddQueries(100)
+		p.Put(a)
+		synctest.Wait()
+		if !a.closed.Load() || p.Stats().RecycledQueries != 1 {
+			t.Fatalf("max_queries: closed %v stats %+v", a.closed.Load(), p.Stats())
+		}
+		synctest.Wait() // min_size refilled
+		// idle_timeout: three idle connections, min_size 1 -> two closed, one per second.
+		conns := make([]*fakeConn, 3)
+		for i := range conns {
+			conns[i], _ = p.Get(ctx)
+		}
+		for _, c := range conns {
+			p.Put(c)
+		}
+		time.Sleep(60*time.Second + 500*time.Millisecond) // idle since t=0; the janitor ticks each second
+		synctest.Wait()
+		if st := p.Stats(); st.RecycledIdle != 1 {
+			t.Fatalf("rate limit: recycled %d in the first second", st.RecycledIdle)
+		}
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		if st := p.Stats(); st.RecycledIdle < 2 || st.Total < 1 {
+			t.Fatalf("idle recycling: %+v", st)
+		}
+		// A checked-out connection is never recycled, however old.
+		held, _ := p.Get(ctx)
+		time.Sleep(2 * time.Hour)
+		synctest.Wait()
+		if held.closed.Load() {
+			t.Fatal("active connection recycled")
+		}
+		before := p.Stats().RecycledLifetime
+		p.Put(held)
+		synctest.Wait()
+		if p.Stats().RecycledLifetime != before+1 || !held.closed.Load() {
+			t.Fatal("expired connection not recycled when returned")
 		}
 	})
 }
@@ -175,6 +476,7 @@ func TestDiscardFreesCapacityForWaiter(t *testing.T) {
 		p.Discard(a, "test")
 		p.Discard(a, "twice is harmless")
 		c := <-got
+		synctest.Wait()
 		if c == a || !a.closed.Load() {
 			t.Fatal("discarded connection reused or not closed")
 		}
@@ -182,22 +484,6 @@ func TestDiscardFreesCapacityForWaiter(t *testing.T) {
 			t.Fatalf("stats %+v", st)
 		}
 		p.Put(c)
-	})
-}
-
-func TestDiscardIdle(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		p := newPool(&dialer{}, 2, 0)
-		defer p.Close()
-		a, _ := p.Get(context.Background())
-		p.Put(a)
-		p.Discard(a, "server closed")
-		if st := p.Stats(); st.Total != 0 || st.Idle != 0 {
-			t.Fatalf("stats %+v", st)
-		}
-		if b, _ := p.Get(context.Background()); b == a {
-			t.Fatal("got the discarded connection")
-		}
 	})
 }
 
@@ -214,26 +500,6 @@ func TestMinSizeIsKept(t *testing.T) {
 		synctest.Wait()
 		if st := p.Stats(); st.Idle != 2 {
 			t.Fatalf("min_size not restored: %+v", st)
-		}
-	})
-}
-
-func TestMinSizeRetriesAfterFailure(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		d := &dialer{fail: errors.New("down")}
-		p := newPool(d, 5, 1)
-		defer p.Close()
-		synctest.Wait()
-		if p.Stats().Total != 0 {
-			t.Fatal("connection counted after failure")
-		}
-		d.mu.Lock()
-		d.fail = nil
-		d.mu.Unlock()
-		time.Sleep(time.Second) // RetryDelay
-		synctest.Wait()
-		if st := p.Stats(); st.Idle != 1 {
-			t.Fatalf("not retried: %+v", st)
 		}
 	})
 }
@@ -260,9 +526,13 @@ func TestCloseFailsWaitersAndClosesConnections(t *testing.T) {
 		if _, err := p.Get(context.Background()); !errors.Is(err, ErrClosed) {
 			t.Fatalf("Get after Close: %v", err)
 		}
+		if p.State() != Terminated {
+			t.Fatalf("state %s", p.State())
+		}
 	})
 }
 
+// FR-010: concurrent checkouts never exceed max_size and keep counts true.
 func TestNeverExceedsMaxUnderContention(t *testing.T) {
 	d := &dialer{delay: time.Millisecond}
 	p := newPool(d, 4, 0)
@@ -297,7 +567,7 @@ func TestNeverExceedsMaxUnderContention(t *testing.T) {
 	}
 	wg.Wait()
 	st := p.Stats()
-	if peak.Load() > 4 || st.Total > 4 || st.Active != 0 || st.PeakActive > 4 {
+	if peak.Load() > 4 || st.Total > 4 || st.Active != 0 || st.PeakActive > 4 || st.Acquisitions != 5000 {
 		t.Fatalf("peak %d, stats %+v", peak.Load(), st)
 	}
 }

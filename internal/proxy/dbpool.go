@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -37,6 +40,10 @@ type dbPool struct {
 	// clientKey is the latest SCRAM ClientKey recovered from a client of
 	// this user, for SCRAM pass-through when only a verifier is configured.
 	clientKey []byte
+
+	// Counters of what happened to this pool's clients, by kind.
+	timeouts [numTimeoutKinds]atomic.Uint64
+	leaks    atomic.Uint64
 }
 
 type paramKey struct{ name, value string }
@@ -46,7 +53,7 @@ type paramResult struct {
 	err   *wire.Error
 }
 
-func newDBPool(srv *Server, key poolKey, route config.Route) *dbPool {
+func newDBPool(srv *Server, key poolKey, route config.Route, warm bool) *dbPool {
 	d := &dbPool{
 		srv:     srv,
 		key:     key,
@@ -55,14 +62,52 @@ func newDBPool(srv *Server, key poolKey, route config.Route) *dbPool {
 		learned: map[paramKey]paramResult{},
 	}
 	cfg := srv.cfg()
+	set := route.Settings
 	d.pool = pool.New(pool.Config[*serverConn]{
-		MaxSize:        route.Settings.MaxSize,
-		MinSize:        route.Settings.MinSize,
-		Connect:        d.connect,
-		ConnectTimeout: cfg.ServerConnectTimeout,
-		Logger:         d.log,
+		MaxSize:            set.MaxSize,
+		MinSize:            set.MinSize,
+		Warm:               warm,
+		Connect:            d.connect,
+		ConnectTimeout:     set.ServerConnectTimeout,
+		Unreachable:        unreachable,
+		Probe:              d.probe,
+		BackoffBase:        cfg.ReconnectBackoffBase,
+		BackoffMax:         cfg.ReconnectBackoffMax,
+		Validate:           d.validate,
+		ValidationInterval: set.ValidationInterval,
+		ValidationTimeout:  set.ValidationTimeout,
+		MaxLifetime:        set.MaxLifetime,
+		MaxQueries:         uint64(set.MaxQueries),
+		IdleTimeout:        set.IdleTimeout,
+		RecycleRate:        cfg.RecycleRate,
+		Logger:             d.log,
 	}, &srv.connIDs)
 	return d
+}
+
+// unreachable reports whether a connect error means the server did not
+// accept the TCP connection at all.
+func unreachable(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
+}
+
+// probe checks whether the server accepts TCP connections, without
+// logging in: PostgreSQL logs nothing for a connection closed before its
+// startup packet.
+func (d *dbPool) probe(ctx context.Context) error {
+	network, address := backend.Target{Host: d.route.Host, Port: d.route.Port}.Network()
+	var dl net.Dialer
+	c, err := dl.DialContext(ctx, network, address)
+	if err != nil {
+		return err
+	}
+	return c.Close()
+}
+
+// validate runs validation_query on an idle connection before use.
+func (d *dbPool) validate(ctx context.Context, sc *serverConn) error {
+	return sc.exec(ctx, d.route.Settings.ValidationQuery)
 }
 
 // connect opens one server connection and starts its reader.
@@ -73,7 +118,7 @@ func (d *dbPool) connect(ctx context.Context) (*serverConn, error) {
 		creds.ClientKey = d.clientKey
 		d.mu.Unlock()
 	}
-	target := backend.Target{Host: d.route.Host, Port: d.route.Port}
+	target := d.target()
 	bc, err := backend.Connect(ctx, target, d.route.DBName, creds, nil)
 	if err != nil {
 		return nil, err
@@ -87,6 +132,10 @@ func (d *dbPool) connect(ctx context.Context) (*serverConn, error) {
 	go sc.readLoop()
 	d.log.Debug("server connection opened", zap.String("server", target.String()), zap.Uint32("backend_pid", bc.PID))
 	return sc, nil
+}
+
+func (d *dbPool) target() backend.Target {
+	return backend.Target{Host: d.route.Host, Port: d.route.Port}
 }
 
 // checkout takes a server connection, waiting at most checkout_timeout.
@@ -126,6 +175,8 @@ func (d *dbPool) checkin(sc *serverConn) {
 func (d *dbPool) checkoutError(err error) *wire.Error {
 	var te *pool.CheckoutTimeoutError
 	var ce *pool.ConnectError
+	var ue *pool.UnavailableError
+	var ve *pool.ValidationError
 	switch {
 	case errors.As(err, &te):
 		st := te.Stats
@@ -136,6 +187,22 @@ func (d *dbPool) checkoutError(err error) *wire.Error {
 			Hint: "raise max_size (POOLERD_MAX_SIZE) if PostgreSQL's max_connections allows it, shorten transactions, or raise checkout_timeout"}
 	case errors.As(err, &ce):
 		return d.connectError(ce.Err)
+	case errors.As(err, &ue):
+		var se *backend.ServerError
+		var ae *backend.AuthError
+		if errors.As(ue.Err, &se) || errors.As(ue.Err, &ae) {
+			// The server is reachable and the login is refused: say why.
+			return d.connectError(ue.Err)
+		}
+		return &wire.Error{Severity: "ERROR", Code: "08006",
+			Message: fmt.Sprintf("upstream unavailable, next retry in %s", ue.RetryIn.Round(100*time.Millisecond)),
+			Detail:  fmt.Sprintf("%d connect attempts to %s failed in a row; the last one: %v", ue.Attempts, d.target(), ue.Err),
+			Hint:    "check that PostgreSQL is running and reachable from poolerd; retry after the time given"}
+	case errors.As(err, &ve):
+		return &wire.Error{Severity: "ERROR", Code: "08006",
+			Message: "server connections failed validation",
+			Detail:  ve.Error(),
+			Hint:    "two server connections in a row failed validation_query; check the PostgreSQL server and the network, then retry"}
 	case errors.Is(err, pool.ErrClosed), errors.Is(err, context.Canceled):
 		return errShuttingDown
 	}
@@ -214,7 +281,7 @@ func (d *dbPool) prepareLogin(ctx context.Context, startup map[string]string) (m
 		return out, nil
 	}
 	sql := setConfigSQL(unknown)
-	qctx, cancel := context.WithTimeout(ctx, d.srv.cfg().ServerConnectTimeout)
+	qctx, cancel := context.WithTimeout(ctx, d.route.Settings.ServerConnectTimeout)
 	err := sc.exec(qctx, sql)
 	cancel()
 	var se *backend.ServerError

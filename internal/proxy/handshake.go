@@ -84,6 +84,7 @@ func (s *session) handshake(cfg *config.Config) bool {
 func (s *session) loginFailed(err error) {
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
+		s.srv.loginTimeouts.Add(1)
 		s.fail(&wire.Error{Severity: "FATAL", Code: "08006", Message: "client did not log in within client_login_timeout",
 			Hint: "raise client_login_timeout if clients are this slow to authenticate"})
 		s.log.Info("client login timed out")
@@ -139,6 +140,12 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	}
 	s.dbp = dbp
 	s.mode = route.Settings.PoolMode
+	set := route.Settings // the client's own: per-user overrides apply
+	s.lim = limits{
+		query: int64(set.QueryTimeout), transaction: int64(set.TransactionTimeout),
+		idleTx: int64(set.IdleTransactionTimeout), clientIdle: int64(set.ClientIdleTimeout),
+		serverResponse: int64(set.ServerResponseTimeout), leak: int64(set.LeakDetectionThreshold),
+	}
 	dbp.setClientKey(s.clientKey)
 	ok, _ := (&pgproto3.AuthenticationOk{}).Encode(nil)
 	if _, err := s.conn.Write(ok); err != nil {
@@ -171,6 +178,9 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 		return false
 	}
 	s.srv.register(s)
+	if s.lim.clientIdle != 0 {
+		s.noteActive(s.srv.nanotime())
+	}
 	welcome := make([]byte, 0, 512)
 	names := make([]string, 0, len(defaults))
 	for k := range defaults {

@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -33,9 +34,11 @@ type Server struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	shutting atomic.Bool
-	connIDs  atomic.Uint64
-	sessIDs  atomic.Uint64
+	shutting      atomic.Bool
+	loginTimeouts atomic.Uint64
+	started       time.Time // origin of the sessions' clock (nanotime)
+	connIDs       atomic.Uint64
+	sessIDs       atomic.Uint64
 	// mockKey derives stable fake SCRAM salts for unknown users, so that a
 	// login attempt does not reveal which users exist.
 	mockKey [32]byte
@@ -45,6 +48,7 @@ type Server struct {
 	sessions  map[uint32]*session // by the pid of the key we issued
 	verifiers map[string]*auth.SCRAMVerifier
 	listeners map[net.Listener]struct{}
+	warm      []*dbPool // pools named by the configuration
 	sessWG    sync.WaitGroup
 }
 
@@ -58,6 +62,7 @@ func New(cfg *config.Config, log *zap.Logger) *Server {
 		bufs:      wire.NewBufferPool(wire.BufferSize),
 		ctx:       ctx,
 		cancel:    cancel,
+		started:   time.Now(),
 		pools:     map[poolKey]*dbPool{},
 		sessions:  map[uint32]*session{},
 		verifiers: map[string]*auth.SCRAMVerifier{},
@@ -72,11 +77,29 @@ func (srv *Server) cfg() *config.Config { return srv.conf.Load() }
 
 func (srv *Server) shuttingDown() bool { return srv.shutting.Load() }
 
-// Ready reports whether the server accepts clients.
-func (srv *Server) Ready() bool {
+// Ready reports whether poolerd should receive clients: it listens, is not
+// shutting down, and every configured pool is usable (healthy, degraded or
+// recovering). Otherwise it says why not.
+func (srv *Server) Ready() (bool, string) {
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
-	return !srv.shutting.Load() && len(srv.listeners) > 0
+	switch {
+	case srv.shutting.Load():
+		return false, "shutting down"
+	case len(srv.listeners) == 0:
+		return false, "starting: not listening yet"
+	}
+	for _, p := range srv.warm {
+		st := p.pool.Stats()
+		if !st.State.Usable() {
+			reason := fmt.Sprintf("pool %s/%s is %s", p.key.database, p.key.user, st.State)
+			if st.LastError != "" {
+				reason += ": " + st.LastError
+			}
+			return false, reason
+		}
+	}
+	return true, ""
 }
 
 // Warm creates the pools the configuration names completely (the upstream
@@ -85,13 +108,38 @@ func (srv *Server) Ready() bool {
 func (srv *Server) Warm() {
 	cfg := srv.cfg()
 	if u := cfg.UpstreamInfo(); u != nil {
-		srv.getPool(u.Database, u.User)
+		srv.warmPool(u.Database, u.User)
 	}
 	for _, d := range cfg.Databases {
 		if d.User != "" && d.Name != config.WildcardDatabase {
-			srv.getPool(d.Name, d.User)
+			srv.warmPool(d.Name, d.User)
 		}
 	}
+}
+
+func (srv *Server) warmPool(database, user string) {
+	p, err := srv.getPoolWarm(database, user, true)
+	if err != nil {
+		srv.log.Error("cannot create configured pool", zap.String("database", database), zap.String("user", user), zap.Error(err))
+		return
+	}
+	srv.mu.Lock()
+	srv.warm = append(srv.warm, p)
+	srv.mu.Unlock()
+}
+
+// WaitWarm waits until every configured pool has opened its warm-up
+// connections, or one of them failed maxFailures connects in a row.
+func (srv *Server) WaitWarm(ctx context.Context, maxFailures int) error {
+	srv.mu.Lock()
+	warm := append([]*dbPool(nil), srv.warm...)
+	srv.mu.Unlock()
+	for _, p := range warm {
+		if err := p.pool.WaitWarm(ctx, maxFailures); err != nil {
+			return fmt.Errorf("pool %s/%s: %w", p.key.database, p.key.user, err)
+		}
+	}
+	return nil
 }
 
 // Serve accepts clients on ln until it is closed.
@@ -241,30 +289,58 @@ func (srv *Server) lookupSession(pid uint32) *session {
 
 // getPool returns the pool for (database, user), creating it on first use.
 func (srv *Server) getPool(database, user string) (*dbPool, error) {
+	return srv.getPoolWarm(database, user, false)
+}
+
+func (srv *Server) getPoolWarm(database, user string, warm bool) (*dbPool, error) {
 	route, err := srv.cfg().Route(database, user)
 	if err != nil {
 		return nil, err
 	}
 	key := poolKey{database, user}
 	if route.ForcedUser {
+		// One pool for every client: its settings are the database's and
+		// the server user's, whichever client creates it.
 		key.user = route.ServerUser
+		if route, err = srv.cfg().Route(database, route.ServerUser); err != nil {
+			return nil, err
+		}
 	}
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
 	if p, ok := srv.pools[key]; ok {
 		return p, nil
 	}
-	p := newDBPool(srv, key, route)
+	p := newDBPool(srv, key, route, warm)
 	srv.pools[key] = p
 	return p, nil
 }
 
-// PoolStats is a snapshot of one pool for metrics and tests.
+// PoolStats is a snapshot of one pool for metrics, the health endpoint,
+// the admin console and tests.
 type PoolStats struct {
 	Database, User string
 	Mode           string
 	pool.Stats
+	// SessionTimeouts counts sessions' timeouts by kind: query,
+	// transaction, idle_transaction, client_idle, server_response (the
+	// checkout timeout is pool.Stats.Timeouts).
+	SessionTimeouts map[string]uint64
+	// Leaks counts leak warnings.
+	Leaks uint64
 }
+
+func (p *dbPool) snapshot() PoolStats {
+	ps := PoolStats{Database: p.key.database, User: p.key.user, Mode: p.route.Settings.PoolMode,
+		Stats: p.pool.Stats(), SessionTimeouts: make(map[string]uint64, numTimeoutKinds), Leaks: p.leaks.Load()}
+	for k := range numTimeoutKinds {
+		ps.SessionTimeouts[k.String()] = p.timeouts[k].Load()
+	}
+	return ps
+}
+
+// LoginTimeouts counts clients dropped by client_login_timeout.
+func (srv *Server) LoginTimeouts() uint64 { return srv.loginTimeouts.Load() }
 
 // Pools returns a snapshot of every pool.
 func (srv *Server) Pools() []PoolStats {
@@ -276,7 +352,7 @@ func (srv *Server) Pools() []PoolStats {
 	srv.mu.Unlock()
 	out := make([]PoolStats, 0, len(pools))
 	for _, p := range pools {
-		out = append(out, PoolStats{Database: p.key.database, User: p.key.user, Mode: p.route.Settings.PoolMode, Stats: p.pool.Stats()})
+		out = append(out, p.snapshot())
 	}
 	return out
 }

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -59,6 +60,12 @@ type serverConn struct {
 	// copyIn is set when the server entered COPY FROM STDIN (the reader saw
 	// CopyInResponse) and cleared at ReadyForQuery or the client's CopyDone.
 	copyIn atomic.Bool
+	// lastRecv is when the reader last got bytes (server_response_timeout).
+	lastRecv atomic.Int64
+	// timeoutCancel: poolerd cancelled the running query for query_timeout;
+	// the server's 57014 reply is rewritten to say so.
+	timeoutCancel atomic.Bool
+	replacing     bool // reader only: the current ErrorResponse is being rewritten
 
 	mu         sync.Mutex
 	pending    int  // ReadyForQuery owed
@@ -67,9 +74,16 @@ type serverConn struct {
 	cancelling bool // a cancel request for this backend is in flight
 	busy       bool // the owner is assembling a batch for this server
 	midFrame   bool // the reader stopped inside a frame (set at each settle)
-	quiet      chan struct{}
-	opErr      error // first error in a swallowed response
-	broken     bool  // closed, or must be closed instead of reused
+
+	// Timestamps for the owner's watchdog (server nanotime; 0 = unset),
+	// kept only when the owner has a limit: busySince is when the server
+	// left the clean idle state for its owner, queryStart when the request
+	// now running was sent (or the previous one answered), idleTxSince when
+	// the server became idle inside a transaction.
+	busySince, queryStart, idleTxSince int64
+	quiet                              chan struct{}
+	opErr                              error // first error in a swallowed response
+	broken                             bool  // closed, or must be closed instead of reused
 
 	// params are the server's current reported parameters and applied the
 	// unreported ones poolerd set; touched by whoever holds the connection
@@ -144,6 +158,11 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 		sc.ncarry = 0
 	}
 	own := sc.owner.Load()
+	var now int64
+	if own != nil && own.lim.any() {
+		now = own.srv.nanotime()
+		sc.lastRecv.Store(now)
+	}
 	out, off := start, start
 	rfqs := 0
 	var status byte
@@ -160,8 +179,13 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 		case wire.EvHeader:
 			sc.drop = sc.swallow.Load() > 0
 			switch sc.cur.Type {
-			case 'Z', 'S', 'E':
+			case 'Z', 'S':
 				sc.cur.Capture(maxCapture)
+			case 'E':
+				sc.cur.Capture(maxCapture)
+				// The reply to a query_timeout cancel is held back and
+				// rewritten at its end.
+				sc.replacing = !sc.drop && own != nil && sc.timeoutCancel.Load()
 			case 'G':
 				sc.copyIn.Store(true)
 			}
@@ -187,6 +211,14 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 				}
 			case 'E':
 				sev, code, msg := wire.ErrorFields(sc.cur.Body())
+				if sc.replacing {
+					sc.replacing = false
+					if out > start {
+						own.writeFromServer(buf[start:out])
+					}
+					own.writeFromServer(sc.timeoutReply(own, sev, code, msg))
+					start, out = off, off
+				}
 				if sc.drop {
 					sc.mu.Lock()
 					if sc.opErr == nil {
@@ -203,7 +235,7 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 			}
 		}
 		if ev == wire.EvHeader || ev == wire.EvBody {
-			if !sc.drop {
+			if !sc.drop && !sc.replacing {
 				if out != off {
 					copy(buf[out:], buf[off:off+n])
 				}
@@ -220,15 +252,67 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 		}
 		own.writeFromServer(buf[start:out])
 	}
-	sc.settleRead(rfqs, status, !sc.cur.AtBoundary() || sc.ncarry > 0)
+	if rfqs > 0 {
+		sc.AddQueries(uint64(rfqs))
+	}
+	sc.settleRead(rfqs, status, !sc.cur.AtBoundary() || sc.ncarry > 0, now)
 	return nil
 }
 
-// settleRead records what one read of the reader answered.
-func (sc *serverConn) settleRead(rfqs int, status byte, midFrame bool) {
+// timeoutReply is what the client gets instead of the server's reply to a
+// query_timeout cancel: the same SQLSTATE, naming the limit.
+func (sc *serverConn) timeoutReply(own *session, sev, code, msg string) []byte {
+	e := &wire.Error{Severity: sev, Code: code, Message: msg}
+	if code == "57014" {
+		e.Message = fmt.Sprintf("canceling statement due to query_timeout (%s)", time.Duration(own.lim.query))
+		e.Hint = "raise query_timeout for this database or user, or make the query faster"
+	} else if body := sc.cur.Body(); !sc.cur.Truncated() {
+		// Not the cancel's reply after all: pass it on unchanged.
+		b := make([]byte, wire.HeaderLen, wire.HeaderLen+len(body))
+		b[0] = 'E'
+		binary.BigEndian.PutUint32(b[1:], uint32(4+len(body)))
+		return append(b, body...)
+	}
+	return e.Append(nil)
+}
+
+// settleRead records what one read of the reader answered; now is the
+// session clock when the owner has limits, else 0.
+func (sc *serverConn) settleRead(rfqs int, status byte, midFrame bool, now int64) {
 	sc.mu.Lock()
 	sc.midFrame = midFrame
+	if rfqs > 0 {
+		sc.timeoutCancel.Store(false)
+	}
+	var idleTx int64
+	if now != 0 {
+		idleTx = sc.noteTimesLocked(rfqs, status, now)
+	}
+	own := sc.owner.Load()
 	sc.settleLocked(rfqs, status)
+	if idleTx != 0 && own != nil {
+		own.noteIdleInTx(idleTx) // after unlocking: the watchdog locks sc.mu
+	}
+}
+
+// noteTimesLocked keeps the watchdog's timestamps after a read that
+// answered rfqs requests. It returns the start of an idle-in-transaction
+// period that just began, or 0.
+func (sc *serverConn) noteTimesLocked(rfqs int, status byte, now int64) int64 {
+	if rfqs == 0 {
+		return 0
+	}
+	pending := sc.pending - rfqs
+	switch {
+	case pending > 0:
+		sc.queryStart = now // the next pipelined request is now running
+	case status == wire.TxIdle && !sc.unsynced:
+		sc.busySince, sc.idleTxSince = 0, 0
+	case status != wire.TxIdle && sc.idleTxSince == 0:
+		sc.idleTxSince = now
+		return now
+	}
+	return 0
 }
 
 // settle re-checks whether the connection can be released (after a cancel

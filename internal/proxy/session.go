@@ -68,6 +68,13 @@ type session struct {
 	waitMu     sync.Mutex
 	waitCancel context.CancelCauseFunc
 
+	// Timeouts and leak detection (watchdog.go).
+	lim   limits
+	wd    watchdog
+	qmu   sync.Mutex
+	qtext [maxQueryText]byte
+	qlen  int
+
 	wmu      sync.Mutex // serialises writes to the client
 	closed   atomic.Bool
 	sawFatal atomic.Bool // the server sent this client a FATAL error
@@ -95,6 +102,9 @@ func (s *session) run() {
 			}
 			s.end(err)
 			return
+		}
+		if s.lim.clientIdle != 0 {
+			s.noteActive(s.srv.nanotime())
 		}
 		quit := s.fromClient(*bp, wire.Headroom, wire.Headroom+n)
 		s.srv.bufs.Put(bp)
@@ -173,6 +183,13 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 			}
 			if !s.dropFrame {
 				s.count(&b, t)
+				if (t == 'Q' || t == 'P') && s.lim.any() {
+					s.cur.Capture(maxQueryText + 128)
+				}
+			}
+		case wire.EvEnd:
+			if t := s.cur.Type; (t == 'Q' || t == 'P') && !s.dropFrame && s.lim.any() {
+				s.noteQuery(t, s.cur.Body())
 			}
 		}
 		if (ev == wire.EvHeader || ev == wire.EvBody) && !s.dropFrame {
@@ -269,10 +286,26 @@ func (s *session) flush(data []byte, b batch) bool {
 	if sync != nil {
 		syncReqs = 1
 	}
+	var now, busySince, queryStart int64
+	timed := s.lim.any() && len(data) > 0
+	if timed {
+		now = s.srv.nanotime()
+	}
 	sc.mu.Lock()
 	if sc.owner.Load() != s {
 		sc.mu.Unlock()
 		return len(data) == 0
+	}
+	if timed {
+		if sc.busySince == 0 {
+			sc.busySince = now
+		}
+		if sc.pending == 0 && b.reqs > 0 {
+			sc.queryStart = now
+			sc.lastRecv.Store(now)
+		}
+		sc.idleTxSince = 0
+		busySince, queryStart = sc.busySince, sc.queryStart
 	}
 	sc.pending += b.reqs + syncReqs
 	sc.swallow.Add(int32(syncReqs))
@@ -286,6 +319,9 @@ func (s *session) flush(data []byte, b batch) bool {
 	if release {
 		s.dbp.checkin(sc)
 		return true
+	}
+	if timed {
+		s.noteBusy(busySince, queryStart)
 	}
 	var err error
 	switch {
@@ -445,6 +481,7 @@ func (s *session) serverLost(sc *serverConn, err error) {
 func (s *session) end(err error) {
 	s.endOnce.Do(func() {
 		s.closed.Store(true)
+		s.stopWatch()
 		_ = s.conn.Close()
 		s.srv.forget(s)
 		if sc := s.server.Load(); sc != nil {

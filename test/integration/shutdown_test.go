@@ -111,8 +111,8 @@ func TestShutdownIdleClients(t *testing.T) {
 	if n := p.srv.ClientCount(); n != 0 {
 		t.Errorf("%d clients left after Shutdown", n)
 	}
-	if p.srv.Ready() {
-		t.Error("Ready after Shutdown")
+	if ok, reason := p.srv.Ready(); ok || reason != "shutting down" {
+		t.Errorf("Ready after Shutdown: %v %q", ok, reason)
 	}
 	expectRefused(t, p.addr)
 	// A second Shutdown (the harness runs one too) is harmless.
@@ -142,7 +142,7 @@ func TestShutdownLetsTransactionsFinish(t *testing.T) {
 	idle.login(pgtest.RoleApp, pgtest.Password)
 
 	done := shutdownAsync(p, 10*time.Second)
-	eventually(t, 5*time.Second, "shutdown to start", func() bool { return !p.srv.Ready() })
+	eventually(t, 5*time.Second, "shutdown to start", func() bool { ok, _ := p.srv.Ready(); return !ok })
 
 	// The idle client is told at once, while the transaction goes on.
 	if e := idle.expectError(); e.Code != "57P01" || e.Severity != "FATAL" {
