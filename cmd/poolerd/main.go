@@ -132,20 +132,40 @@ func serve(cfg *config.Config, log *zap.Logger) error {
 			}
 		}()
 	}
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	// SIGHUP would terminate the process by default; configuration reload
+	// is not implemented, so say so instead of dying.
+	hups := make(chan os.Signal, 1)
+	signal.Notify(hups, syscall.SIGHUP)
+	go func() {
+		for range hups {
+			log.Warn("SIGHUP received: configuration reload is not supported by this version; restart poolerd to apply changes")
+		}
+	}()
+
 	logSummary(cfg, log)
 	srv.Warm()
 	if cfg.StartupMode == config.StartupFailFast {
 		// Seed 004 Q2: refuse to start in a degraded state.
-		if err := srv.WaitWarm(context.Background(), 3); err != nil {
+		warm := make(chan error, 1)
+		go func() { warm <- srv.WaitWarm(context.Background(), 3) }()
+		select {
+		case err := <-warm:
+			if err != nil {
+				srv.Close()
+				ln.Close()
+				return fmt.Errorf("startup_mode fail-fast: could not open the configured pools' connections: %w", err)
+			}
+			log.Info("configured pools are warm")
+		case sig := <-sigs:
+			log.Info("stopped during warm-up", zap.String("signal", sig.String()))
 			srv.Close()
 			ln.Close()
-			return fmt.Errorf("startup_mode fail-fast: upstream unreachable: %w", err)
+			return nil
 		}
-		log.Info("configured pools are warm")
 	}
 
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 

@@ -110,6 +110,8 @@ func TestRejects(t *testing.T) {
 		{"db override", up + "databases:\n  - name: a\n    max_size: 0\n", "database \"a\" max_size 0"},
 		{"md5 secret with scram", up + "users:\n  - name: bob\n    password: md5" + strings.Repeat("a", 32) + "\n", "md5 secret"},
 		{"password without user", up + "databases:\n  - name: a\n    password: x\n", "no user"},
+		{"override combination", up + "databases:\n  - name: a\n    min_size: 5\nusers:\n  - name: bob\n    password: pw\n    max_size: 3\n",
+			`database "a" with user "bob": min_size (5) exceeds max_size (3)`},
 		{"bad upstream", "upstream: mysql://x\n", "scheme"},
 		{"tls upstream", "upstream: postgres://a:b@h/d?sslmode=require\n", "TLS"},
 	} {

@@ -227,6 +227,24 @@ func (c *Config) Validate() error {
 		addSecret(u.User, u.Password, "upstream")
 	}
 
+	// Each database entry combined with each user entry must make sense
+	// too (a database's min_size above a user's max_size, say); checked
+	// once the entries are valid on their own.
+	for _, d := range c.Databases {
+		if len(errs) > 0 {
+			break
+		}
+		for _, u := range c.Users {
+			if d.Name == "" || u.Name == "" {
+				continue
+			}
+			var combo []error
+			c.PoolSettings.Effective(d.Overrides, u.Overrides).validate("", func(f string, a ...any) { combo = append(combo, fmt.Errorf(f, a...)) })
+			for _, e := range combo {
+				bad("database %q with user %q: %w", d.Name, u.Name, e)
+			}
+		}
+	}
 	if len(c.Databases) == 0 && c.upstream == nil {
 		bad("no databases: set upstream (e.g. --upstream postgres://user:password@127.0.0.1:5432/db) or list entries under databases")
 	}

@@ -118,12 +118,6 @@ func (e *CheckoutTimeoutError) Error() string {
 		e.Waited.Round(time.Millisecond), e.Stats.Total, e.Stats.Idle, e.Stats.Active, e.Stats.Waiting, e.Stats.MaxSize)
 }
 
-// ConnectError wraps a failure to open a server connection.
-type ConnectError struct{ Err error }
-
-func (e *ConnectError) Error() string { return "connect to server: " + e.Err.Error() }
-func (e *ConnectError) Unwrap() error { return e.Err }
-
 // UnavailableError is returned at once, instead of queueing, while connects
 // fail and the pool holds no connection that could serve the request.
 type UnavailableError struct {
@@ -393,10 +387,7 @@ func (p *Pool[C]) Get(ctx context.Context) (C, error) {
 	for attempt := 0; attempt < 2; attempt++ {
 		c, fresh, err := p.get(ctx)
 		if err != nil {
-			if lastErr != nil {
-				return zero, &ValidationError{Err: lastErr}
-			}
-			return zero, err
+			return zero, err // a timeout or outage says more than the validation before it
 		}
 		if fresh || !p.needsValidation(c) {
 			return c, nil
@@ -724,13 +715,20 @@ func (p *Pool[C]) connectFailedLocked(err error, attempt int) {
 	p.opening--
 	p.total--
 	p.stats.ConnectFailures++
+	p.lastErr = err
+	if attempt <= p.failures {
+		// Started before the last failure (connects in flight together when
+		// the server went away): the same round, not a reason to back off
+		// further.
+		p.evalLocked("connect failed: " + err.Error())
+		return
+	}
 	p.failures++
 	p.backoffN++
-	p.lastErr = err
 	wait := p.backoff(p.backoffN)
 	p.nextAttempt = p.cfg.Now().Add(wait)
 	p.log.Warn("server connect failed",
-		zap.Int("attempt", attempt), zap.Duration("next_retry_in", wait.Round(time.Millisecond)), zap.Error(err))
+		zap.Int("attempt", p.failures), zap.Duration("next_retry_in", wait.Round(time.Millisecond)), zap.Error(err))
 	// Nothing open means nothing can serve the queue before the next
 	// attempt: tell every waiter now instead of letting them time out.
 	if p.total == 0 {
@@ -882,7 +880,9 @@ func (p *Pool[C]) probeIfDown(now time.Time) {
 	if !down {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.ProbeInterval)
+	// A dial, not a login: a second is plenty even for a distant server,
+	// and bounds how long the maintainer waits on a blackholed one.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	err := p.cfg.Probe(ctx)
 	cancel()
 	if err != nil {
@@ -926,7 +926,7 @@ func (p *Pool[C]) recycleReason(e *Entry, now time.Time, idle bool) string {
 		return RecycleLifetime
 	case p.cfg.MaxQueries > 0 && e.queries.Load() >= p.cfg.MaxQueries:
 		return RecycleQueries
-	case idle && p.cfg.IdleTimeout > 0 && now.Sub(e.lastUsed) >= p.cfg.IdleTimeout && p.total > p.cfg.MinSize:
+	case idle && p.cfg.IdleTimeout > 0 && now.Sub(e.lastUsed) >= p.cfg.IdleTimeout && p.total > p.warmTarget():
 		return RecycleIdle
 	}
 	return ""

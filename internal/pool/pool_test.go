@@ -571,3 +571,41 @@ func TestNeverExceedsMaxUnderContention(t *testing.T) {
 		t.Fatalf("peak %d, stats %+v", peak.Load(), st)
 	}
 }
+
+// Connects in flight together when the server goes away fail together:
+// one round of backoff, not one per connect.
+func TestConcurrentFailuresAreOneRound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &dialer{delay: 100 * time.Millisecond}
+		p := newPool(d, 5, 0)
+		defer p.Close()
+		ctx := context.Background()
+		first, _ := p.Get(ctx) // the pool has connected once: parallel connects allowed
+		d.setFail(errors.New("the database system is shutting down"))
+		var wg sync.WaitGroup
+		for range 3 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c, err := p.Get(ctx)
+				if err == nil {
+					p.Put(c)
+				}
+			}()
+		}
+		synctest.Wait()
+		if st := p.Stats(); st.Opening != 3 {
+			t.Fatalf("want 3 connects in flight, got %+v", st)
+		}
+		time.Sleep(200 * time.Millisecond)
+		synctest.Wait()
+		st := p.Stats()
+		if st.Failures != 1 || st.ConnectFailures != 3 {
+			t.Fatalf("failures in a row %d (want 1), connect failures %d (want 3)", st.Failures, st.ConnectFailures)
+		}
+		if retry := st.NextRetry.Sub(time.Now()); retry > time.Second {
+			t.Fatalf("next retry in %s: the backoff grew per concurrent failure", retry)
+		}
+		p.Put(first)
+	})
+}

@@ -174,7 +174,6 @@ func (d *dbPool) checkin(sc *serverConn) {
 // checkoutError turns a pool error into what the client sees.
 func (d *dbPool) checkoutError(err error) *wire.Error {
 	var te *pool.CheckoutTimeoutError
-	var ce *pool.ConnectError
 	var ue *pool.UnavailableError
 	var ve *pool.ValidationError
 	switch {
@@ -185,13 +184,12 @@ func (d *dbPool) checkoutError(err error) *wire.Error {
 			Detail: fmt.Sprintf("pool %s/%s: total %d, idle %d, active %d, waiting %d, max_size %d",
 				d.key.database, d.key.user, st.Total, st.Idle, st.Active, st.Waiting, st.MaxSize),
 			Hint: "raise max_size (POOLERD_MAX_SIZE) if PostgreSQL's max_connections allows it, shorten transactions, or raise checkout_timeout"}
-	case errors.As(err, &ce):
-		return d.connectError(ce.Err)
 	case errors.As(err, &ue):
 		var se *backend.ServerError
 		var ae *backend.AuthError
-		if errors.As(ue.Err, &se) || errors.As(ue.Err, &ae) {
-			// The server is reachable and the login is refused: say why.
+		if errors.As(ue.Err, &se) && !transientRefusal(se.Code) || errors.As(ue.Err, &ae) {
+			// The server is reachable and refuses this login for good
+			// (no such database, bad credentials): say why.
 			return d.connectError(ue.Err)
 		}
 		return &wire.Error{Severity: "ERROR", Code: "08006",
@@ -229,6 +227,13 @@ func (d *dbPool) connectError(err error) *wire.Error {
 			Hint: fmt.Sprintf("poolerd could not log in to PostgreSQL as %q with its configured secret; fix the secret for that user in the poolerd configuration", d.route.ServerUser)}
 	}
 	return errServerUnavailable(err)
+}
+
+// transientRefusal reports whether a server's refusal of a login means it
+// is unavailable for now (starting up, shutting down, too many
+// connections) rather than that the login itself is wrong.
+func transientRefusal(code string) bool {
+	return len(code) == 5 && (code[:2] == "57" || code[:2] == "53")
 }
 
 func errServerUnavailable(err error) *wire.Error {

@@ -38,7 +38,13 @@ func (srv *Server) serveConn(nc net.Conn) {
 		s.loginDeadline = time.Now().Add(t)
 		_ = nc.SetDeadline(s.loginDeadline)
 	}
-	if !s.handshake(cfg) {
+	if !srv.trackLogin(nc, true) {
+		_ = nc.Close() // shutting down
+		return
+	}
+	ok := s.handshake(cfg)
+	srv.trackLogin(nc, false)
+	if !ok {
 		_ = nc.Close()
 		return
 	}
@@ -85,8 +91,7 @@ func (s *session) loginFailed(err error) {
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
 		s.srv.loginTimeouts.Add(1)
-		s.fail(&wire.Error{Severity: "FATAL", Code: "08006", Message: "client did not log in within client_login_timeout",
-			Hint: "raise client_login_timeout if clients are this slow to authenticate"})
+		s.fail(errLoginTimeout)
 		s.log.Info("client login timed out")
 		return
 	}
@@ -158,6 +163,12 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 		defer cancel()
 	}
 	reported, werr := dbp.prepareLogin(ctx, params)
+	if werr != nil && !s.loginDeadline.IsZero() && !time.Now().Before(s.loginDeadline) {
+		// The login ran out of time waiting for the server: that is the
+		// login timeout, whatever limit the wait itself reported.
+		s.srv.loginTimeouts.Add(1)
+		werr = errLoginTimeout
+	}
 	if werr != nil {
 		s.fail(werr)
 		s.log.Info("client login refused", zap.String("sqlstate", werr.Code), zap.String("reason", werr.Message))
@@ -224,6 +235,9 @@ func negotiation(version uint32, raw map[string]string) []byte {
 	msg, _ := (&pgproto3.NegotiateProtocolVersion{NewestMinorProtocol: 0, UnrecognizedOptions: opts}).Encode(nil)
 	return msg
 }
+
+var errLoginTimeout = &wire.Error{Severity: "FATAL", Code: "08006", Message: "client did not log in within client_login_timeout",
+	Hint: "raise client_login_timeout if clients (or the server connections they wait for) are this slow"}
 
 var errBadPassword = func(user string) *wire.Error {
 	return &wire.Error{Severity: "FATAL", Code: "28P01", Message: fmt.Sprintf("password authentication failed for user %q", user)}

@@ -48,7 +48,8 @@ type Server struct {
 	sessions  map[uint32]*session // by the pid of the key we issued
 	verifiers map[string]*auth.SCRAMVerifier
 	listeners map[net.Listener]struct{}
-	warm      []*dbPool // pools named by the configuration
+	logins    map[net.Conn]struct{} // connections still in their handshake
+	warm      []*dbPool             // pools named by the configuration
 	sessWG    sync.WaitGroup
 }
 
@@ -67,6 +68,7 @@ func New(cfg *config.Config, log *zap.Logger) *Server {
 		sessions:  map[uint32]*session{},
 		verifiers: map[string]*auth.SCRAMVerifier{},
 		listeners: map[net.Listener]struct{}{},
+		logins:    map[net.Conn]struct{}{},
 	}
 	_, _ = rand.Read(srv.mockKey[:])
 	srv.conf.Store(cfg)
@@ -222,14 +224,35 @@ func (srv *Server) Close() {
 	}
 }
 
+// trackLogin records a connection that is logging in (add true) or done
+// logging in, so that shutdown can close those too. It returns false when
+// adding during shutdown.
+func (srv *Server) trackLogin(nc net.Conn, add bool) bool {
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	if !add {
+		delete(srv.logins, nc)
+		return true
+	}
+	if srv.shutting.Load() {
+		return false
+	}
+	srv.logins[nc] = struct{}{}
+	return true
+}
+
 // stopAccepting marks the server as shutting down, closes its listeners and
-// returns the sessions logged in at that moment.
+// the connections still logging in, and returns the sessions logged in at
+// that moment.
 func (srv *Server) stopAccepting() []*session {
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
 	srv.shutting.Store(true)
 	for ln := range srv.listeners {
 		_ = ln.Close()
+	}
+	for nc := range srv.logins {
+		_ = nc.Close()
 	}
 	sessions := make([]*session, 0, len(srv.sessions))
 	for _, s := range srv.sessions {

@@ -355,6 +355,12 @@ func (s *session) attach() *wire.Error {
 		if werr != nil {
 			return werr
 		}
+		if s.closed.Load() || s.endErr.Load() != nil {
+			// Terminated while queued (shutdown, a timeout): its request
+			// must not reach the server.
+			s.dbp.checkin(sc)
+			return errShuttingDown
+		}
 		sc.mu.Lock()
 		if sc.broken {
 			sc.mu.Unlock()
@@ -453,8 +459,16 @@ func (s *session) terminate(werr *wire.Error) {
 	if s.closed.Load() {
 		return
 	}
+	s.waitMu.Lock()
+	if s.waitCancel != nil {
+		s.waitCancel(errTerminated) // a queued request must not run later
+	}
+	s.waitMu.Unlock()
 	s.fail(werr)
 }
+
+// errTerminated is the cause given to a checkout of a terminated session.
+var errTerminated = errors.New("session terminated")
 
 // serverLost is called when the held server connection failed.
 func (s *session) serverLost(sc *serverConn, err error) {
@@ -570,7 +584,9 @@ func (s *session) cancel() {
 // cancelBackend sends a CancelRequest for sc's backend and waits for it to
 // be delivered (bounded).
 func (srv *Server) cancelBackend(sc *serverConn) {
-	ctx, cancel := context.WithTimeout(srv.ctx, 5*time.Second)
+	// Not derived from srv.ctx: at the shutdown deadline, when srv.ctx is
+	// cancelled, running queries must still be cancelled.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := backend.Cancel(ctx, sc.Target, sc.PID, sc.Key); err != nil {
 		srv.log.Warn("cancel request to server failed", zap.Uint64("conn_id", sc.ID()), zap.Error(err))

@@ -192,7 +192,9 @@ func (s *session) fire() {
 	if sc != nil {
 		// Order is precedence: a hung server first (it explains the rest),
 		// then the whole transaction, then one query, then idling in one.
-		if l.serverResponse != 0 && t.pending > 0 && !shutting {
+		// Not while the server waits for COPY data from the client, nor
+		// during shutdown (seed 002 rule 3).
+		if l.serverResponse != 0 && t.pending > 0 && !shutting && !sc.copyIn.Load() {
 			check(timeoutServerResponse, max(t.lastRecv, t.queryStart)+l.serverResponse)
 		}
 		if l.transaction != 0 && t.busySince != 0 {
@@ -308,7 +310,9 @@ func (s *session) timedOut(kind timeoutKind, sc *serverConn) {
 		fields = append(fields, zap.String("query", s.queryText()))
 	}
 	s.log.Warn("client connection closed: timeout", fields...)
-	if sc != nil {
+	if sc != nil && kind != timeoutClientIdle {
+		// Not provably clean: close it. An idle client's server (session
+		// mode) is clean and goes back to the pool when the session ends.
 		s.dropServer(sc, kind != timeoutServerResponse)
 	}
 	s.terminate(werr)
