@@ -720,6 +720,8 @@ func (p *Pool[C]) connectFailedLocked(err error, attempt int) {
 		// Started before the last failure (connects in flight together when
 		// the server went away): the same round, not a reason to back off
 		// further.
+		p.log.Warn("server connect failed", zap.Int("attempt", p.failures), zap.Bool("same_round", true),
+			zap.Duration("next_retry_in", p.nextAttempt.Sub(p.cfg.Now()).Round(time.Millisecond)), zap.Error(err))
 		p.evalLocked("connect failed: " + err.Error())
 		return
 	}
@@ -905,10 +907,13 @@ func (p *Pool[C]) fillLocked(now time.Time) {
 		return
 	}
 	target := p.warmTarget()
-	if p.failures > 0 && p.everOpened {
-		target = max(target, 1) // keep trying until the server is back
-	}
 	need := max(target-p.total, len(p.waiters)-p.opening)
+	if p.failures > 0 && p.everOpened {
+		// Keep trying (under backoff) until a connect succeeds again, even
+		// with connections open and nobody waiting: otherwise the pool
+		// would stay degraded or unhealthy after the server recovered.
+		need = max(need, 1)
+	}
 	for range min(need, p.cfg.MaxSize-p.total) {
 		before := p.opening
 		p.startConnectLocked()

@@ -41,6 +41,9 @@ type dbPool struct {
 	// this user, for SCRAM pass-through when only a verifier is configured.
 	clientKey []byte
 
+	// built is closed once the dbPool is complete (d.pool set).
+	built chan struct{}
+
 	// Counters of what happened to this pool's clients, by kind.
 	timeouts [numTimeoutKinds]atomic.Uint64
 	leaks    atomic.Uint64
@@ -60,7 +63,9 @@ func newDBPool(srv *Server, key poolKey, route config.Route, warm bool) *dbPool 
 		route:   route,
 		log:     srv.log.With(zap.String("database", key.database), zap.String("user", key.user)),
 		learned: map[paramKey]paramResult{},
+		built:   make(chan struct{}),
 	}
+	defer close(d.built)
 	cfg := srv.cfg()
 	set := route.Settings
 	d.pool = pool.New(pool.Config[*serverConn]{
@@ -112,6 +117,9 @@ func (d *dbPool) validate(ctx context.Context, sc *serverConn) error {
 
 // connect opens one server connection and starts its reader.
 func (d *dbPool) connect(ctx context.Context) (*serverConn, error) {
+	// A warm pool connects as soon as it is created: wait until d.pool is
+	// set, since the connection's reader uses it.
+	<-d.built
 	creds := backend.Credentials{User: d.route.ServerUser, Secret: d.route.ServerSecret}
 	if creds.Secret.Kind() == auth.SecretSCRAM {
 		d.mu.Lock()

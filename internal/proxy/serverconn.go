@@ -284,23 +284,28 @@ func (sc *serverConn) settleRead(rfqs int, status byte, midFrame bool, now int64
 	if rfqs > 0 {
 		sc.timeoutCancel.Store(false)
 	}
-	var idleTx int64
+	var idleTx, idle int64
 	if now != 0 {
-		idleTx = sc.noteTimesLocked(rfqs, status, now)
+		idleTx, idle = sc.noteTimesLocked(rfqs, status, now)
 	}
 	own := sc.owner.Load()
 	sc.settleLocked(rfqs, status)
-	if idleTx != 0 && own != nil {
-		own.noteIdleInTx(idleTx) // after unlocking: the watchdog locks sc.mu
+	// After unlocking: the watchdog locks sc.mu.
+	if own != nil && idleTx != 0 {
+		own.noteIdleInTx(idleTx)
+	}
+	if own != nil && idle != 0 && own.lim.clientIdle != 0 {
+		own.noteActive(idle) // the client is idle from its last answer on
 	}
 }
 
 // noteTimesLocked keeps the watchdog's timestamps after a read that
-// answered rfqs requests. It returns the start of an idle-in-transaction
-// period that just began, or 0.
-func (sc *serverConn) noteTimesLocked(rfqs int, status byte, now int64) int64 {
+// answered rfqs requests. It returns when an idle-in-transaction period
+// began (idleTx) or when the server went back to idle outside a
+// transaction (idle), if that happened with this read; else zeros.
+func (sc *serverConn) noteTimesLocked(rfqs int, status byte, now int64) (idleTx, idle int64) {
 	if rfqs == 0 {
-		return 0
+		return 0, 0
 	}
 	pending := sc.pending - rfqs
 	switch {
@@ -308,11 +313,12 @@ func (sc *serverConn) noteTimesLocked(rfqs int, status byte, now int64) int64 {
 		sc.queryStart = now // the next pipelined request is now running
 	case status == wire.TxIdle && !sc.unsynced:
 		sc.busySince, sc.idleTxSince = 0, 0
+		return 0, now
 	case status != wire.TxIdle && sc.idleTxSince == 0:
 		sc.idleTxSince = now
-		return now
+		return now, 0
 	}
-	return 0
+	return 0, 0
 }
 
 // settle re-checks whether the connection can be released (after a cancel

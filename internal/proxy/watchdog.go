@@ -266,11 +266,15 @@ func (s *session) queryTimeout(sc *serverConn) {
 	sc.cancelling = true
 	sc.timeoutCancel.Store(true)
 	sc.mu.Unlock()
-	s.srv.cancelBackend(sc)
-	sc.mu.Lock()
-	sc.cancelling = false
-	sc.mu.Unlock()
-	sc.settle()
+	// In the background: the cancel grace runs from now, and a server that
+	// does not close the cancel connection must not hold the watchdog.
+	go func() {
+		s.srv.cancelBackend(sc)
+		sc.mu.Lock()
+		sc.cancelling = false
+		sc.mu.Unlock()
+		sc.settle()
+	}()
 }
 
 // timedOut ends the session for an expired limit: the client gets an error
@@ -301,7 +305,9 @@ func (s *session) timedOut(kind timeoutKind, sc *serverConn) {
 			Message: fmt.Sprintf("server did not respond within server_response_timeout (%s); its connection was closed", limit),
 			Hint:    "the PostgreSQL server or the network to it looks hung; check them, then reconnect"}
 	}
-	s.dbp.timeouts[kind].Add(1)
+	if kind != timeoutQuery { // counted when the query was cancelled
+		s.dbp.timeouts[kind].Add(1)
+	}
 	fields := []zap.Field{zap.String("timeout", kind.String()), zap.Duration("limit", limit)}
 	if sc != nil {
 		fields = append(fields, zap.Uint64("conn_id", sc.ID()))
@@ -310,30 +316,31 @@ func (s *session) timedOut(kind timeoutKind, sc *serverConn) {
 		fields = append(fields, zap.String("query", s.queryText()))
 	}
 	s.log.Warn("client connection closed: timeout", fields...)
-	if sc != nil && kind != timeoutClientIdle {
-		// Not provably clean: close it. An idle client's server (session
-		// mode) is clean and goes back to the pool when the session ends.
-		s.dropServer(sc, kind != timeoutServerResponse)
+	switch {
+	case sc == nil, kind == timeoutClientIdle:
+		// An idle client's server (session mode) is clean: it goes back
+		// to the pool when the session ends.
+	case kind == timeoutServerResponse:
+		s.dropServer(sc) // hung: close it now, no cancel request to send
+	default:
+		// Not provably clean: when the session ends it is closed, after a
+		// cancel request if a query still runs. The client is told first.
+		sc.markBroken()
 	}
 	s.terminate(werr)
 }
 
-// dropServer detaches sc from the session and closes it (after a cancel
-// request for a running query, unless the server is hung anyway).
-func (s *session) dropServer(sc *serverConn, cancelFirst bool) {
+// dropServer detaches a hung sc from the session and closes it.
+func (s *session) dropServer(sc *serverConn) {
 	sc.mu.Lock()
 	if sc.owner.Load() != s {
 		sc.mu.Unlock()
 		return
 	}
-	busy := sc.pending > 0
 	sc.broken = true
 	sc.detachLocked(s)
 	sc.mu.Unlock()
-	if busy && cancelFirst {
-		s.srv.cancelBackend(sc)
-	}
-	s.dbp.pool.Discard(sc, "timeout")
+	s.dbp.pool.Discard(sc, "server_response_timeout")
 }
 
 func (s *session) limit(kind timeoutKind) int64 {
