@@ -107,11 +107,14 @@ func serve(cfg *config.Config, log *zap.Logger) error {
 	srv := proxy.New(cfg, log)
 
 	reg := prometheus.NewRegistry()
+	if err := srv.Instrument(reg); err != nil {
+		ln.Close()
+		return fmt.Errorf("metrics: %w", err)
+	}
 	reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		collectors.NewBuildInfoCollector(),
-		srv.Collector(),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "poolerd_build_info",
 			Help:        "poolerd's version; always 1.",
@@ -125,7 +128,8 @@ func serve(cfg *config.Config, log *zap.Logger) error {
 			ln.Close()
 			return fmt.Errorf("listen on %s (http_listen / POOLERD_HTTP_LISTEN): %w", cfg.HTTPListen, err)
 		}
-		hs = health.New(srv, reg, log)
+		hs = health.New(health.Options{Ready: srv, Gatherer: reg, Report: func() any { return srv.HealthReport() },
+			Pprof: cfg.HTTPPprof, Log: log})
 		go func() {
 			if err := hs.Serve(hln); err != nil {
 				log.Error("HTTP server stopped", zap.Error(err))

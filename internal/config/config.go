@@ -70,6 +70,16 @@ type Config struct {
 	// ShutdownTimeout is how long SIGTERM waits for transactions to finish.
 	ShutdownTimeout time.Duration `mapstructure:"shutdown_timeout"`
 
+	// AdminUsers may run every admin console command; StatsUsers only SHOW.
+	AdminUsers []string `mapstructure:"admin_users"`
+	StatsUsers []string `mapstructure:"stats_users"`
+	// StatsPeriod is how often the averages of SHOW STATS are computed and,
+	// with LogStats, the stats line is logged.
+	StatsPeriod time.Duration `mapstructure:"stats_period"`
+	LogStats    bool          `mapstructure:"log_stats"`
+	// HTTPPprof serves /debug/pprof/ on the HTTP server.
+	HTTPPprof bool `mapstructure:"http_pprof"`
+
 	// LogFormat is console or json.
 	LogFormat string `mapstructure:"log_format"`
 	// LogLevel is debug, info, warn or error.
@@ -232,6 +242,8 @@ func Defaults() Config {
 		RecycleRate:          1,
 		ClientLoginTimeout:   60 * time.Second,
 		ShutdownTimeout:      30 * time.Second,
+		StatsPeriod:          60 * time.Second,
+		LogStats:             true,
 		LogFormat:            "console",
 		LogLevel:             "info",
 		LogConnections:       true,

@@ -4,6 +4,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -78,7 +79,9 @@ func TestEveryKeyHasAnEnvVar(t *testing.T) {
 			case time.Duration:
 				val = "3s"
 			case bool:
-				val = "false"
+				val = map[bool]string{true: "false", false: "true"}[defaultValue(&def, k.Name).(bool)]
+			case []string:
+				val = "alice,bob"
 			}
 			t.Setenv(k.Env(), val)
 			c, err := load(t, "upstream: postgres://app:secret@db/app\n")
@@ -87,7 +90,7 @@ func TestEveryKeyHasAnEnvVar(t *testing.T) {
 			}
 			got := defaultValue(c, k.Name)
 			want := defaultValue(&def, k.Name)
-			if k.Name != "auth_file" && got == want {
+			if k.Name != "auth_file" && reflect.DeepEqual(got, want) {
 				t.Fatalf("%s=%s did not change %s (still %v)", k.Env(), val, k.Name, got)
 			}
 		})

@@ -64,6 +64,11 @@ func Keys() []Key {
 		{Name: "server_response_timeout", Help: "declare a server hung after this long without a byte while requests are pending (0 = off)"},
 		{Name: "client_login_timeout", Help: "limit on a client's startup and authentication (0 = no limit)"},
 		{Name: "shutdown_timeout", Help: "how long SIGTERM lets transactions finish before closing everything"},
+		{Name: "admin_users", Help: "users who may run every admin console command (comma-separated in the environment)"},
+		{Name: "stats_users", Help: "users who may run the admin console's SHOW commands (comma-separated in the environment)"},
+		{Name: "stats_period", Help: "period of SHOW STATS averages and of the stats log line"},
+		{Name: "log_stats", Help: "log a stats line every stats_period"},
+		{Name: "http_pprof", Help: "serve /debug/pprof/ on the HTTP server"},
 		{Name: "log_format", Flag: "log-format", Help: "console or json"},
 		{Name: "log_level", Flag: "log-level", Help: "debug, info, warn or error"},
 		{Name: "log_connections", Help: "log every client login"},
@@ -159,6 +164,7 @@ func (l *Loader) Load() (*Config, error) {
 	err := v.UnmarshalExact(&cfg, viper.DecodeHook(mapstructure.ComposeDecodeHookFunc(
 		durationHook,
 		mapstructure.StringToTimeDurationHookFunc(),
+		mapstructure.StringToSliceHookFunc(","),
 	)))
 	if err != nil {
 		return nil, fmt.Errorf("config%s: %w", fileSuffix(l.File), cleanDecodeError(err))

@@ -110,6 +110,19 @@ func (c *Config) Validate() error {
 	if c.ShutdownTimeout < 0 {
 		bad("shutdown_timeout must not be negative")
 	}
+	if c.StatsPeriod <= 0 {
+		bad("stats_period must be positive, e.g. 60s")
+	}
+	for _, list := range []struct {
+		key   string
+		names []string
+	}{{"admin_users", c.AdminUsers}, {"stats_users", c.StatsUsers}} {
+		for _, n := range list.names {
+			if strings.TrimSpace(n) == "" {
+				bad("%s has an empty name", list.key)
+			}
+		}
+	}
 	switch c.StartupMode {
 	case StartupWait, StartupFailFast:
 	default:

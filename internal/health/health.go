@@ -1,5 +1,6 @@
 // Package health serves poolerd's HTTP endpoints: liveness (/healthz),
-// readiness (/readyz) and Prometheus metrics (/metrics).
+// readiness (/readyz), the health report (/stats), Prometheus metrics
+// (/metrics) and, when enabled, /debug/pprof/.
 package health
 
 import (
@@ -8,6 +9,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,30 +23,53 @@ type Readiness interface {
 	Ready() (bool, string)
 }
 
+// Options configure the HTTP server.
+type Options struct {
+	// Ready answers /readyz.
+	Ready Readiness
+	// Gatherer answers /metrics.
+	Gatherer prometheus.Gatherer
+	// Report answers /stats with a JSON document built from memory; it
+	// must not block on the network.
+	Report func() any
+	// Pprof serves /debug/pprof/.
+	Pprof bool
+	// Log receives server errors.
+	Log *zap.Logger
+}
+
 // Server is the HTTP server.
 type Server struct {
 	http *http.Server
-	log  *zap.Logger
 }
 
-// New builds the HTTP server. Metrics come from gatherer.
-func New(ready Readiness, gatherer prometheus.Gatherer, log *zap.Logger) *Server {
+// New builds the HTTP server.
+func New(o Options) *Server {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "alive"})
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if ok, reason := ready.Ready(); !ok {
+		if ok, reason := o.Ready.Ready(); !ok {
 			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "reason": reason})
 			return
 		}
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{ErrorLog: zap.NewStdLog(log)}))
-	return &Server{
-		http: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second},
-		log:  log,
+	if o.Report != nil {
+		mux.HandleFunc("GET /stats", func(w http.ResponseWriter, _ *http.Request) {
+			writeJSON(w, http.StatusOK, o.Report())
+		})
 	}
+	mux.Handle("GET /metrics", promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{ErrorLog: zap.NewStdLog(o.Log)}))
+	if o.Pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+	return &Server{http: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}}
 }
 
 // Serve serves on ln until Shutdown.
@@ -62,5 +87,7 @@ func (s *Server) Shutdown(ctx context.Context) error { return s.http.Shutdown(ct
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(v)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
 }

@@ -19,7 +19,8 @@ func TestEndpoints(t *testing.T) {
 	ready := false
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "poolerd_test_gauge", Help: "x"}, func() float64 { return 7 }))
-	s := New(readyFunc(func() (bool, string) { return ready, "starting" }), reg, zap.NewNop())
+	s := New(Options{Ready: readyFunc(func() (bool, string) { return ready, "starting" }), Gatherer: reg,
+		Report: func() any { return map[string]int{"clients": 3} }, Log: zap.NewNop()})
 	get := func(path string) (int, string) {
 		rec := httptest.NewRecorder()
 		s.http.Handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
@@ -39,7 +40,16 @@ func TestEndpoints(t *testing.T) {
 	if code, body := get("/metrics"); code != 200 || !strings.Contains(body, "poolerd_test_gauge 7") {
 		t.Fatalf("/metrics %d %s", code, body)
 	}
+	if code, body := get("/stats"); code != 200 || !strings.Contains(body, `"clients": 3`) {
+		t.Fatalf("/stats %d %s", code, body)
+	}
 	if code, _ := get("/debug/pprof/"); code != 404 {
-		t.Fatalf("pprof must not be served: %d", code)
+		t.Fatalf("pprof must not be served unless enabled: %d", code)
+	}
+	p := New(Options{Ready: readyFunc(func() (bool, string) { return true, "" }), Gatherer: reg, Pprof: true, Log: zap.NewNop()})
+	rec := httptest.NewRecorder()
+	p.http.Handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/debug/pprof/", nil))
+	if rec.Code != 200 {
+		t.Fatalf("pprof enabled: %d", rec.Code)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -31,7 +32,9 @@ type Entry struct {
 	id       uint64
 	created  time.Time
 	lastUsed time.Time
-	lifetime time.Duration // max_lifetime with this connection's jitter
+	jitter   float64 // this connection's max_lifetime factor, 0.9-1.1
+	gen      uint64  // the pool's reconnect generation when opened
+	idx      int     // position in the pool's list of open connections
 	uses     uint64
 	queries  atomic.Uint64
 	state    entryState // guarded by the pool's mutex
@@ -144,35 +147,20 @@ func (e *ValidationError) Error() string {
 }
 func (e *ValidationError) Unwrap() error { return e.Err }
 
-// Config configures a pool.
-type Config[C Conn] struct {
+// Settings are a pool's tunable limits. Reconfigure changes them while the
+// pool runs.
+type Settings struct {
 	// MaxSize is the most connections open or opening at once.
 	MaxSize int
 	// MinSize is how many connections the pool keeps open.
 	MinSize int
-	// Warm makes the pool open at least one connection at start (and keep
-	// retrying while that fails), so that its health is known before the
-	// first client: set for pools named by the configuration.
-	Warm bool
-	// Connect opens one connection; ctx carries the connect deadline.
-	Connect func(ctx context.Context) (C, error)
 	// ConnectTimeout bounds one Connect call.
 	ConnectTimeout time.Duration
-	// Unreachable reports whether a Connect error means the server did not
-	// accept the TCP connection at all (as opposed to refusing the login).
-	// While that is the case the pool calls Probe every ProbeInterval and,
-	// when the server accepts connections again, retries at once.
-	Unreachable func(error) bool
-	// Probe checks cheaply whether the server accepts TCP connections.
-	Probe func(ctx context.Context) error
-	// ProbeInterval is how often Probe runs; 0 means 250ms.
-	ProbeInterval time.Duration
 	// BackoffBase and BackoffMax shape the pause after failed connects:
 	// base, 2×base, 4×base ... capped at max, each with ±20 % jitter.
 	BackoffBase, BackoffMax time.Duration
-	// Validate checks an idle connection before use; nil disables.
-	Validate func(ctx context.Context, c C) error
-	// ValidationInterval: connections idle longer than this are validated.
+	// ValidationInterval: connections idle longer than this are validated
+	// (when Config.Validate is set).
 	ValidationInterval time.Duration
 	// ValidationTimeout bounds one Validate call.
 	ValidationTimeout time.Duration
@@ -183,6 +171,42 @@ type Config[C Conn] struct {
 	IdleTimeout time.Duration
 	// RecycleRate is the most connections recycled per second; 0 means 1.
 	RecycleRate int
+}
+
+func (s *Settings) normalize() {
+	if s.BackoffBase <= 0 {
+		s.BackoffBase = time.Second
+	}
+	if s.BackoffMax < s.BackoffBase {
+		s.BackoffMax = s.BackoffBase
+	}
+	if s.RecycleRate <= 0 {
+		s.RecycleRate = 1
+	}
+}
+
+// Config configures a pool.
+type Config[C Conn] struct {
+	Settings
+	// Warm makes the pool open at least one connection at start (and keep
+	// retrying while that fails), so that its health is known before the
+	// first client: set for pools named by the configuration.
+	Warm bool
+	// Connect opens one connection; ctx carries the connect deadline.
+	Connect func(ctx context.Context) (C, error)
+	// Unreachable reports whether a Connect error means the server did not
+	// accept the TCP connection at all (as opposed to refusing the login).
+	// While that is the case the pool calls Probe every ProbeInterval and,
+	// when the server accepts connections again, retries at once.
+	Unreachable func(error) bool
+	// Probe checks cheaply whether the server accepts TCP connections.
+	Probe func(ctx context.Context) error
+	// ProbeInterval is how often Probe runs; 0 means 250ms.
+	ProbeInterval time.Duration
+	// Validate checks an idle connection before use; nil disables.
+	Validate func(ctx context.Context, c C) error
+	// Paused starts the pool paused (see Pause).
+	Paused bool
 	// Logger receives lifecycle events; it should carry the pool's fields.
 	Logger *zap.Logger
 	// Now returns the current time; nil means time.Now.
@@ -193,7 +217,11 @@ type Config[C Conn] struct {
 
 // Stats is a consistent snapshot of a pool.
 type Stats struct {
-	State            State
+	State State
+	// Paused is set between Pause and Resume.
+	Paused bool
+	// OldestWait is how long the first queued checkout has waited.
+	OldestWait       time.Duration
 	MaxSize, MinSize int
 	// Total counts open connections plus those being opened.
 	Total, Idle, Active, Opening, Waiting int
@@ -213,14 +241,18 @@ type Stats struct {
 	FastFailures uint64
 	// ValidationFailures counts connections that failed validation.
 	ValidationFailures uint64
+	// Evictions counts connections closed instead of reused, by reason.
+	Evictions map[string]uint64
 	// Recycled counts connections recycled, by reason.
 	RecycledLifetime, RecycledQueries, RecycledIdle uint64
 	// WaitTotal is the summed checkout wait; WaitMax the longest.
 	WaitTotal, WaitMax time.Duration
 	PeakActive         int
 	Created            time.Time
-	// LastHealthCheck is when a connect or validation last succeeded.
-	LastHealthCheck time.Time
+	// LastHealthCheck is when a connect or validation last succeeded, and
+	// LastCheckLatency how long it took.
+	LastHealthCheck  time.Time
+	LastCheckLatency time.Duration
 }
 
 // AvgWait is the mean checkout wait.
@@ -232,7 +264,8 @@ func (s Stats) AvgWait() time.Duration {
 }
 
 type waiter[C Conn] struct {
-	ch chan result[C] // buffered, capacity 1
+	ch    chan result[C] // buffered, capacity 1
+	since time.Time
 }
 
 type result[C Conn] struct {
@@ -248,8 +281,13 @@ type Pool[C Conn] struct {
 	log    *zap.Logger
 	nextID *atomic.Uint64
 
+	settings atomic.Pointer[Settings]
+
 	mu      sync.Mutex
 	idle    []C // most recently used last
+	conns   []C // every open connection, idle or active
+	gen     uint64
+	paused  bool
 	total   int
 	active  int
 	opening int
@@ -283,17 +321,9 @@ func New[C Conn](cfg Config[C], ids *atomic.Uint64) *Pool[C] {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
-	if cfg.BackoffBase <= 0 {
-		cfg.BackoffBase = time.Second
-	}
-	if cfg.BackoffMax < cfg.BackoffBase {
-		cfg.BackoffMax = cfg.BackoffBase
-	}
+	cfg.Settings.normalize()
 	if cfg.ProbeInterval <= 0 {
 		cfg.ProbeInterval = 250 * time.Millisecond
-	}
-	if cfg.RecycleRate <= 0 {
-		cfg.RecycleRate = 1
 	}
 	p := &Pool[C]{
 		cfg:     cfg,
@@ -304,6 +334,9 @@ func New[C Conn](cfg Config[C], ids *atomic.Uint64) *Pool[C] {
 		done:    make(chan struct{}),
 		stopped: make(chan struct{}),
 	}
+	set := cfg.Settings
+	p.settings.Store(&set)
+	p.paused = cfg.Paused
 	p.stats.MaxSize, p.stats.MinSize = cfg.MaxSize, cfg.MinSize
 	p.stats.Created = cfg.Now()
 	p.stats.State = Initializing
@@ -312,6 +345,32 @@ func New[C Conn](cfg Config[C], ids *atomic.Uint64) *Pool[C] {
 	}
 	go p.maintain()
 	return p
+}
+
+// set returns the current settings.
+func (p *Pool[C]) set() *Settings { return p.settings.Load() }
+
+// Reconfigure changes the pool's settings while it runs: a larger max_size
+// serves waiters at once, a smaller one closes idle connections above it
+// now and busy ones when they come back; min_size is refilled by the
+// maintainer; recycling and validation use the new values from now on.
+func (p *Pool[C]) Reconfigure(s Settings) {
+	s.normalize()
+	p.settings.Store(&s)
+	p.mu.Lock()
+	p.stats.MaxSize, p.stats.MinSize = s.MaxSize, s.MinSize
+	for len(p.idle) > 0 && p.total > s.MaxSize {
+		p.closeLocked(p.idle[0]) // least recently used first
+	}
+	for len(p.waiters) > p.opening && p.total < s.MaxSize {
+		before := p.opening
+		p.startConnectLocked()
+		if p.opening == before {
+			break
+		}
+	}
+	p.mu.Unlock()
+	p.nudge()
 }
 
 // State returns the pool's health.
@@ -331,7 +390,7 @@ func (p *Pool[C]) WaitWarm(ctx context.Context, maxFailures int) error {
 		open := p.total - p.opening
 		p.mu.Unlock()
 		switch {
-		case st == Healthy && open >= max(p.cfg.MinSize, 1):
+		case st == Healthy && open >= max(p.set().MinSize, 1):
 			return nil
 		case fails >= maxFailures:
 			return fmt.Errorf("%d connect attempts failed: %w", fails, last)
@@ -362,7 +421,7 @@ func (p *Pool[C]) TryGet() (C, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	n := len(p.idle)
-	if p.closed || n == 0 || len(p.waiters) > 0 {
+	if p.closed || p.paused || n == 0 || len(p.waiters) > 0 {
 		return zero, false
 	}
 	c := p.idle[n-1]
@@ -402,24 +461,27 @@ func (p *Pool[C]) Get(ctx context.Context) (C, error) {
 }
 
 func (p *Pool[C]) needsValidation(c C) bool {
-	return p.cfg.Validate != nil && p.cfg.ValidationInterval > 0 &&
-		p.cfg.Now().Sub(c.PoolEntry().lastUsed) > p.cfg.ValidationInterval
+	return p.cfg.Validate != nil && p.set().ValidationInterval > 0 &&
+		p.cfg.Now().Sub(c.PoolEntry().lastUsed) > p.set().ValidationInterval
 }
 
 func (p *Pool[C]) validate(ctx context.Context, c C) error {
-	vctx, cancel := context.WithTimeout(ctx, p.cfg.ValidationTimeout)
+	vctx, cancel := context.WithTimeout(ctx, p.set().ValidationTimeout)
+	start := p.cfg.Now()
 	err := p.cfg.Validate(vctx, c)
+	took := p.cfg.Now().Sub(start)
 	cancel()
 	if err != nil {
 		p.mu.Lock()
 		p.stats.ValidationFailures++
 		p.mu.Unlock()
 		p.log.Warn("server connection failed validation; closing it", zap.Uint64("conn_id", c.PoolEntry().id), zap.Error(err))
-		p.Discard(c, "validation failed")
+		p.Discard(c, "validation_failed")
 		return err
 	}
 	p.mu.Lock()
 	p.stats.LastHealthCheck = p.cfg.Now()
+	p.stats.LastCheckLatency = took
 	p.mu.Unlock()
 	return nil
 }
@@ -432,7 +494,7 @@ func (p *Pool[C]) get(ctx context.Context) (C, bool, error) {
 		p.mu.Unlock()
 		return zero, false, ErrClosed
 	}
-	if n := len(p.idle); n > 0 && len(p.waiters) == 0 {
+	if n := len(p.idle); n > 0 && len(p.waiters) == 0 && !p.paused {
 		c := p.idle[n-1]
 		p.idle[n-1] = zero
 		p.idle = p.idle[:n-1]
@@ -446,9 +508,9 @@ func (p *Pool[C]) get(ctx context.Context) (C, bool, error) {
 		p.mu.Unlock()
 		return zero, false, uerr
 	}
-	w := &waiter[C]{ch: make(chan result[C], 1)}
+	w := &waiter[C]{ch: make(chan result[C], 1), since: start}
 	p.waiters = append(p.waiters, w)
-	if p.total < p.cfg.MaxSize {
+	if p.total < p.set().MaxSize && !p.paused {
 		p.startConnectLocked()
 	}
 	p.mu.Unlock()
@@ -478,7 +540,7 @@ func (p *Pool[C]) get(ctx context.Context) (C, bool, error) {
 // unavailableLocked returns the error for a checkout that cannot be served:
 // connects are failing (in backoff) and no connection is open or opening.
 func (p *Pool[C]) unavailableLocked(now time.Time) *UnavailableError {
-	if p.failures == 0 || p.total > 0 || !now.Before(p.nextAttempt) {
+	if p.failures == 0 || p.total > 0 || p.paused || !now.Before(p.nextAttempt) {
 		return nil
 	}
 	return &UnavailableError{RetryIn: p.nextAttempt.Sub(now), Attempts: p.failures, Err: p.lastErr}
@@ -513,9 +575,19 @@ func (p *Pool[C]) Put(c C) {
 	p.stats.Releases++
 	now := p.cfg.Now()
 	e.lastUsed = now
-	if p.closed {
+	if p.closed || p.paused || e.gen < p.gen || p.total > p.set().MaxSize {
+		// Shutting down, paused, reconnecting, or over a lowered max_size.
+		switch {
+		case p.paused:
+			p.countEvictionLocked("paused")
+		case e.gen < p.gen:
+			p.countEvictionLocked("reconnect")
+		case !p.closed:
+			p.countEvictionLocked("over_max_size")
+		}
 		p.closeLocked(c)
 		p.mu.Unlock()
+		p.nudge()
 		return
 	}
 	if reason := p.recycleReason(e, now, false); reason != "" && len(p.waiters) == 0 && p.recycleBudgetLocked(now) {
@@ -542,8 +614,9 @@ func (p *Pool[C]) Discard(c C, reason string) {
 		p.mu.Unlock()
 		return
 	}
+	p.countEvictionLocked(reason)
 	p.closeLocked(c)
-	if !p.closed && len(p.waiters) > p.opening && p.total < p.cfg.MaxSize {
+	if !p.closed && len(p.waiters) > p.opening && p.total < p.set().MaxSize {
 		p.startConnectLocked()
 	}
 	p.mu.Unlock()
@@ -581,6 +654,115 @@ func (p *Pool[C]) Close() {
 	<-p.stopped
 }
 
+// Pause stops handing out connections: new checkouts wait (within their
+// deadline), idle connections are closed now and checked-out ones when they
+// come back. It returns at once; WaitEmpty waits for the last to close.
+func (p *Pool[C]) Pause() {
+	p.mu.Lock()
+	p.paused = true
+	for len(p.idle) > 0 {
+		p.countEvictionLocked("paused")
+		p.closeLocked(p.idle[len(p.idle)-1])
+	}
+	p.broadcastLocked()
+	p.mu.Unlock()
+}
+
+// Resume ends a pause: waiting checkouts are served again.
+func (p *Pool[C]) Resume() {
+	p.mu.Lock()
+	p.paused = false
+	p.broadcastLocked()
+	p.mu.Unlock()
+	p.nudge()
+}
+
+// Reconnect marks every open connection to be closed: idle ones now,
+// checked-out ones when they come back. New connections replace them as
+// needed.
+func (p *Pool[C]) Reconnect() {
+	p.mu.Lock()
+	p.gen++
+	for i := 0; i < len(p.idle); {
+		if c := p.idle[i]; c.PoolEntry().gen < p.gen {
+			p.countEvictionLocked("reconnect")
+			p.closeLocked(c)
+			continue
+		}
+		i++
+	}
+	p.mu.Unlock()
+	p.nudge()
+}
+
+// CloseNeeded reports whether c will be closed when it comes back
+// (after Reconnect).
+func (p *Pool[C]) CloseNeeded(c C) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return c.PoolEntry().gen < p.gen
+}
+
+// WaitEmpty waits until no connection is open or opening (after Pause).
+func (p *Pool[C]) WaitEmpty(ctx context.Context) error {
+	return p.waitFor(ctx, func() bool { return p.total == 0 })
+}
+
+// WaitReconnected waits until every connection open at the last
+// Reconnect has been closed.
+func (p *Pool[C]) WaitReconnected(ctx context.Context) error {
+	return p.waitFor(ctx, func() bool {
+		for _, c := range p.conns {
+			if c.PoolEntry().gen < p.gen {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func (p *Pool[C]) waitFor(ctx context.Context, done func() bool) error {
+	for {
+		p.mu.Lock()
+		ok, ch := done(), p.changed
+		p.mu.Unlock()
+		if ok {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// ConnInfo describes one open connection for inspection.
+type ConnInfo struct {
+	ID          uint64
+	Created     time.Time
+	LastUsed    time.Time // last checkin
+	Idle        bool      // in the pool, not checked out
+	Stale       bool      // idle longer than the validation interval
+	CloseNeeded bool      // will be closed when it comes back (Reconnect)
+}
+
+// Info describes c.
+func (p *Pool[C]) Info(c C) ConnInfo {
+	e := c.PoolEntry()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return ConnInfo{ID: e.id, Created: e.created, LastUsed: e.lastUsed, Idle: e.state == stateIdle,
+		Stale: e.state == stateIdle && p.needsValidation(c), CloseNeeded: e.gen < p.gen}
+}
+
+// All returns every open connection (for inspection); the pool keeps them.
+func (p *Pool[C]) All() []C {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]C(nil), p.conns...)
+}
+
 // Idle returns the idle connections (for inspection); the pool keeps them.
 func (p *Pool[C]) Idle() []C {
 	p.mu.Lock()
@@ -608,6 +790,12 @@ func (p *Pool[C]) noteWaitLocked(d time.Duration) {
 
 // handOffLocked gives c to the first waiter, or makes it idle.
 func (p *Pool[C]) handOffLocked(c C, fresh bool) {
+	if p.paused {
+		c.PoolEntry().state = stateIdle // so closeLocked finds it in conns
+		p.idle = append(p.idle, c)
+		p.closeLocked(c)
+		return
+	}
 	if len(p.waiters) > 0 {
 		w := p.waiters[0]
 		p.removeWaiterLocked(w)
@@ -650,8 +838,18 @@ func (p *Pool[C]) closeLocked(c C) {
 	if e.state == stateIdle {
 		p.removeIdleLocked(c)
 	}
+	if e.state == stateIdle || e.state == stateActive {
+		last := len(p.conns) - 1
+		moved := p.conns[last]
+		p.conns[e.idx] = moved
+		moved.PoolEntry().idx = e.idx
+		var zero C
+		p.conns[last] = zero
+		p.conns = p.conns[:last]
+	}
 	e.state = stateClosed
 	p.total--
+	p.broadcastLocked()
 	// Close may block briefly on a socket; it never calls back into the pool.
 	go c.Close()
 	p.evalLocked("connection closed")
@@ -660,6 +858,11 @@ func (p *Pool[C]) closeLocked(c C) {
 func (p *Pool[C]) statsLocked() Stats {
 	s := p.stats
 	s.Total, s.Idle, s.Active, s.Opening, s.Waiting = p.total, len(p.idle), p.active, p.opening, len(p.waiters)
+	s.Paused = p.paused
+	if len(p.waiters) > 0 {
+		s.OldestWait = p.cfg.Now().Sub(p.waiters[0].since)
+	}
+	s.Evictions = maps.Clone(p.stats.Evictions)
 	s.Failures = p.failures
 	if p.failures > 0 {
 		s.NextRetry = p.nextAttempt
@@ -684,6 +887,7 @@ func (p *Pool[C]) startConnectLocked() {
 	p.stats.ConnectAttempts++
 	attempt := p.failures + 1
 	go func() {
+		start := p.cfg.Now()
 		c, err := p.dial()
 		p.mu.Lock()
 		defer p.mu.Unlock()
@@ -691,23 +895,24 @@ func (p *Pool[C]) startConnectLocked() {
 			p.connectFailedLocked(err, attempt)
 			return
 		}
+		p.stats.LastCheckLatency = p.cfg.Now().Sub(start)
 		p.adoptLocked(c)
 	}()
 }
 
 func (p *Pool[C]) dial() (C, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.ConnectTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), p.set().ConnectTimeout)
 	defer cancel()
 	return p.cfg.Connect(ctx)
 }
 
 // backoff is the pause after n failures in a row, with ±20 % jitter.
 func (p *Pool[C]) backoff(n int) time.Duration {
-	d := p.cfg.BackoffBase
-	for i := 1; i < n && d < p.cfg.BackoffMax; i++ {
+	d := p.set().BackoffBase
+	for i := 1; i < n && d < p.set().BackoffMax; i++ {
 		d *= 2
 	}
-	d = min(d, p.cfg.BackoffMax)
+	d = min(d, p.set().BackoffMax)
 	return time.Duration(float64(d) * (0.8 + 0.4*p.cfg.Rand()))
 }
 
@@ -753,9 +958,10 @@ func (p *Pool[C]) adoptLocked(c C) {
 	e.id = p.nextID.Add(1)
 	e.created = now
 	e.lastUsed = now
-	if p.cfg.MaxLifetime > 0 {
-		e.lifetime = time.Duration(float64(p.cfg.MaxLifetime) * (0.9 + 0.2*p.cfg.Rand()))
-	}
+	e.jitter = 0.9 + 0.2*p.cfg.Rand()
+	e.gen = p.gen
+	e.idx = len(p.conns)
+	p.conns = append(p.conns, c)
 	p.stats.LastHealthCheck = now
 	p.everOpened = true
 	if p.failures > 0 {
@@ -777,9 +983,9 @@ func (p *Pool[C]) adoptLocked(c C) {
 // demand.
 func (p *Pool[C]) warmTarget() int {
 	if p.cfg.Warm {
-		return max(p.cfg.MinSize, 1)
+		return max(p.set().MinSize, 1)
 	}
-	return p.cfg.MinSize
+	return p.set().MinSize
 }
 
 // evalLocked recomputes the health state after an event.
@@ -791,7 +997,7 @@ func (p *Pool[C]) evalLocked(reason string) {
 	open := p.total - p.opening
 	var next State
 	switch {
-	case p.failures > 0 && 2*open >= p.cfg.MaxSize:
+	case p.failures > 0 && 2*open >= p.set().MaxSize:
 		next = Degraded
 	case p.failures > 0:
 		next = Unhealthy
@@ -813,7 +1019,7 @@ func (p *Pool[C]) setStateLocked(next State, reason string) {
 	p.stats.State = next
 	p.broadcastLocked()
 	fields := []zap.Field{zap.Stringer("from", prev), zap.Stringer("to", next), zap.String("reason", reason),
-		zap.Int("open", p.total-p.opening), zap.Int("max_size", p.cfg.MaxSize)}
+		zap.Int("open", p.total-p.opening), zap.Int("max_size", p.set().MaxSize)}
 	if p.failures > 0 {
 		fields = append(fields, zap.Duration("next_retry_in", p.nextAttempt.Sub(p.cfg.Now()).Round(time.Millisecond)))
 	}
@@ -822,6 +1028,13 @@ func (p *Pool[C]) setStateLocked(next State, reason string) {
 	} else {
 		p.log.Info("pool health changed", fields...)
 	}
+}
+
+func (p *Pool[C]) countEvictionLocked(reason string) {
+	if p.stats.Evictions == nil {
+		p.stats.Evictions = map[string]uint64{}
+	}
+	p.stats.Evictions[reason]++
 }
 
 // broadcastLocked wakes everyone waiting on Changed.
@@ -903,7 +1116,7 @@ func (p *Pool[C]) probeIfDown(now time.Time) {
 // while warming up or failing after it had connections) and the waiters
 // not yet covered by a connect in progress.
 func (p *Pool[C]) fillLocked(now time.Time) {
-	if p.closed {
+	if p.closed || p.paused {
 		return
 	}
 	target := p.warmTarget()
@@ -914,7 +1127,7 @@ func (p *Pool[C]) fillLocked(now time.Time) {
 		// would stay degraded or unhealthy after the server recovered.
 		need = max(need, 1)
 	}
-	for range min(need, p.cfg.MaxSize-p.total) {
+	for range min(need, p.set().MaxSize-p.total) {
 		before := p.opening
 		p.startConnectLocked()
 		if p.opening == before {
@@ -926,12 +1139,13 @@ func (p *Pool[C]) fillLocked(now time.Time) {
 // recycleReason says why an idle connection should be closed now, if it
 // should. idle is true for the janitor's scan of idle connections.
 func (p *Pool[C]) recycleReason(e *Entry, now time.Time, idle bool) string {
+	set := p.set()
 	switch {
-	case e.lifetime > 0 && now.Sub(e.created) >= e.lifetime:
+	case set.MaxLifetime > 0 && now.Sub(e.created) >= time.Duration(float64(set.MaxLifetime)*e.jitter):
 		return RecycleLifetime
-	case p.cfg.MaxQueries > 0 && e.queries.Load() >= p.cfg.MaxQueries:
+	case set.MaxQueries > 0 && e.queries.Load() >= set.MaxQueries:
 		return RecycleQueries
-	case idle && p.cfg.IdleTimeout > 0 && now.Sub(e.lastUsed) >= p.cfg.IdleTimeout && p.total > p.warmTarget():
+	case idle && set.IdleTimeout > 0 && now.Sub(e.lastUsed) >= set.IdleTimeout && p.total > p.warmTarget():
 		return RecycleIdle
 	}
 	return ""
@@ -941,7 +1155,7 @@ func (p *Pool[C]) recycleBudgetLocked(now time.Time) bool {
 	if now.Sub(p.recycleSec) >= time.Second {
 		p.recycleSec, p.recycledNow = now, 0
 	}
-	return p.recycledNow < p.cfg.RecycleRate
+	return p.recycledNow < p.set().RecycleRate
 }
 
 // recycleIdleLocked closes idle connections due for recycling, oldest use

@@ -57,9 +57,10 @@ func (d *dialer) setFail(err error) {
 
 func baseConfig(d *dialer, max, min int) Config[*fakeConn] {
 	return Config[*fakeConn]{
-		MaxSize: max, MinSize: min, Connect: d.connect, ConnectTimeout: time.Second,
-		BackoffBase: time.Second, BackoffMax: 16 * time.Second,
-		Rand: func() float64 { return 0.5 }, // no jitter: exact schedules
+		Settings: Settings{MaxSize: max, MinSize: min, ConnectTimeout: time.Second,
+			BackoffBase: time.Second, BackoffMax: 16 * time.Second},
+		Connect: d.connect,
+		Rand:    func() float64 { return 0.5 }, // no jitter: exact schedules
 	}
 }
 

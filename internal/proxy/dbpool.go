@@ -19,17 +19,32 @@ import (
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
+// Reasons a server connection is closed instead of reused (the label of
+// poolerd_server_evictions_total).
+const (
+	evictServerClosed    = "server_closed"
+	evictBroken          = "broken"
+	evictClientLeftDirty = "client_left_in_transaction"
+	evictClientLeftBusy  = "client_left_mid_request"
+	evictWriteFailed     = "write_failed"
+	evictResetFailed     = "reset_query_failed"
+	evictHung            = "server_response_timeout"
+	evictParamCheck      = "parameter_check_failed"
+	evictTimeout         = "timeout"
+	evictKilled          = "killed"
+)
+
 // maxParamCache bounds the learned startup-parameter values per pool.
 const maxParamCache = 1024
 
 // dbPool is the pool of one (database, user) pair with what poolerd learned
 // about its server sessions.
 type dbPool struct {
-	srv   *Server
-	key   poolKey
-	route config.Route
-	pool  *pool.Pool[*serverConn]
-	log   *zap.Logger
+	srv    *Server
+	key    poolKey
+	routeP atomic.Pointer[config.Route] // replaced by a reload
+	pool   *pool.Pool[*serverConn]
+	log    *zap.Logger
 
 	mu sync.Mutex
 	// defaults are the server's reported parameters at connection start.
@@ -47,6 +62,11 @@ type dbPool struct {
 	// Counters of what happened to this pool's clients, by kind.
 	timeouts [numTimeoutKinds]atomic.Uint64
 	leaks    atomic.Uint64
+	// ctr counts traffic; met holds this pool's metric children.
+	ctr counters
+	met poolMetrics
+	// clients is the number of logged-in clients of this pool.
+	clients atomic.Int64
 }
 
 type paramKey struct{ name, value string }
@@ -56,36 +76,45 @@ type paramResult struct {
 	err   *wire.Error
 }
 
-func newDBPool(srv *Server, key poolKey, route config.Route, warm bool) *dbPool {
-	d := &dbPool{
-		srv:     srv,
-		key:     key,
-		route:   route,
-		log:     srv.log.With(zap.String("database", key.database), zap.String("user", key.user)),
-		learned: map[paramKey]paramResult{},
-		built:   make(chan struct{}),
-	}
-	defer close(d.built)
-	cfg := srv.cfg()
-	set := route.Settings
-	d.pool = pool.New(pool.Config[*serverConn]{
+// poolSettings are the pool package's tunables for a route's settings.
+func poolSettings(cfg *config.Config, set config.PoolSettings) pool.Settings {
+	return pool.Settings{
 		MaxSize:            set.MaxSize,
 		MinSize:            set.MinSize,
-		Warm:               warm,
-		Connect:            d.connect,
 		ConnectTimeout:     set.ServerConnectTimeout,
-		Unreachable:        unreachable,
-		Probe:              d.probe,
 		BackoffBase:        cfg.ReconnectBackoffBase,
 		BackoffMax:         cfg.ReconnectBackoffMax,
-		Validate:           d.validate,
 		ValidationInterval: set.ValidationInterval,
 		ValidationTimeout:  set.ValidationTimeout,
 		MaxLifetime:        set.MaxLifetime,
 		MaxQueries:         uint64(set.MaxQueries),
 		IdleTimeout:        set.IdleTimeout,
 		RecycleRate:        cfg.RecycleRate,
-		Logger:             d.log,
+	}
+}
+
+func newDBPool(srv *Server, key poolKey, route config.Route, warm, paused bool) *dbPool {
+	d := &dbPool{
+		srv:     srv,
+		key:     key,
+		log:     srv.log.With(zap.String("database", key.database), zap.String("user", key.user)),
+		learned: map[paramKey]paramResult{},
+		built:   make(chan struct{}),
+		met:     srv.metrics.forPool(key.database, key.user),
+	}
+	defer close(d.built)
+	d.routeP.Store(&route)
+	cfg := srv.cfg()
+	set := route.Settings
+	d.pool = pool.New(pool.Config[*serverConn]{
+		Settings:    poolSettings(cfg, set),
+		Warm:        warm,
+		Connect:     d.connect,
+		Unreachable: unreachable,
+		Probe:       d.probe,
+		Validate:    d.validate,
+		Paused:      paused,
+		Logger:      d.log,
 	}, &srv.connIDs)
 	return d
 }
@@ -101,7 +130,7 @@ func unreachable(err error) bool {
 // logging in: PostgreSQL logs nothing for a connection closed before its
 // startup packet.
 func (d *dbPool) probe(ctx context.Context) error {
-	network, address := backend.Target{Host: d.route.Host, Port: d.route.Port}.Network()
+	network, address := backend.Target{Host: d.route().Host, Port: d.route().Port}.Network()
 	var dl net.Dialer
 	c, err := dl.DialContext(ctx, network, address)
 	if err != nil {
@@ -112,7 +141,7 @@ func (d *dbPool) probe(ctx context.Context) error {
 
 // validate runs validation_query on an idle connection before use.
 func (d *dbPool) validate(ctx context.Context, sc *serverConn) error {
-	return sc.exec(ctx, d.route.Settings.ValidationQuery)
+	return sc.exec(ctx, d.route().Settings.ValidationQuery)
 }
 
 // connect opens one server connection and starts its reader.
@@ -120,14 +149,14 @@ func (d *dbPool) connect(ctx context.Context) (*serverConn, error) {
 	// A warm pool connects as soon as it is created: wait until d.pool is
 	// set, since the connection's reader uses it.
 	<-d.built
-	creds := backend.Credentials{User: d.route.ServerUser, Secret: d.route.ServerSecret}
+	creds := backend.Credentials{User: d.route().ServerUser, Secret: d.route().ServerSecret}
 	if creds.Secret.Kind() == auth.SecretSCRAM {
 		d.mu.Lock()
 		creds.ClientKey = d.clientKey
 		d.mu.Unlock()
 	}
 	target := d.target()
-	bc, err := backend.Connect(ctx, target, d.route.DBName, creds, nil)
+	bc, err := backend.Connect(ctx, target, d.route().DBName, creds, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -142,8 +171,11 @@ func (d *dbPool) connect(ctx context.Context) (*serverConn, error) {
 	return sc, nil
 }
 
+// route is how the pool reaches PostgreSQL, and its settings.
+func (d *dbPool) route() *config.Route { return d.routeP.Load() }
+
 func (d *dbPool) target() backend.Target {
-	return backend.Target{Host: d.route.Host, Port: d.route.Port}
+	return backend.Target{Host: d.route().Host, Port: d.route().Port}
 }
 
 // checkout takes a server connection, waiting at most checkout_timeout.
@@ -158,7 +190,7 @@ func (d *dbPool) checkout(ctx context.Context) (*serverConn, *wire.Error) {
 
 // checkoutWait queues for a server connection.
 func (d *dbPool) checkoutWait(ctx context.Context) (*serverConn, *wire.Error) {
-	if t := d.route.Settings.CheckoutTimeout; t > 0 {
+	if t := d.route().Settings.CheckoutTimeout; t > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, t)
 		defer cancel()
@@ -173,7 +205,7 @@ func (d *dbPool) checkoutWait(ctx context.Context) (*serverConn, *wire.Error) {
 // checkin returns a connection to the pool, or closes it if it is broken.
 func (d *dbPool) checkin(sc *serverConn) {
 	if sc.isBroken() {
-		d.pool.Discard(sc, "broken")
+		d.pool.Discard(sc, evictBroken)
 		return
 	}
 	d.pool.Put(sc)
@@ -188,7 +220,7 @@ func (d *dbPool) checkoutError(err error) *wire.Error {
 	case errors.As(err, &te):
 		st := te.Stats
 		return &wire.Error{Severity: "ERROR", Code: "53300",
-			Message: fmt.Sprintf("no server connection available within checkout_timeout (%s)", d.route.Settings.CheckoutTimeout),
+			Message: fmt.Sprintf("no server connection available within checkout_timeout (%s)", d.route().Settings.CheckoutTimeout),
 			Detail: fmt.Sprintf("pool %s/%s: total %d, idle %d, active %d, waiting %d, max_size %d",
 				d.key.database, d.key.user, st.Total, st.Idle, st.Active, st.Waiting, st.MaxSize),
 			Hint: "raise max_size (POOLERD_MAX_SIZE) if PostgreSQL's max_connections allows it, shorten transactions, or raise checkout_timeout"}
@@ -225,14 +257,14 @@ func (d *dbPool) connectError(err error) *wire.Error {
 		werr := &wire.Error{Severity: "ERROR", Code: se.Code, Message: se.Message}
 		if len(se.Code) == 5 && se.Code[:2] == "28" {
 			werr.Message = "server login failed: " + se.Message
-			werr.Hint = fmt.Sprintf("poolerd logs in to PostgreSQL as %q; check the password configured for it (upstream, users or auth_file) and pg_hba.conf", d.route.ServerUser)
+			werr.Hint = fmt.Sprintf("poolerd logs in to PostgreSQL as %q; check the password configured for it (upstream, users or auth_file) and pg_hba.conf", d.route().ServerUser)
 		}
 		return werr
 	}
 	var ae *backend.AuthError
 	if errors.As(err, &ae) {
 		return &wire.Error{Severity: "ERROR", Code: "28000", Message: "server login failed: " + ae.Error(),
-			Hint: fmt.Sprintf("poolerd could not log in to PostgreSQL as %q with its configured secret; fix the secret for that user in the poolerd configuration", d.route.ServerUser)}
+			Hint: fmt.Sprintf("poolerd could not log in to PostgreSQL as %q with its configured secret; fix the secret for that user in the poolerd configuration", d.route().ServerUser)}
 	}
 	return errServerUnavailable(err)
 }
@@ -294,7 +326,7 @@ func (d *dbPool) prepareLogin(ctx context.Context, startup map[string]string) (m
 		return out, nil
 	}
 	sql := setConfigSQL(unknown)
-	qctx, cancel := context.WithTimeout(ctx, d.route.Settings.ServerConnectTimeout)
+	qctx, cancel := context.WithTimeout(ctx, d.route().Settings.ServerConnectTimeout)
 	err := sc.exec(qctx, sql)
 	cancel()
 	var se *backend.ServerError
@@ -310,7 +342,7 @@ func (d *dbPool) prepareLogin(ctx context.Context, startup map[string]string) (m
 		return nil, werr
 	}
 	if err != nil {
-		d.pool.Discard(sc, "parameter check failed")
+		d.pool.Discard(sc, evictParamCheck)
 		return nil, &wire.Error{Severity: "FATAL", Code: "08006", Message: "could not check startup parameters on the server",
 			Detail: err.Error(), Hint: "retry the connection; if it repeats, check the PostgreSQL server"}
 	}

@@ -145,12 +145,7 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	}
 	s.dbp = dbp
 	s.mode = route.Settings.PoolMode
-	set := route.Settings // the client's own: per-user overrides apply
-	s.lim = limits{
-		query: int64(set.QueryTimeout), transaction: int64(set.TransactionTimeout),
-		idleTx: int64(set.IdleTransactionTimeout), clientIdle: int64(set.ClientIdleTimeout),
-		serverResponse: int64(set.ServerResponseTimeout), leak: int64(set.LeakDetectionThreshold),
-	}
+	s.limP.Store(limitsOf(route.Settings)) // the client's own: per-user overrides apply
 	dbp.setClientKey(s.clientKey)
 	ok, _ := (&pgproto3.AuthenticationOk{}).Encode(nil)
 	if _, err := s.conn.Write(ok); err != nil {
@@ -189,7 +184,7 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 		return false
 	}
 	s.srv.register(s)
-	if s.lim.clientIdle != 0 {
+	if s.limits().clientIdle != 0 {
 		s.noteActive(s.srv.nanotime())
 	}
 	welcome := make([]byte, 0, 512)
@@ -211,6 +206,7 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 		s.srv.forget(s)
 		return false
 	}
+	dbp.clients.Add(1) // logged in; end() takes it back
 	if cfg.LogConnections {
 		s.log.Info("client connected", zap.String("pool_mode", s.mode),
 			zap.String("application_name", s.params["application_name"]))

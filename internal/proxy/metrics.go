@@ -1,54 +1,201 @@
 package proxy
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/poolerd/poolerd/internal/pool"
 )
 
-// collector exports pool statistics at scrape time, so the relay pays
-// nothing per message for them.
-type collector struct {
-	srv                                        *Server
-	conns, waiting, clients                    *prometheus.Desc
-	checkouts, hits, misses, timeouts, connErr *prometheus.Desc
-	waitSeconds                                *prometheus.Desc
+// metrics are the histograms observed on the relay's path. Everything
+// else is read from the pools at scrape time by collector, so the relay
+// pays for none of it.
+type metrics struct {
+	checkoutWait, queryDur, xactDur *prometheus.HistogramVec
 }
 
-// Collector returns a Prometheus collector for the server's pools.
-func (srv *Server) Collector() prometheus.Collector {
+// poolMetrics are one pool's histogram children, resolved once when the
+// pool is created: observing is a few atomic adds, no label lookup.
+type poolMetrics struct {
+	checkoutWait, queryDur, xactDur prometheus.Observer
+}
+
+type noopObserver struct{}
+
+func (noopObserver) Observe(float64) {}
+
+func newMetrics() *metrics {
 	l := []string{"database", "user"}
-	return &collector{
-		srv:         srv,
-		conns:       prometheus.NewDesc("poolerd_server_connections", "Server connections by state (idle, active, opening).", append(l, "state"), nil),
-		waiting:     prometheus.NewDesc("poolerd_waiting_clients", "Clients waiting for a server connection.", l, nil),
-		clients:     prometheus.NewDesc("poolerd_clients", "Logged-in client connections.", nil, nil),
-		checkouts:   prometheus.NewDesc("poolerd_checkouts_total", "Server connections checked out.", l, nil),
-		hits:        prometheus.NewDesc("poolerd_pool_hits_total", "Checkouts served by an existing connection.", l, nil),
-		misses:      prometheus.NewDesc("poolerd_pool_misses_total", "Checkouts served by a newly opened connection.", l, nil),
-		timeouts:    prometheus.NewDesc("poolerd_checkout_timeouts_total", "Checkouts that gave up after checkout_timeout.", l, nil),
-		connErr:     prometheus.NewDesc("poolerd_server_connect_failures_total", "Failed attempts to open a server connection.", l, nil),
-		waitSeconds: prometheus.NewDesc("poolerd_checkout_wait_seconds_total", "Total time clients waited for a server connection.", l, nil),
+	return &metrics{
+		checkoutWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "poolerd_checkout_wait_seconds",
+			Help:    "Time a request waited for a server connection (0 when one was idle).",
+			Buckets: []float64{.0001, .0005, .001, .005, .01, .05, .1, .5, 1, 5, 10, 30},
+		}, l),
+		queryDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "poolerd_query_duration_seconds",
+			Help:    "Time from sending a request (Query, Sync, FunctionCall) to its ReadyForQuery.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, l),
+		xactDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "poolerd_transaction_duration_seconds",
+			Help:    "Time a server connection was busy for a client: a transaction, or a single statement outside one.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, l),
 	}
 }
 
+// forPool resolves a pool's children; m may be nil (no registry).
+func (m *metrics) forPool(database, user string) poolMetrics {
+	if m == nil {
+		return poolMetrics{noopObserver{}, noopObserver{}, noopObserver{}}
+	}
+	return poolMetrics{
+		checkoutWait: m.checkoutWait.WithLabelValues(database, user),
+		queryDur:     m.queryDur.WithLabelValues(database, user),
+		xactDur:      m.xactDur.WithLabelValues(database, user),
+	}
+}
+
+// forget deletes a removed pool's children.
+func (m *metrics) forget(database, user string) {
+	if m == nil {
+		return
+	}
+	m.checkoutWait.DeleteLabelValues(database, user)
+	m.queryDur.DeleteLabelValues(database, user)
+	m.xactDur.DeleteLabelValues(database, user)
+}
+
+// Instrument registers poolerd's metrics on reg. Call it before Warm and
+// Serve: pools created earlier have no histograms.
+func (srv *Server) Instrument(reg prometheus.Registerer) error {
+	m := newMetrics()
+	for _, c := range []prometheus.Collector{m.checkoutWait, m.queryDur, m.xactDur, newCollector(srv)} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	srv.metrics = m
+	return nil
+}
+
+// collector exports pool statistics at scrape time.
+type collector struct {
+	srv   *Server
+	descs map[string]*prometheus.Desc
+}
+
+type metricDef struct {
+	name, help string
+	extra      []string // labels after database and user
+}
+
+var poolMetricDefs = []metricDef{
+	{"poolerd_clients", "Logged-in clients by state: active (holding a server connection), waiting (for one), idle.", []string{"state"}},
+	{"poolerd_waiting_clients", "Clients waiting for a server connection.", nil},
+	{"poolerd_server_connections", "Server connections by state: idle, active (held by a client), opening.", []string{"state"}},
+	{"poolerd_checkouts_total", "Server connections handed to clients.", nil},
+	{"poolerd_pool_hits_total", "Checkouts served by an open connection.", nil},
+	{"poolerd_pool_misses_total", "Checkouts served by a newly opened connection.", nil},
+	{"poolerd_server_recycles_total", "Idle server connections closed by recycling, by reason (max_lifetime, max_queries, idle_timeout).", []string{"reason"}},
+	{"poolerd_server_evictions_total", "Server connections closed because they could not be reused, by reason.", []string{"reason"}},
+	{"poolerd_server_connect_attempts_total", "Attempts to open a server connection.", nil},
+	{"poolerd_server_connect_failures_total", "Failed attempts to open a server connection.", nil},
+	{"poolerd_reconnect_backoff_seconds", "Time until the next connect attempt while connects fail; 0 otherwise.", nil},
+	{"poolerd_pool_health", "The pool's health state: 1 for the current state, 0 for the others.", []string{"state"}},
+	{"poolerd_pool_paused", "1 while the pool is paused (PAUSE), else 0.", nil},
+	{"poolerd_unavailable_total", "Requests refused at once (08006) because connects fail and nothing is open.", nil},
+	{"poolerd_timeouts_total", "Timeouts by kind: checkout, query, transaction, idle_transaction, client_idle, server_response.", []string{"kind"}},
+	{"poolerd_validation_failures_total", "Server connections that failed validation_query before use.", nil},
+	{"poolerd_leaks_total", "Leak warnings: clients that kept a server connection busy past leak_detection_threshold.", nil},
+	{"poolerd_client_bytes_received_total", "Bytes received from clients and forwarded to PostgreSQL.", nil},
+	{"poolerd_client_bytes_sent_total", "Bytes sent to clients.", nil},
+	{"poolerd_client_errors_total", "Errors sent to clients, by SQLSTATE class (first two characters).", []string{"class"}},
+}
+
+func newCollector(srv *Server) *collector {
+	c := &collector{srv: srv, descs: map[string]*prometheus.Desc{}}
+	for _, d := range poolMetricDefs {
+		c.descs[d.name] = prometheus.NewDesc(d.name, d.help, append([]string{"database", "user"}, d.extra...), nil)
+	}
+	c.descs["poolerd_client_connections"] = prometheus.NewDesc("poolerd_client_connections", "Client connections logged in, over all pools.", nil, nil)
+	c.descs["poolerd_login_timeouts_total"] = prometheus.NewDesc("poolerd_login_timeouts_total", "Clients dropped by client_login_timeout.", nil, nil)
+	c.descs["poolerd_ready"] = prometheus.NewDesc("poolerd_ready", "1 when poolerd is ready to serve clients (as /readyz), else 0.", nil, nil)
+	return c
+}
+
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.conns, c.waiting, c.clients, c.checkouts, c.hits, c.misses, c.timeouts, c.connErr, c.waitSeconds} {
+	for _, d := range c.descs {
 		ch <- d
 	}
 }
 
+var healthStates = []pool.State{pool.Initializing, pool.Healthy, pool.Degraded, pool.Unhealthy, pool.Recovering, pool.ShuttingDown, pool.Terminated}
+
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
-	ch <- prometheus.MustNewConstMetric(c.clients, prometheus.GaugeValue, float64(c.srv.ClientCount()))
-	for _, p := range c.srv.Pools() {
-		db, user := p.Database, p.User
-		ch <- prometheus.MustNewConstMetric(c.conns, prometheus.GaugeValue, float64(p.Idle), db, user, "idle")
-		ch <- prometheus.MustNewConstMetric(c.conns, prometheus.GaugeValue, float64(p.Active), db, user, "active")
-		ch <- prometheus.MustNewConstMetric(c.conns, prometheus.GaugeValue, float64(p.Opening), db, user, "opening")
-		ch <- prometheus.MustNewConstMetric(c.waiting, prometheus.GaugeValue, float64(p.Waiting), db, user)
-		ch <- prometheus.MustNewConstMetric(c.checkouts, prometheus.CounterValue, float64(p.Acquisitions), db, user)
-		ch <- prometheus.MustNewConstMetric(c.hits, prometheus.CounterValue, float64(p.Hits), db, user)
-		ch <- prometheus.MustNewConstMetric(c.misses, prometheus.CounterValue, float64(p.Misses), db, user)
-		ch <- prometheus.MustNewConstMetric(c.timeouts, prometheus.CounterValue, float64(p.Timeouts), db, user)
-		ch <- prometheus.MustNewConstMetric(c.connErr, prometheus.CounterValue, float64(p.ConnectFailures), db, user)
-		ch <- prometheus.MustNewConstMetric(c.waitSeconds, prometheus.CounterValue, p.WaitTotal.Seconds(), db, user)
+	gauge := func(name string, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(c.descs[name], prometheus.GaugeValue, v, labels...)
 	}
+	counter := func(name string, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(c.descs[name], prometheus.CounterValue, v, labels...)
+	}
+	gauge("poolerd_client_connections", float64(c.srv.ClientCount()))
+	counter("poolerd_login_timeouts_total", float64(c.srv.LoginTimeouts()))
+	ready, _ := c.srv.Ready()
+	gauge("poolerd_ready", b2f(ready))
+	now := time.Now()
+	for _, d := range c.srv.poolList() {
+		ps := d.snapshot()
+		db, user := ps.Database, ps.User
+		clients := d.clients.Load()
+		active, waiting := int64(ps.Active), int64(ps.Waiting)
+		gauge("poolerd_clients", float64(active), db, user, "active")
+		gauge("poolerd_clients", float64(waiting), db, user, "waiting")
+		gauge("poolerd_clients", float64(max(clients-active-waiting, 0)), db, user, "idle")
+		gauge("poolerd_waiting_clients", float64(ps.Waiting), db, user)
+		gauge("poolerd_server_connections", float64(ps.Idle), db, user, "idle")
+		gauge("poolerd_server_connections", float64(ps.Active), db, user, "active")
+		gauge("poolerd_server_connections", float64(ps.Opening), db, user, "opening")
+		counter("poolerd_checkouts_total", float64(ps.Acquisitions), db, user)
+		counter("poolerd_pool_hits_total", float64(ps.Hits), db, user)
+		counter("poolerd_pool_misses_total", float64(ps.Misses), db, user)
+		counter("poolerd_server_recycles_total", float64(ps.RecycledLifetime), db, user, pool.RecycleLifetime)
+		counter("poolerd_server_recycles_total", float64(ps.RecycledQueries), db, user, pool.RecycleQueries)
+		counter("poolerd_server_recycles_total", float64(ps.RecycledIdle), db, user, pool.RecycleIdle)
+		for reason, n := range ps.Evictions {
+			counter("poolerd_server_evictions_total", float64(n), db, user, reason)
+		}
+		counter("poolerd_server_connect_attempts_total", float64(ps.ConnectAttempts), db, user)
+		counter("poolerd_server_connect_failures_total", float64(ps.ConnectFailures), db, user)
+		backoff := 0.0
+		if !ps.NextRetry.IsZero() && ps.NextRetry.After(now) {
+			backoff = ps.NextRetry.Sub(now).Seconds()
+		}
+		gauge("poolerd_reconnect_backoff_seconds", backoff, db, user)
+		for _, st := range healthStates {
+			gauge("poolerd_pool_health", b2f(ps.State == st), db, user, st.String())
+		}
+		gauge("poolerd_pool_paused", b2f(ps.Paused), db, user)
+		counter("poolerd_unavailable_total", float64(ps.FastFailures), db, user)
+		counter("poolerd_timeouts_total", float64(ps.Timeouts), db, user, "checkout")
+		for kind, n := range ps.SessionTimeouts {
+			counter("poolerd_timeouts_total", float64(n), db, user, kind)
+		}
+		counter("poolerd_validation_failures_total", float64(ps.ValidationFailures), db, user)
+		counter("poolerd_leaks_total", float64(ps.Leaks), db, user)
+		counter("poolerd_client_bytes_received_total", float64(d.ctr.received.Load()), db, user)
+		counter("poolerd_client_bytes_sent_total", float64(d.ctr.sent.Load()), db, user)
+		for class, n := range d.ctr.errorCounts() {
+			counter("poolerd_client_errors_total", float64(n), db, user, class)
+		}
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

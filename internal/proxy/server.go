@@ -50,7 +50,12 @@ type Server struct {
 	listeners map[net.Listener]struct{}
 	logins    map[net.Conn]struct{} // connections still in their handshake
 	warm      []*dbPool             // pools named by the configuration
+	dbs       map[string]*dbState   // PAUSE/DISABLE state by database name
+	paused    bool                  // global PAUSE
 	sessWG    sync.WaitGroup
+
+	metrics *metrics // nil until Instrument
+	stats   statsState
 }
 
 type poolKey struct{ database, user string }
@@ -69,6 +74,7 @@ func New(cfg *config.Config, log *zap.Logger) *Server {
 		verifiers: map[string]*auth.SCRAMVerifier{},
 		listeners: map[net.Listener]struct{}{},
 		logins:    map[net.Conn]struct{}{},
+		dbs:       map[string]*dbState{},
 	}
 	_, _ = rand.Read(srv.mockKey[:])
 	srv.conf.Store(cfg)
@@ -262,13 +268,7 @@ func (srv *Server) stopAccepting() []*session {
 }
 
 func (srv *Server) closePools() {
-	srv.mu.Lock()
-	pools := make([]*dbPool, 0, len(srv.pools))
-	for _, p := range srv.pools {
-		pools = append(pools, p)
-	}
-	srv.mu.Unlock()
-	for _, p := range pools {
+	for _, p := range srv.poolList() {
 		p.pool.Close()
 	}
 }
@@ -334,9 +334,36 @@ func (srv *Server) getPoolWarm(database, user string, warm bool) (*dbPool, error
 	if p, ok := srv.pools[key]; ok {
 		return p, nil
 	}
-	p := newDBPool(srv, key, route, warm)
+	p := newDBPool(srv, key, route, warm, srv.dbPaused(database))
 	srv.pools[key] = p
 	return p, nil
+}
+
+// dbState is what the admin console set for one database.
+type dbState struct {
+	paused   bool // PAUSE db, or KILL db until RESUME db
+	disabled bool // DISABLE db
+}
+
+// dbPaused reports whether new pools of database start paused. Call with
+// srv.mu held.
+func (srv *Server) dbPaused(database string) bool {
+	if srv.paused {
+		return true
+	}
+	st, ok := srv.dbs[database]
+	return ok && st.paused
+}
+
+// poolList returns the pools.
+func (srv *Server) poolList() []*dbPool {
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	out := make([]*dbPool, 0, len(srv.pools))
+	for _, p := range srv.pools {
+		out = append(out, p)
+	}
+	return out
 }
 
 // PoolStats is a snapshot of one pool for metrics, the health endpoint,
@@ -354,7 +381,7 @@ type PoolStats struct {
 }
 
 func (p *dbPool) snapshot() PoolStats {
-	ps := PoolStats{Database: p.key.database, User: p.key.user, Mode: p.route.Settings.PoolMode,
+	ps := PoolStats{Database: p.key.database, User: p.key.user, Mode: p.route().Settings.PoolMode,
 		Stats: p.pool.Stats(), SessionTimeouts: make(map[string]uint64, numTimeoutKinds), Leaks: p.leaks.Load()}
 	for k := range numTimeoutKinds {
 		ps.SessionTimeouts[k.String()] = p.timeouts[k].Load()
@@ -367,12 +394,7 @@ func (srv *Server) LoginTimeouts() uint64 { return srv.loginTimeouts.Load() }
 
 // Pools returns a snapshot of every pool.
 func (srv *Server) Pools() []PoolStats {
-	srv.mu.Lock()
-	pools := make([]*dbPool, 0, len(srv.pools))
-	for _, p := range srv.pools {
-		pools = append(pools, p)
-	}
-	srv.mu.Unlock()
+	pools := srv.poolList()
 	out := make([]PoolStats, 0, len(pools))
 	for _, p := range pools {
 		out = append(out, p.snapshot())

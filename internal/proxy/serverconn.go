@@ -159,12 +159,12 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 	}
 	own := sc.owner.Load()
 	var now int64
-	if own != nil && own.lim.any() {
+	if own != nil {
 		now = own.srv.nanotime()
 		sc.lastRecv.Store(now)
 	}
 	out, off := start, start
-	rfqs := 0
+	rfqs, answered := 0, 0 // all ReadyForQuery; those of the client's own requests
 	var status byte
 	for off < end || sc.cur.Ending() {
 		n, ev, err := sc.cur.Next(buf[off:end])
@@ -201,6 +201,8 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 				sc.copyIn.Store(false)
 				if sc.drop {
 					sc.swallow.Add(-1)
+				} else {
+					answered++
 				}
 			case 'S':
 				if name, value, ok := wire.ParseParameterStatus(sc.cur.Body()); ok {
@@ -225,6 +227,9 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 						sc.opErr = &backend.ServerError{Severity: sev, Code: code, Message: msg, Body: append([]byte(nil), sc.cur.Body()...)}
 					}
 					sc.mu.Unlock()
+				}
+				if !sc.drop && own != nil {
+					sc.dbp.ctr.countError(code)
 				}
 				if sev == "FATAL" || sev == "PANIC" {
 					sc.markBroken()
@@ -251,11 +256,12 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 			return errors.New("server sent data while idle")
 		}
 		own.writeFromServer(buf[start:out])
+		sc.dbp.ctr.sent.Add(uint64(out - start))
 	}
 	if rfqs > 0 {
 		sc.AddQueries(uint64(rfqs))
 	}
-	sc.settleRead(rfqs, status, !sc.cur.AtBoundary() || sc.ncarry > 0, now)
+	sc.settleRead(rfqs, answered, status, !sc.cur.AtBoundary() || sc.ncarry > 0, now)
 	return nil
 }
 
@@ -264,7 +270,7 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 func (sc *serverConn) timeoutReply(own *session, sev, code, msg string) []byte {
 	e := &wire.Error{Severity: sev, Code: code, Message: msg}
 	if code == "57014" {
-		e.Message = fmt.Sprintf("canceling statement due to query_timeout (%s)", time.Duration(own.lim.query))
+		e.Message = fmt.Sprintf("canceling statement due to query_timeout (%s)", time.Duration(own.limits().query))
 		e.Hint = "raise query_timeout for this database or user, or make the query faster"
 	} else if body := sc.cur.Body(); !sc.cur.Truncated() {
 		// Not the cancel's reply after all: pass it on unchanged.
@@ -276,9 +282,10 @@ func (sc *serverConn) timeoutReply(own *session, sev, code, msg string) []byte {
 	return e.Append(nil)
 }
 
-// settleRead records what one read of the reader answered; now is the
-// session clock when the owner has limits, else 0.
-func (sc *serverConn) settleRead(rfqs int, status byte, midFrame bool, now int64) {
+// settleRead records what one read of the reader answered: rfqs
+// ReadyForQuery in all, answered of them for the client's own requests; now
+// is the session clock when an owner holds the connection, else 0.
+func (sc *serverConn) settleRead(rfqs, answered int, status byte, midFrame bool, now int64) {
 	sc.mu.Lock()
 	sc.midFrame = midFrame
 	if rfqs > 0 {
@@ -286,7 +293,7 @@ func (sc *serverConn) settleRead(rfqs int, status byte, midFrame bool, now int64
 	}
 	var idleTx, idle int64
 	if now != 0 {
-		idleTx, idle = sc.noteTimesLocked(rfqs, status, now)
+		idleTx, idle = sc.noteTimesLocked(rfqs, answered, status, now)
 	}
 	own := sc.owner.Load()
 	sc.settleLocked(rfqs, status)
@@ -294,7 +301,7 @@ func (sc *serverConn) settleRead(rfqs int, status byte, midFrame bool, now int64
 	if own != nil && idleTx != 0 {
 		own.noteIdleInTx(idleTx)
 	}
-	if own != nil && idle != 0 && own.lim.clientIdle != 0 {
+	if own != nil && idle != 0 && own.limits().clientIdle != 0 {
 		own.noteActive(idle) // the client is idle from its last answer on
 	}
 }
@@ -303,16 +310,29 @@ func (sc *serverConn) settleRead(rfqs int, status byte, midFrame bool, now int64
 // answered rfqs requests. It returns when an idle-in-transaction period
 // began (idleTx) or when the server went back to idle outside a
 // transaction (idle), if that happened with this read; else zeros.
-func (sc *serverConn) noteTimesLocked(rfqs int, status byte, now int64) (idleTx, idle int64) {
+func (sc *serverConn) noteTimesLocked(rfqs, answered int, status byte, now int64) (idleTx, idle int64) {
 	if rfqs == 0 {
 		return 0, 0
+	}
+	m := &sc.dbp.ctr
+	if answered > 0 && sc.queryStart != 0 {
+		d := uint64(now - sc.queryStart)
+		m.queries.Add(uint64(answered))
+		m.queryNano.Add(d)
+		sc.dbp.met.queryDur.Observe(float64(d) / 1e9)
 	}
 	pending := sc.pending - rfqs
 	switch {
 	case pending > 0:
 		sc.queryStart = now // the next pipelined request is now running
 	case status == wire.TxIdle && !sc.unsynced:
-		sc.busySince, sc.idleTxSince = 0, 0
+		if sc.busySince != 0 {
+			d := uint64(now - sc.busySince)
+			m.xacts.Add(1)
+			m.xactNanos.Add(d)
+			sc.dbp.met.xactDur.Observe(float64(d) / 1e9)
+		}
+		sc.busySince, sc.idleTxSince, sc.queryStart = 0, 0, 0
 		return 0, now
 	case status != wire.TxIdle && sc.idleTxSince == 0:
 		sc.idleTxSince = now
@@ -391,7 +411,7 @@ func (sc *serverConn) gone(err error) {
 		sc.quiet = nil
 	}
 	sc.mu.Unlock()
-	sc.dbp.pool.Discard(sc, "server closed")
+	sc.dbp.pool.Discard(sc, evictServerClosed)
 	if own != nil {
 		own.serverLost(sc, err)
 	} else {

@@ -68,8 +68,8 @@ type session struct {
 	waitMu     sync.Mutex
 	waitCancel context.CancelCauseFunc
 
-	// Timeouts and leak detection (watchdog.go).
-	lim   limits
+	// Timeouts and leak detection (watchdog.go); a reload replaces limP.
+	limP  atomic.Pointer[limits]
 	wd    watchdog
 	qmu   sync.Mutex
 	qtext [maxQueryText]byte
@@ -83,6 +83,17 @@ type session struct {
 }
 
 func (s *session) releaseWhenIdle() bool { return s.mode == config.PoolTransaction }
+
+// noLimits is the limits of a session that has none (before login).
+var noLimits = &limits{}
+
+// limits returns the session's timeouts.
+func (s *session) limits() *limits {
+	if l := s.limP.Load(); l != nil {
+		return l
+	}
+	return noLimits
+}
 
 // run relays client messages until the client leaves.
 func (s *session) run() {
@@ -103,7 +114,7 @@ func (s *session) run() {
 			s.end(err)
 			return
 		}
-		if s.lim.clientIdle != 0 {
+		if s.limits().clientIdle != 0 {
 			s.noteActive(s.srv.nanotime())
 		}
 		quit := s.fromClient(*bp, wire.Headroom, wire.Headroom+n)
@@ -183,12 +194,12 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 			}
 			if !s.dropFrame {
 				s.count(&b, t)
-				if (t == 'Q' || t == 'P') && s.lim.any() {
+				if (t == 'Q' || t == 'P') && s.limits().any() {
 					s.cur.Capture(maxQueryText + 128)
 				}
 			}
 		case wire.EvEnd:
-			if t := s.cur.Type; (t == 'Q' || t == 'P') && !s.dropFrame && s.lim.any() {
+			if t := s.cur.Type; (t == 'Q' || t == 'P') && !s.dropFrame && s.limits().any() {
 				s.noteQuery(t, s.cur.Body())
 			}
 		}
@@ -244,6 +255,7 @@ func isFrontendType(t byte) bool {
 // keeps the session: a simple query gets ReadyForQuery at once, an extended
 // one at its Sync.
 func (s *session) refuse(werr *wire.Error) {
+	s.dbp.ctr.countError(werr.Code)
 	msg := werr.Append(nil)
 	switch s.cur.Type {
 	case 'Q', 'F', 'S':
@@ -287,9 +299,10 @@ func (s *session) flush(data []byte, b batch) bool {
 		syncReqs = 1
 	}
 	var now, busySince, queryStart int64
-	timed := s.lim.any() && len(data) > 0
+	timed := len(data) > 0
 	if timed {
 		now = s.srv.nanotime()
+		s.dbp.ctr.received.Add(uint64(len(data)))
 	}
 	sc.mu.Lock()
 	if sc.owner.Load() != s {
@@ -320,7 +333,7 @@ func (s *session) flush(data []byte, b batch) bool {
 		s.dbp.checkin(sc)
 		return true
 	}
-	if timed {
+	if timed && s.limits().any() {
 		s.noteBusy(busySince, queryStart)
 	}
 	var err error
@@ -336,7 +349,7 @@ func (s *session) flush(data []byte, b batch) bool {
 		_, err = sc.Conn.Write(data)
 	}
 	if err != nil {
-		s.dbp.pool.Discard(sc, "write to server failed")
+		s.dbp.pool.Discard(sc, evictWriteFailed)
 		s.serverLost(sc, err)
 		return false
 	}
@@ -364,7 +377,7 @@ func (s *session) attach() *wire.Error {
 		sc.mu.Lock()
 		if sc.broken {
 			sc.mu.Unlock()
-			s.dbp.pool.Discard(sc, "broken at checkout")
+			s.dbp.pool.Discard(sc, evictBroken)
 			if attempt < 2 {
 				continue
 			}
@@ -389,8 +402,11 @@ var errClientCancel = errors.New("cancel request from the client")
 // refused with 57014, as the query would have been.
 func (s *session) checkout() (*serverConn, *wire.Error) {
 	if sc, ok := s.dbp.pool.TryGet(); ok {
+		s.dbp.met.checkoutWait.Observe(0)
 		return sc, nil
 	}
+	start := time.Now()
+	defer func() { s.dbp.met.checkoutWait.Observe(time.Since(start).Seconds()) }()
 	ctx, cancel := context.WithCancelCause(s.srv.ctx)
 	defer cancel(nil)
 	s.waitMu.Lock()
@@ -446,6 +462,9 @@ func (s *session) writeClient(p []byte) {
 
 // fail sends a final error and closes the client connection.
 func (s *session) fail(werr *wire.Error) {
+	if s.dbp != nil {
+		s.dbp.ctr.countError(werr.Code)
+	}
 	s.endErr.CompareAndSwap(nil, werr)
 	_ = s.conn.SetWriteDeadline(time.Now().Add(time.Second))
 	s.writeClient(werr.Append(nil))
@@ -498,6 +517,7 @@ func (s *session) end(err error) {
 		s.stopWatch()
 		_ = s.conn.Close()
 		s.srv.forget(s)
+		s.dbp.clients.Add(-1)
 		if sc := s.server.Load(); sc != nil {
 			s.releaseAtEnd(sc)
 		}
@@ -524,9 +544,9 @@ func (s *session) releaseAtEnd(sc *serverConn) {
 	sc.detachLocked(s)
 	sc.mu.Unlock()
 	if !clean {
-		reason := "client left in a transaction"
+		reason := evictClientLeftDirty
 		if busy {
-			reason = "client left with a request in progress"
+			reason = evictClientLeftBusy
 			// Stop the running query so its locks go at once; closing
 			// the socket alone is noticed only when the query ends.
 			s.srv.cancelBackend(sc)
@@ -535,14 +555,14 @@ func (s *session) releaseAtEnd(sc *serverConn) {
 		return
 	}
 	if s.mode == config.PoolSession {
-		if q := s.dbp.route.Settings.ServerResetQuery; q != "" {
+		if q := s.dbp.route().Settings.ServerResetQuery; q != "" {
 			ctx, cancel := context.WithTimeout(s.srv.ctx, 10*time.Second)
 			err := sc.exec(ctx, q)
 			cancel()
 			if err != nil {
 				s.log.Warn("server_reset_query failed; closing the server connection",
 					zap.Uint64("conn_id", sc.ID()), zap.Error(err))
-				s.dbp.pool.Discard(sc, "server_reset_query failed")
+				s.dbp.pool.Discard(sc, evictResetFailed)
 				return
 			}
 			// DISCARD ALL / RESET ALL return every parameter to the

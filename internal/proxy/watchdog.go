@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
@@ -64,6 +65,15 @@ type limits struct {
 	query, transaction, idleTx, clientIdle, serverResponse, leak int64
 }
 
+// limitsOf converts a route's settings.
+func limitsOf(set config.PoolSettings) *limits {
+	return &limits{
+		query: int64(set.QueryTimeout), transaction: int64(set.TransactionTimeout),
+		idleTx: int64(set.IdleTransactionTimeout), clientIdle: int64(set.ClientIdleTimeout),
+		serverResponse: int64(set.ServerResponseTimeout), leak: int64(set.LeakDetectionThreshold),
+	}
+}
+
 func (l limits) any() bool {
 	return l.query|l.transaction|l.idleTx|l.clientIdle|l.serverResponse|l.leak != 0
 }
@@ -101,15 +111,15 @@ func (s *session) stopWatch() {
 // noteActive records client activity (for client_idle_timeout).
 func (s *session) noteActive(now int64) {
 	s.wd.lastActive.Store(now)
-	if s.lim.clientIdle != 0 {
-		s.arm(now + s.lim.clientIdle)
+	if s.limits().clientIdle != 0 {
+		s.arm(now + s.limits().clientIdle)
 	}
 }
 
 // noteBusy arms the timer for a server that just became busy for this
 // session (a request sent with nothing pending before).
 func (s *session) noteBusy(busySince, queryStart int64) {
-	l := &s.lim
+	l := s.limits()
 	next := int64(0)
 	pick := func(d int64) {
 		if d != 0 && (next == 0 || d < next) {
@@ -135,8 +145,8 @@ func (s *session) noteBusy(busySince, queryStart int64) {
 
 // noteIdleInTx arms the timer for idle_transaction_timeout.
 func (s *session) noteIdleInTx(since int64) {
-	if s.lim.idleTx != 0 {
-		s.arm(since + s.lim.idleTx)
+	if s.limits().idleTx != 0 {
+		s.arm(since + s.limits().idleTx)
 	}
 }
 
@@ -158,7 +168,7 @@ func (s *session) fire() {
 		return
 	}
 	now := s.srv.nanotime()
-	l := s.lim
+	l := *s.limits()
 	next := int64(0)
 	pick := func(d int64) {
 		if next == 0 || d < next {
@@ -256,7 +266,7 @@ func (s *session) fire() {
 func (s *session) queryTimeout(sc *serverConn) {
 	s.dbp.timeouts[timeoutQuery].Add(1)
 	s.log.Warn("query_timeout reached; cancelling the query",
-		zap.Duration("query_timeout", time.Duration(s.lim.query)), zap.Uint64("conn_id", sc.ID()),
+		zap.Duration("query_timeout", time.Duration(s.limits().query)), zap.Uint64("conn_id", sc.ID()),
 		zap.String("query", s.queryText()))
 	sc.mu.Lock()
 	if sc.owner.Load() != s || sc.pending == 0 {
@@ -340,21 +350,21 @@ func (s *session) dropServer(sc *serverConn) {
 	sc.broken = true
 	sc.detachLocked(s)
 	sc.mu.Unlock()
-	s.dbp.pool.Discard(sc, "server_response_timeout")
+	s.dbp.pool.Discard(sc, evictHung)
 }
 
 func (s *session) limit(kind timeoutKind) int64 {
 	switch kind {
 	case timeoutQuery:
-		return s.lim.query
+		return s.limits().query
 	case timeoutTransaction:
-		return s.lim.transaction
+		return s.limits().transaction
 	case timeoutIdleTransaction:
-		return s.lim.idleTx
+		return s.limits().idleTx
 	case timeoutClientIdle:
-		return s.lim.clientIdle
+		return s.limits().clientIdle
 	case timeoutServerResponse:
-		return s.lim.serverResponse
+		return s.limits().serverResponse
 	}
 	return 0
 }
@@ -373,7 +383,7 @@ func (s *session) warnLeak(sc *serverConn, held time.Duration, t serverTimes) {
 	s.log.Warn("possible connection leak: client has held a server connection for a long time",
 		zap.Uint64("conn_id", sc.ID()), zap.String("application_name", app),
 		zap.Duration("held", held.Round(time.Millisecond)),
-		zap.Duration("leak_detection_threshold", time.Duration(s.lim.leak)),
+		zap.Duration("leak_detection_threshold", time.Duration(s.limits().leak)),
 		zap.String("state", state), zap.String("query", s.queryText()))
 }
 

@@ -1,0 +1,157 @@
+package proxy
+
+import (
+	"time"
+
+	"github.com/poolerd/poolerd/internal/pool"
+)
+
+// HealthReport is the /stats document: seed 004's health check response
+// (FR-008), with one entry per pool. It is built from memory only.
+type HealthReport struct {
+	// Status is healthy, degraded, unhealthy, starting, paused or
+	// shutting_down: the worst of the configured pools, or the server's
+	// own state.
+	Status    string    `json:"status"`
+	Timestamp time.Time `json:"timestamp"`
+	Clients   int       `json:"clients"`
+	// Database is the first configured pool (the upstream URL's, for a
+	// sidecar), in the seed's single-database shape.
+	Database *PoolHealth  `json:"database,omitempty"`
+	Pools    []PoolHealth `json:"pools"`
+}
+
+// PoolHealth describes one pool.
+type PoolHealth struct {
+	Name string `json:"name"`
+	User string `json:"user"`
+	// Status is connected (connections can be opened), degraded,
+	// disconnected (connects fail) or paused.
+	Status string `json:"status"`
+	// Health is the pool's state machine state.
+	Health          string     `json:"health"`
+	Pool            PoolCounts `json:"pool"`
+	LatencyMs       *float64   `json:"latency_ms"`
+	LastError       *string    `json:"last_error"`
+	LastHealthCheck *time.Time `json:"last_health_check"`
+	NextRetry       *time.Time `json:"next_retry,omitempty"`
+}
+
+// PoolCounts are the seed's pool statistics.
+type PoolCounts struct {
+	Total                 int     `json:"total"`
+	Idle                  int     `json:"idle"`
+	Active                int     `json:"active"`
+	Waiting               int     `json:"waiting"`
+	MaxSize               int     `json:"max_size"`
+	MinSize               int     `json:"min_size"`
+	TotalAcquisitions     uint64  `json:"total_acquisitions"`
+	TotalReleases         uint64  `json:"total_releases"`
+	AvgAcquisitionTimeMs  float64 `json:"avg_acquisition_time_ms"`
+	PeakActiveConnections int     `json:"peak_active_connections"`
+	PeakWaitTimeMs        float64 `json:"peak_wait_time_ms"`
+	PoolCreatedAt         string  `json:"pool_created_at"`
+}
+
+// HealthReport builds the /stats document.
+func (srv *Server) HealthReport() HealthReport {
+	r := HealthReport{Timestamp: time.Now().UTC(), Clients: srv.ClientCount(), Pools: []PoolHealth{}}
+	srv.mu.Lock()
+	warm := append([]*dbPool(nil), srv.warm...)
+	globalPause := srv.paused
+	srv.mu.Unlock()
+	isWarm := map[*dbPool]bool{}
+	for _, p := range warm {
+		isWarm[p] = true
+	}
+	worst := "healthy"
+	for _, p := range srv.poolList() {
+		ph := poolHealth(p)
+		r.Pools = append(r.Pools, ph)
+		if isWarm[p] {
+			worst = worse(worst, ph)
+		}
+	}
+	for _, p := range warm {
+		ph := poolHealth(p)
+		r.Database = &ph
+		break
+	}
+	switch ok, _ := srv.Ready(); {
+	case srv.shuttingDown():
+		r.Status = "shutting_down"
+	case globalPause:
+		r.Status = "paused"
+	case !ok && worst == "healthy":
+		r.Status = "starting"
+	default:
+		r.Status = worst
+	}
+	return r
+}
+
+var statusRank = map[string]int{"healthy": 0, "degraded": 1, "starting": 2, "paused": 3, "unhealthy": 4}
+
+func worse(cur string, ph PoolHealth) string {
+	s := ph.Health
+	switch ph.Health {
+	case "recovering":
+		s = "degraded"
+	case "initializing":
+		s = "starting"
+	case "shutting_down", "terminated":
+		return cur
+	}
+	if ph.Status == "paused" {
+		s = "paused"
+	}
+	if statusRank[s] > statusRank[cur] {
+		return s
+	}
+	return cur
+}
+
+func poolHealth(p *dbPool) PoolHealth {
+	st := p.pool.Stats()
+	ph := PoolHealth{
+		Name: p.key.database, User: p.key.user, Health: st.State.String(),
+		Pool: PoolCounts{
+			Total: st.Total, Idle: st.Idle, Active: st.Active, Waiting: st.Waiting,
+			MaxSize: st.MaxSize, MinSize: st.MinSize,
+			TotalAcquisitions: st.Acquisitions, TotalReleases: st.Releases,
+			AvgAcquisitionTimeMs:  ms(st.AvgWait()),
+			PeakActiveConnections: st.PeakActive,
+			PeakWaitTimeMs:        ms(st.WaitMax),
+			PoolCreatedAt:         st.Created.UTC().Format(time.RFC3339),
+		},
+	}
+	switch {
+	case st.Paused:
+		ph.Status = "paused"
+	case st.State == pool.Unhealthy:
+		ph.Status = "disconnected"
+	case st.State == pool.Degraded:
+		ph.Status = "degraded"
+	default:
+		ph.Status = "connected"
+	}
+	if st.LastCheckLatency > 0 {
+		v := ms(st.LastCheckLatency)
+		ph.LatencyMs = &v
+	}
+	if st.LastError != "" {
+		e := st.LastError
+		ph.LastError = &e
+	}
+	if !st.LastHealthCheck.IsZero() {
+		t := st.LastHealthCheck.UTC()
+		ph.LastHealthCheck = &t
+	}
+	if !st.NextRetry.IsZero() {
+		t := st.NextRetry.UTC()
+		ph.NextRetry = &t
+	}
+	return ph
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
