@@ -55,13 +55,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, "configuration is valid")
 		return 0
 	}
-	log, err := newLogger(cfg, stderr)
+	log, level, err := newLogger(cfg, stderr)
 	if err != nil {
 		fmt.Fprintln(stderr, "poolerd:", err)
 		return 2
 	}
 	defer func() { _ = log.Sync() }()
-	if err := serve(cfg, log); err != nil {
+	if err := serve(cfg, loader, log, level); err != nil {
 		log.Error("poolerd stopped", zap.Error(err))
 		return 1
 	}
@@ -79,10 +79,10 @@ func indent(s string) string {
 	return out
 }
 
-func newLogger(cfg *config.Config, w io.Writer) (*zap.Logger, error) {
-	level, err := zapcore.ParseLevel(cfg.LogLevel)
+func newLogger(cfg *config.Config, w io.Writer) (*zap.Logger, zap.AtomicLevel, error) {
+	level, err := zap.ParseAtomicLevel(cfg.LogLevel)
 	if err != nil {
-		return nil, err
+		return nil, level, err
 	}
 	ec := zap.NewProductionEncoderConfig()
 	ec.TimeKey = "ts"
@@ -95,16 +95,27 @@ func newLogger(cfg *config.Config, w io.Writer) (*zap.Logger, error) {
 		ec.EncodeLevel = zapcore.CapitalLevelEncoder
 		enc = zapcore.NewConsoleEncoder(ec)
 	}
-	return zap.New(zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(w)), level)), nil
+	return zap.New(zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(w)), level)), level, nil
 }
 
-// serve runs poolerd until a signal stops it.
-func serve(cfg *config.Config, log *zap.Logger) error {
+// serve runs poolerd until a signal or the admin console stops it.
+func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap.AtomicLevel) error {
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s (listen / POOLERD_LISTEN): %w", cfg.Listen, err)
 	}
 	srv := proxy.New(cfg, log)
+	srv.SetVersion(version)
+	srv.SetReloader(loader.Load, func(l string) error {
+		lvl, err := zapcore.ParseLevel(l)
+		if err == nil {
+			level.SetLevel(lvl)
+		}
+		return err
+	})
+	statsCtx, stopStats := context.WithCancel(context.Background())
+	defer stopStats()
+	go srv.RunStats(statsCtx)
 
 	reg := prometheus.NewRegistry()
 	if err := srv.Instrument(reg); err != nil {
@@ -138,13 +149,14 @@ func serve(cfg *config.Config, log *zap.Logger) error {
 	}
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
-	// SIGHUP would terminate the process by default; configuration reload
-	// is not implemented, so say so instead of dying.
+	// SIGHUP reloads the configuration, like RELOAD on the console; a
+	// broken file keeps the running configuration (and says why).
 	hups := make(chan os.Signal, 1)
 	signal.Notify(hups, syscall.SIGHUP)
 	go func() {
 		for range hups {
-			log.Warn("SIGHUP received: configuration reload is not supported by this version; restart poolerd to apply changes")
+			log.Info("SIGHUP received: reloading the configuration")
+			_ = srv.Reload()
 		}
 	}()
 
@@ -173,6 +185,7 @@ func serve(cfg *config.Config, log *zap.Logger) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 
+	drain := false
 	select {
 	case err := <-serveErr:
 		srv.Close()
@@ -180,11 +193,37 @@ func serve(cfg *config.Config, log *zap.Logger) error {
 	case sig := <-sigs:
 		log.Info("shutting down: no new clients; transactions in progress may finish",
 			zap.String("signal", sig.String()), zap.Duration("shutdown_timeout", cfg.ShutdownTimeout))
+	case mode := <-srv.ShutdownRequests():
+		switch mode {
+		case "":
+			log.Warn("SHUTDOWN on the admin console: exiting at once")
+			srv.Close()
+			stopHTTP(hs)
+			log.Info("poolerd stopped")
+			return nil
+		case "WAIT_FOR_CLIENTS":
+			log.Info("SHUTDOWN WAIT_FOR_CLIENTS: no new clients; exiting when the connected ones have left")
+			drain = true
+		default:
+			log.Info("SHUTDOWN WAIT_FOR_SERVERS: no new clients; transactions in progress may finish",
+				zap.Duration("shutdown_timeout", cfg.ShutdownTimeout))
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	if drain {
+		// Clients leave when they want; only a signal cuts this short.
+		cancel()
+		ctx, cancel = context.WithCancel(context.Background())
+	}
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- srv.Shutdown(ctx) }()
+	go func() {
+		if drain {
+			done <- srv.Drain(ctx)
+			return
+		}
+		done <- srv.Shutdown(ctx)
+	}()
 	select {
 	case err := <-done:
 		if err != nil {
@@ -194,13 +233,18 @@ func serve(cfg *config.Config, log *zap.Logger) error {
 		log.Warn("second signal: exiting at once", zap.String("signal", sig.String()))
 		srv.Close()
 	}
-	if hs != nil {
-		hctx, hcancel := context.WithTimeout(context.Background(), time.Second)
-		_ = hs.Shutdown(hctx)
-		hcancel()
-	}
+	stopHTTP(hs)
 	log.Info("poolerd stopped")
 	return nil
+}
+
+func stopHTTP(hs *health.Server) {
+	if hs == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = hs.Shutdown(ctx)
 }
 
 // logSummary logs the effective configuration, without secrets.

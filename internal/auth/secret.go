@@ -205,6 +205,20 @@ func decodeBase64(s string) ([]byte, error) {
 	return base64.StdEncoding.DecodeString(s)
 }
 
+// Equal reports whether s and o are the same secret (same kind and value).
+func (s Secret) Equal(o Secret) bool {
+	a, b := s.d.get(), o.d.get()
+	switch {
+	case a == nil || b == nil:
+		return a == b
+	case a.kind != b.kind:
+		return false
+	case a.kind == SecretSCRAM:
+		return a.scram.String() == b.scram.String()
+	}
+	return a.plain == b.plain && a.md5 == b.md5
+}
+
 // Kind returns the kind of secret, or 0 for the zero Secret.
 func (s Secret) Kind() SecretKind {
 	if d := s.d.get(); d != nil {

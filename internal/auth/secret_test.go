@@ -179,3 +179,13 @@ func TestSecretNeverPrinted(t *testing.T) {
 		}
 	}
 }
+
+func TestSecretEqual(t *testing.T) {
+	a, _ := ParseSecret("secret")
+	b, _ := ParseSecret("secret")
+	c, _ := ParseSecret("other")
+	m, _ := ParseSecret(MD5Hash("u", "secret"))
+	if !a.Equal(b) || a.Equal(c) || a.Equal(m) || a.Equal(Secret{}) || !(Secret{}).Equal(Secret{}) {
+		t.Fatal("Equal")
+	}
+}

@@ -207,3 +207,32 @@ func TestAuthFile(t *testing.T) {
 		t.Fatalf("duplicate secret: %v", err)
 	}
 }
+
+func TestSetValueAndFormat(t *testing.T) {
+	c, err := load(t, "upstream: postgres://app:hunter2@db/app\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range [][2]string{{"max_size", "7"}, {"query_timeout", "1500ms"}, {"log_connections", "false"}, {"admin_users", "a, b"}} {
+		if err := SetValue(c, kv[0], kv[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c.MaxSize != 7 || c.QueryTimeout != 1500*time.Millisecond || c.LogConnections || len(c.AdminUsers) != 2 {
+		t.Fatalf("%+v", c.PoolSettings)
+	}
+	for _, bad := range [][2]string{{"max_size", "x"}, {"query_timeout", "30"}, {"no_such_key", "1"}, {"databases", "x"}} {
+		if err := SetValue(c, bad[0], bad[1]); err == nil {
+			t.Errorf("SET %s=%s accepted", bad[0], bad[1])
+		}
+	}
+	if got := FormatValue(c, "query_timeout"); got != "1.5s" {
+		t.Errorf("format duration: %s", got)
+	}
+	if got := FormatValue(c, "upstream"); strings.Contains(got, "hunter2") || !strings.Contains(got, "app@db") {
+		t.Errorf("format upstream: %s", got)
+	}
+	if names := c.UserNames(); len(names) != 1 || names[0] != "app" {
+		t.Errorf("users %v", names)
+	}
+}

@@ -67,6 +67,8 @@ type dbPool struct {
 	met poolMetrics
 	// clients is the number of logged-in clients of this pool.
 	clients atomic.Int64
+	// retired: the database left the configuration (see Server.retire).
+	retired, closing atomic.Bool
 }
 
 type paramKey struct{ name, value string }

@@ -32,7 +32,7 @@ func (srv *Server) serveConn(nc net.Conn) {
 		_ = tc.SetKeepAlivePeriod(30 * time.Second)
 	}
 	cfg := srv.cfg()
-	s := &session{srv: srv, conn: nc, id: srv.sessIDs.Add(1), addr: nc.RemoteAddr().String()}
+	s := &session{srv: srv, conn: nc, id: srv.connIDs.Add(1), addr: nc.RemoteAddr().String(), connectedAt: time.Now()}
 	s.log = srv.log.With(zap.Uint64("session", s.id), zap.String("client", s.addr))
 	if t := cfg.ClientLoginTimeout; t > 0 {
 		s.loginDeadline = time.Now().Add(t)
@@ -50,6 +50,10 @@ func (srv *Server) serveConn(nc net.Conn) {
 	}
 	if err := nc.SetDeadline(time.Time{}); err != nil {
 		s.end(err)
+		return
+	}
+	if s.admin {
+		s.runAdmin()
 		return
 	}
 	s.run()
@@ -130,6 +134,14 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	// Authenticate before looking at the database, as PostgreSQL does, so
 	// that an anonymous client cannot learn which databases exist.
 	if !s.authenticate(cfg) {
+		return false
+	}
+	if isAdminDB(s.database) {
+		return s.adminLogin()
+	}
+	if _, disabled := s.srv.dbFlags(s.database); disabled {
+		s.fail(&wire.Error{Severity: "FATAL", Code: "08P01", Message: fmt.Sprintf("database %q is disabled", s.database),
+			Hint: "an administrator ran DISABLE on it; ENABLE on the admin console lets clients in again"})
 		return false
 	}
 	route, err := cfg.Route(s.database, s.user)

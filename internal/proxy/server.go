@@ -37,8 +37,7 @@ type Server struct {
 	shutting      atomic.Bool
 	loginTimeouts atomic.Uint64
 	started       time.Time // origin of the sessions' clock (nanotime)
-	connIDs       atomic.Uint64
-	sessIDs       atomic.Uint64
+	connIDs       atomic.Uint64 // numbers server connections and sessions alike
 	// mockKey derives stable fake SCRAM salts for unknown users, so that a
 	// login attempt does not reveal which users exist.
 	mockKey [32]byte
@@ -56,6 +55,11 @@ type Server struct {
 
 	metrics *metrics // nil until Instrument
 	stats   statsState
+
+	reload      ReloadFunc
+	setLevel    func(string) error
+	shutdownReq chan string
+	ver         atomic.Pointer[string]
 }
 
 type poolKey struct{ database, user string }
@@ -64,17 +68,18 @@ type poolKey struct{ database, user string }
 func New(cfg *config.Config, log *zap.Logger) *Server {
 	ctx, cancel := context.WithCancel(context.Background())
 	srv := &Server{
-		log:       log,
-		bufs:      wire.NewBufferPool(wire.BufferSize),
-		ctx:       ctx,
-		cancel:    cancel,
-		started:   time.Now(),
-		pools:     map[poolKey]*dbPool{},
-		sessions:  map[uint32]*session{},
-		verifiers: map[string]*auth.SCRAMVerifier{},
-		listeners: map[net.Listener]struct{}{},
-		logins:    map[net.Conn]struct{}{},
-		dbs:       map[string]*dbState{},
+		log:         log,
+		bufs:        wire.NewBufferPool(wire.BufferSize),
+		ctx:         ctx,
+		cancel:      cancel,
+		started:     time.Now(),
+		pools:       map[poolKey]*dbPool{},
+		sessions:    map[uint32]*session{},
+		verifiers:   map[string]*auth.SCRAMVerifier{},
+		listeners:   map[net.Listener]struct{}{},
+		logins:      map[net.Conn]struct{}{},
+		dbs:         map[string]*dbState{},
+		shutdownReq: make(chan string, 1),
 	}
 	_, _ = rand.Read(srv.mockKey[:])
 	srv.conf.Store(cfg)
@@ -96,9 +101,14 @@ func (srv *Server) Ready() (bool, string) {
 		return false, "shutting down"
 	case len(srv.listeners) == 0:
 		return false, "starting: not listening yet"
+	case srv.paused:
+		return false, "paused (PAUSE on the admin console; RESUME ends it)"
 	}
 	for _, p := range srv.warm {
 		st := p.pool.Stats()
+		if st.Paused {
+			return false, fmt.Sprintf("pool %s/%s is paused", p.key.database, p.key.user)
+		}
 		if !st.State.Usable() {
 			reason := fmt.Sprintf("pool %s/%s is %s", p.key.database, p.key.user, st.State)
 			if st.LastError != "" {
@@ -132,8 +142,13 @@ func (srv *Server) warmPool(database, user string) {
 		return
 	}
 	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	for _, w := range srv.warm {
+		if w == p {
+			return
+		}
+	}
 	srv.warm = append(srv.warm, p)
-	srv.mu.Unlock()
 }
 
 // WaitWarm waits until every configured pool has opened its warm-up
@@ -215,6 +230,25 @@ func (srv *Server) Shutdown(ctx context.Context) error {
 		case <-time.After(5 * time.Second):
 			srv.log.Error("sessions did not end after being closed")
 		}
+	}
+	srv.closePools()
+	srv.cancel()
+	return err
+}
+
+// Drain stops accepting and waits until every client has left on its own
+// (SHUTDOWN WAIT_FOR_CLIENTS), or ctx ends; then it closes the pools.
+func (srv *Server) Drain(ctx context.Context) error {
+	srv.stopAccepting()
+	done := make(chan struct{})
+	go func() { srv.sessWG.Wait(); close(done) }()
+	var err error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		err = ctx.Err()
+		srv.Close()
+		<-done
 	}
 	srv.closePools()
 	srv.cancel()

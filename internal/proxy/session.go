@@ -34,6 +34,11 @@ type session struct {
 
 	database, user string
 	dbp            *dbPool
+	admin          bool // an admin console session (no pool)
+	adminAll       bool // ... whose user is in admin_users
+	connectedAt    time.Time
+	lastReq        atomic.Int64 // nanotime of the last request (SHOW CLIENTS)
+	waitSince      atomic.Int64 // nanotime since a request waits for a server; 0 when not waiting
 	mode           string
 	clientKey      []byte // SCRAM ClientKey recovered at login, for pass-through
 	loginDeadline  time.Time
@@ -302,6 +307,7 @@ func (s *session) flush(data []byte, b batch) bool {
 	timed := len(data) > 0
 	if timed {
 		now = s.srv.nanotime()
+		s.lastReq.Store(now)
 		s.dbp.ctr.received.Add(uint64(len(data)))
 	}
 	sc.mu.Lock()
@@ -406,7 +412,11 @@ func (s *session) checkout() (*serverConn, *wire.Error) {
 		return sc, nil
 	}
 	start := time.Now()
-	defer func() { s.dbp.met.checkoutWait.Observe(time.Since(start).Seconds()) }()
+	s.waitSince.Store(s.srv.nanotime())
+	defer func() {
+		s.waitSince.Store(0)
+		s.dbp.met.checkoutWait.Observe(time.Since(start).Seconds())
+	}()
 	ctx, cancel := context.WithCancelCause(s.srv.ctx)
 	defer cancel(nil)
 	s.waitMu.Lock()
@@ -517,9 +527,19 @@ func (s *session) end(err error) {
 		s.stopWatch()
 		_ = s.conn.Close()
 		s.srv.forget(s)
-		s.dbp.clients.Add(-1)
+		if s.dbp != nil {
+			s.dbp.clients.Add(-1)
+			defer s.dbp.closeIfUnused() // after releasing the server below
+		}
 		if sc := s.server.Load(); sc != nil {
 			s.releaseAtEnd(sc)
+		}
+		if s.admin {
+			s.waitMu.Lock()
+			if s.waitCancel != nil {
+				s.waitCancel(errTerminated) // a PAUSE or WAIT_CLOSE in progress
+			}
+			s.waitMu.Unlock()
 		}
 		if s.srv.cfg().LogDisconnections {
 			var fields []zap.Field

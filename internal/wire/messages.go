@@ -63,6 +63,9 @@ func (e *Error) appendAs(dst []byte, typ byte) []byte {
 	return dst
 }
 
+// AppendAuthOk appends AuthenticationOk.
+func AppendAuthOk(dst []byte) []byte { return append(dst, 'R', 0, 0, 0, 8, 0, 0, 0, 0) }
+
 // AppendReadyForQuery appends a ReadyForQuery with the given status.
 func AppendReadyForQuery(dst []byte, status byte) []byte {
 	return append(dst, 'Z', 0, 0, 0, 5, status)

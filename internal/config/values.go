@@ -1,0 +1,106 @@
+package config
+
+import (
+	"fmt"
+	"reflect"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// SetValue sets the top-level key of c from its text form, as SET in the
+// admin console gives it: durations with a unit, booleans, integers,
+// comma-separated lists. Call Validate afterwards.
+func SetValue(c *Config, key, value string) error {
+	f, ok := fieldByTag(reflect.ValueOf(c).Elem(), key)
+	if !ok || !isKey(key) {
+		return fmt.Errorf("unknown key %q", key)
+	}
+	switch f.Interface().(type) {
+	case string:
+		f.SetString(value)
+	case int:
+		n, err := strconv.Atoi(value)
+		if err != nil {
+			return fmt.Errorf("%s: %q is not an integer", key, value)
+		}
+		f.SetInt(int64(n))
+	case bool:
+		b, err := strconv.ParseBool(value)
+		if err != nil {
+			return fmt.Errorf("%s: %q is not true or false", key, value)
+		}
+		f.SetBool(b)
+	case time.Duration:
+		if n, err := strconv.Atoi(value); err == nil && n != 0 {
+			return fmt.Errorf("%s: duration %q has no unit: write it like 30s, 500ms or 2m", key, value)
+		}
+		d, err := time.ParseDuration(value)
+		if err != nil {
+			return fmt.Errorf("%s: %q is not a duration like 30s", key, value)
+		}
+		f.SetInt(int64(d))
+	case []string:
+		var list []string
+		for _, s := range strings.Split(value, ",") {
+			if s = strings.TrimSpace(s); s != "" {
+				list = append(list, s)
+			}
+		}
+		f.Set(reflect.ValueOf(list))
+	default:
+		return fmt.Errorf("%s cannot be set", key)
+	}
+	return nil
+}
+
+func isKey(name string) bool {
+	for _, k := range Keys() {
+		if k.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// FormatValue returns the text form of a top-level key's value, with the
+// upstream URL's password hidden.
+func FormatValue(c *Config, key string) string {
+	switch v := defaultValue(c, key).(type) {
+	case nil:
+		return ""
+	case time.Duration:
+		return v.String()
+	case []string:
+		return strings.Join(v, ",")
+	case string:
+		if key == "upstream" && v != "" {
+			if u, err := ParseUpstream(v); err == nil {
+				return u.String()
+			}
+			return "(invalid URL)"
+		}
+		return v
+	default:
+		return fmt.Sprint(v)
+	}
+}
+
+// UserNames lists the users poolerd knows: from users, auth_file and the
+// upstream URL, sorted.
+func (c *Config) UserNames() []string {
+	seen := map[string]bool{}
+	for n := range c.secrets {
+		seen[n] = true
+	}
+	for _, u := range c.Users {
+		seen[u.Name] = true
+	}
+	out := make([]string, 0, len(seen))
+	for n := range seen {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,167 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"go.uber.org/zap"
+
+	"github.com/poolerd/poolerd/internal/config"
+)
+
+// restartRequired lists the keys a running poolerd cannot change: the
+// listening sockets and how the process was set up.
+func restartRequired(key string) bool {
+	switch key {
+	case "listen", "http_listen", "http_pprof", "log_format":
+		return true
+	}
+	return false
+}
+
+// ReloadFunc loads the configuration again from its sources (file,
+// environment, flags).
+type ReloadFunc func() (*config.Config, error)
+
+// SetReloader sets where RELOAD and SIGHUP read the configuration from,
+// and a function that applies a new log level.
+func (srv *Server) SetReloader(load ReloadFunc, setLevel func(string) error) {
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	srv.reload, srv.setLevel = load, setLevel
+}
+
+// Reload re-reads the configuration and applies it; values changed with
+// SET are dropped, as the file is the reference again. On error the
+// running configuration stays and the error says why.
+func (srv *Server) Reload() error {
+	srv.mu.Lock()
+	load := srv.reload
+	srv.mu.Unlock()
+	if load == nil {
+		return errors.New("this poolerd has no configuration source to reload from")
+	}
+	next, err := load()
+	if err == nil {
+		err = srv.apply(next)
+	}
+	if err != nil {
+		srv.log.Error("configuration reload failed; keeping the running configuration", zap.Error(err))
+		return err
+	}
+	srv.log.Info("configuration reloaded")
+	return nil
+}
+
+// Set changes one top-level key of the running configuration.
+func (srv *Server) Set(key, value string) error {
+	next := *srv.cfg()
+	if err := config.SetValue(&next, key, value); err != nil {
+		return err
+	}
+	if err := next.Validate(); err != nil {
+		return err
+	}
+	return srv.apply(&next)
+}
+
+// apply switches to a validated configuration without dropping clients:
+// pools take their new sizes, limits and recycling settings (and reconnect
+// when where or how they log in changed), connected clients their new
+// timeouts, new configured pools warm up, and pools of databases no longer
+// configured are closed once their last client leaves. The pool mode of a
+// connected client does not change.
+func (srv *Server) apply(next *config.Config) error {
+	cur := srv.cfg()
+	var restart []string
+	for _, k := range config.Keys() {
+		if restartRequired(k.Name) && config.FormatValue(cur, k.Name) != config.FormatValue(next, k.Name) {
+			restart = append(restart, k.Name)
+		}
+	}
+	if len(restart) > 0 {
+		return fmt.Errorf("%s can only change with a restart; the running configuration is unchanged", strings.Join(restart, ", "))
+	}
+	srv.mu.Lock()
+	setLevel := srv.setLevel
+	srv.mu.Unlock()
+	if setLevel != nil && next.LogLevel != cur.LogLevel {
+		if err := setLevel(next.LogLevel); err != nil {
+			return fmt.Errorf("log_level: %w", err)
+		}
+	}
+	srv.conf.Store(next)
+	srv.mu.Lock()
+	clear(srv.verifiers)
+	srv.mu.Unlock()
+
+	for _, p := range srv.poolList() {
+		old := p.route()
+		user := p.key.user
+		route, err := next.Route(p.key.database, user)
+		if err != nil || route.ForcedUser != old.ForcedUser || route.ForcedUser && route.ServerUser != user {
+			srv.retire(p)
+			continue
+		}
+		p.routeP.Store(&route)
+		if old.Host != route.Host || old.Port != route.Port || old.DBName != route.DBName ||
+			old.ServerUser != route.ServerUser || !old.ServerSecret.Equal(route.ServerSecret) {
+			p.pool.Reconnect()
+		}
+		p.pool.Reconfigure(poolSettings(next, route.Settings))
+	}
+	srv.mu.Lock()
+	sessions := make([]*session, 0, len(srv.sessions))
+	for _, s := range srv.sessions {
+		if !s.admin {
+			sessions = append(sessions, s)
+		}
+	}
+	srv.mu.Unlock()
+	for _, s := range sessions {
+		if route, err := next.Route(s.database, s.user); err == nil {
+			s.limP.Store(limitsOf(route.Settings))
+		}
+	}
+	srv.Warm()
+	return nil
+}
+
+// retire takes a pool out of service after its database left the
+// configuration: new clients cannot reach it, connected ones keep it until
+// they leave, and then it is closed.
+func (srv *Server) retire(p *dbPool) {
+	srv.mu.Lock()
+	if srv.pools[p.key] == p {
+		delete(srv.pools, p.key)
+	}
+	srv.warm = removePools(srv.warm, []*dbPool{p})
+	srv.mu.Unlock()
+	p.retired.Store(true)
+	srv.log.Info("pool retired: its database is no longer configured", zap.String("database", p.key.database), zap.String("user", p.key.user))
+	p.closeIfUnused()
+}
+
+// closeIfUnused closes a retired pool once no client uses it.
+func (p *dbPool) closeIfUnused() {
+	if p.retired.Load() && p.clients.Load() == 0 && p.closing.CompareAndSwap(false, true) {
+		go func() {
+			p.pool.Close()
+			p.srv.metrics.forget(p.key.database, p.key.user)
+		}()
+	}
+}
+
+// logField is a log field for a configuration value, with the upstream
+// URL's password hidden.
+func logField(key, value string) zap.Field {
+	if key == "upstream" {
+		if u, err := config.ParseUpstream(value); err == nil {
+			value = u.String()
+		} else {
+			value = "(invalid URL)"
+		}
+	}
+	return zap.String(key, value)
+}
