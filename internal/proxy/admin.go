@@ -422,7 +422,7 @@ func (s *session) adminControl(cmd, arg string) ([]byte, bool, *wire.Error) {
 		}
 		victim.terminate(&wire.Error{Severity: "FATAL", Code: "08P01", Message: "admin forced disconnect",
 			Hint: "an administrator ran KILL_CLIENT on this connection"})
-		s.log.Info("admin console: client killed", zap.Uint64("victim", id))
+		s.log.Info("admin console: client killed", zap.Uint64("killed_session", id))
 		return tag()
 	}
 	// The rest take an optional or required database.

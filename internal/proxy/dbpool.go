@@ -97,9 +97,10 @@ func poolSettings(cfg *config.Config, set config.PoolSettings) pool.Settings {
 
 func newDBPool(srv *Server, key poolKey, route config.Route, warm, paused bool) *dbPool {
 	d := &dbPool{
-		srv:     srv,
-		key:     key,
-		log:     srv.log.With(zap.String("database", key.database), zap.String("user", key.user)),
+		srv: srv,
+		key: key,
+		log: srv.log.With(zap.String("database", key.database), zap.String("user", key.user),
+			zap.String("server", backend.Target{Host: route.Host, Port: route.Port}.String())),
 		learned: map[paramKey]paramResult{},
 		built:   make(chan struct{}),
 		met:     srv.metrics.forPool(key.database, key.user),
@@ -169,7 +170,7 @@ func (d *dbPool) connect(ctx context.Context) (*serverConn, error) {
 	}
 	d.mu.Unlock()
 	go sc.readLoop()
-	d.log.Debug("server connection opened", zap.String("server", target.String()), zap.Uint32("backend_pid", bc.PID))
+	d.log.Debug("server connection opened", zap.Uint32("backend_pid", bc.PID))
 	return sc, nil
 }
 

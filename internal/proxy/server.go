@@ -36,7 +36,7 @@ type Server struct {
 
 	shutting      atomic.Bool
 	loginTimeouts atomic.Uint64
-	started       time.Time // origin of the sessions' clock (nanotime)
+	started       time.Time     // origin of the sessions' clock (nanotime)
 	connIDs       atomic.Uint64 // numbers server connections and sessions alike
 	// mockKey derives stable fake SCRAM salts for unknown users, so that a
 	// login attempt does not reveal which users exist.

@@ -542,7 +542,7 @@ func (s *session) end(err error) {
 			s.waitMu.Unlock()
 		}
 		if s.srv.cfg().LogDisconnections {
-			var fields []zap.Field
+			fields := []zap.Field{zap.Duration("duration", time.Since(s.connectedAt).Round(time.Millisecond))}
 			if werr := s.endErr.Load(); werr != nil {
 				fields = append(fields, zap.String("reason", werr.Message), zap.String("sqlstate", werr.Code))
 			} else if err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, os.ErrDeadlineExceeded) {
