@@ -192,7 +192,7 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 		return err
 	case sig := <-sigs:
 		log.Info("shutting down: no new clients; transactions in progress may finish",
-			zap.String("signal", sig.String()), zap.Duration("shutdown_timeout", cfg.ShutdownTimeout))
+			zap.String("signal", sig.String()), zap.Duration("shutdown_timeout", srv.Config().ShutdownTimeout))
 	case mode := <-srv.ShutdownRequests():
 		switch mode {
 		case "":
@@ -206,10 +206,10 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 			drain = true
 		default:
 			log.Info("SHUTDOWN WAIT_FOR_SERVERS: no new clients; transactions in progress may finish",
-				zap.Duration("shutdown_timeout", cfg.ShutdownTimeout))
+				zap.Duration("shutdown_timeout", srv.Config().ShutdownTimeout))
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), srv.Config().ShutdownTimeout)
 	if drain {
 		// Clients leave when they want; only a signal cuts this short.
 		cancel()

@@ -236,3 +236,14 @@ func TestSetValueAndFormat(t *testing.T) {
 		t.Errorf("users %v", names)
 	}
 }
+
+func TestListsFromEnvAreTrimmed(t *testing.T) {
+	t.Setenv("POOLERD_ADMIN_USERS", "ops, alice")
+	c, err := load(t, "upstream: postgres://app:secret@db/app\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.AdminUsers) != 2 || c.AdminUsers[1] != "alice" {
+		t.Fatalf("admin_users %q", c.AdminUsers)
+	}
+}

@@ -117,8 +117,9 @@ func (c *Config) Validate() error {
 		key   string
 		names []string
 	}{{"admin_users", c.AdminUsers}, {"stats_users", c.StatsUsers}} {
-		for _, n := range list.names {
-			if strings.TrimSpace(n) == "" {
+		for i, n := range list.names {
+			// POOLERD_ADMIN_USERS="ops, alice" must mean "alice".
+			if list.names[i] = strings.TrimSpace(n); list.names[i] == "" {
 				bad("%s has an empty name", list.key)
 			}
 		}

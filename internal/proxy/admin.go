@@ -124,7 +124,14 @@ func (s *session) adminQuery(sql string) bool {
 	out, quit, werr := s.adminCommand(sql)
 	if werr != nil {
 		out = werr.Append(out[:0])
-		s.log.Info("admin console command refused", zap.String("command", sql), zap.String("error", werr.Message))
+		// Never the text of a SET: its value may be a secret (upstream).
+		cmd := sql
+		if key, _, ok, _ := parseSet(sql); ok {
+			cmd = "SET " + key
+		} else if len(cmd) > 200 {
+			cmd = cmd[:200]
+		}
+		s.log.Info("admin console command refused", zap.String("command", cmd), zap.String("error", werr.Message))
 	}
 	if quit {
 		return true
@@ -452,8 +459,13 @@ func (s *session) adminControl(cmd, arg string) ([]byte, bool, *wire.Error) {
 	case "PAUSE":
 		werr = srv.pause(ctx, arg)
 		if werr == nil && context.Cause(ctx) != nil {
-			srv.resumeAll()
-			werr = &wire.Error{Severity: "ERROR", Code: "57014", Message: "canceling PAUSE due to user request; the pooler was resumed"}
+			// PgBouncer: a cancel request while PAUSE waits resumes.
+			if arg == "" {
+				srv.resumeAll()
+			} else {
+				_ = srv.resume(arg)
+			}
+			werr = &wire.Error{Severity: "ERROR", Code: "57014", Message: "canceling PAUSE due to user request; resumed again"}
 		}
 	case "RESUME":
 		werr = srv.resume(arg)
@@ -476,6 +488,6 @@ func (s *session) adminControl(cmd, arg string) ([]byte, bool, *wire.Error) {
 	if werr != nil {
 		return nil, false, werr
 	}
-	s.log.Info("admin console command", zap.String("command", cmd), zap.String("database", arg))
+	s.log.Info("admin console command", zap.String("command", cmd), zap.String("target", arg))
 	return tag()
 }

@@ -107,14 +107,14 @@ func (srv *Server) adminSessions() int {
 	return n
 }
 
-// showPools: PgBouncer 1.25's 17 columns, then poolerd's health and sizes.
+// showPools: exactly PgBouncer 1.25's 17 columns (tools pick a layout by
+// column count; poolerd's health is in /stats and the metrics).
 func (srv *Server) showPools() *resultSet {
 	r := newResult(text("database"), text("user"), int4("cl_active"), int4("cl_waiting"),
 		int4("cl_active_cancel_req"), int4("cl_waiting_cancel_req"), int4("sv_active"), int4("sv_active_cancel"),
 		int4("sv_being_canceled"), int4("sv_idle"), int4("sv_used"), int4("sv_tested"), int4("sv_login"),
-		int4("maxwait"), int4("maxwait_us"), text("pool_mode"), text("load_balance_hosts"),
-		text("health"), int4("max_size"), int4("min_size"))
-	r.row(adminDatabase, adminDatabase, srv.adminSessions(), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, "statement", null{}, "healthy", 0, 0)
+		int4("maxwait"), int4("maxwait_us"), text("pool_mode"), text("load_balance_hosts"))
+	r.row(adminDatabase, adminDatabase, srv.adminSessions(), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, "statement", null{})
 	for _, p := range srv.sortedPools() {
 		st := p.pool.Stats()
 		c := p.serverCounts()
@@ -123,7 +123,7 @@ func (srv *Server) showPools() *resultSet {
 		r.row(p.key.database, p.key.user, max(clients-st.Waiting, 0), st.Waiting, 0, 0,
 			c.active, c.cancelling, 0, c.idle, c.used, c.tested, st.Opening,
 			int(wait/time.Second), int((wait%time.Second)/time.Microsecond),
-			p.route().Settings.PoolMode, null{}, st.State.String(), st.MaxSize, st.MinSize)
+			p.route().Settings.PoolMode, null{})
 	}
 	return r
 }
@@ -237,15 +237,25 @@ func (srv *Server) showTotals() *resultSet {
 		t.add(x)
 	}
 	var a Averages
+	var xw, qw, ww uint64 // rate-weighted sums of the mean times
 	for _, x := range srv.DatabaseAverages() {
 		a.ServerAssignments += x.ServerAssignments
 		a.Xacts += x.Xacts
 		a.Queries += x.Queries
 		a.Received += x.Received
 		a.Sent += x.Sent
-		a.XactTimeUs = max(a.XactTimeUs, x.XactTimeUs)
-		a.QueryTimeUs = max(a.QueryTimeUs, x.QueryTimeUs)
-		a.WaitTimeUs = max(a.WaitTimeUs, x.WaitTimeUs)
+		xw += x.XactTimeUs * x.Xacts
+		qw += x.QueryTimeUs * x.Queries
+		ww += x.WaitTimeUs * x.ServerAssignments
+	}
+	if a.Xacts > 0 {
+		a.XactTimeUs = xw / a.Xacts
+	}
+	if a.Queries > 0 {
+		a.QueryTimeUs = qw / a.Queries
+	}
+	if a.ServerAssignments > 0 {
+		a.WaitTimeUs = ww / a.ServerAssignments
 	}
 	r := newResult(text("name"), numeric("value"))
 	for _, kv := range []struct {
@@ -507,5 +517,9 @@ func (s *session) adminSet(key, value string) ([]byte, bool, *wire.Error) {
 			Hint: "SHOW CONFIG lists the keys; durations need a unit (30s), lists are comma-separated"}
 	}
 	s.log.Info("admin console: setting changed", logField(key, value))
-	return appendCommandComplete(nil, "SET "+key+"="+value), false, nil
+	shown := value
+	if key == "upstream" {
+		shown = config.FormatValue(s.srv.cfg(), key) // without the password
+	}
+	return appendCommandComplete(nil, "SET "+key+"="+shown), false, nil
 }

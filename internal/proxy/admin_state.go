@@ -101,6 +101,7 @@ func (srv *Server) resume(database string) *wire.Error {
 			p.pool.Resume()
 		}
 	}
+	srv.Warm() // configured pools a KILL removed come back
 	srv.log.Info("resumed", zap.String("database", database))
 	return nil
 }
@@ -153,6 +154,7 @@ func (srv *Server) kill(database string) *wire.Error {
 	srv.warm = removePools(srv.warm, pools)
 	srv.mu.Unlock()
 	for _, s := range victims {
+		s.setDropReason(evictKilled)
 		s.terminate(&wire.Error{Severity: "FATAL", Code: "08P01", Message: "database removed",
 			Hint: "an administrator ran KILL on this database; reconnect after RESUME"})
 	}
@@ -160,6 +162,9 @@ func (srv *Server) kill(database string) *wire.Error {
 		p.pool.Close()
 		srv.metrics.forget(p.key.database, p.key.user)
 	}
+	// Configured pools are created again, paused: readiness reports the
+	// pause until RESUME.
+	srv.Warm()
 	srv.log.Warn("killed", zap.String("database", database), zap.Int("clients", len(victims)), zap.Int("pools", len(pools)))
 	return nil
 }

@@ -186,8 +186,11 @@ func (d *dbPool) target() backend.Target {
 // allocation; contexts and timers are made only when the client must wait.
 func (d *dbPool) checkout(ctx context.Context) (*serverConn, *wire.Error) {
 	if sc, ok := d.pool.TryGet(); ok {
+		d.met.checkoutWait.Observe(0)
 		return sc, nil
 	}
+	start := time.Now()
+	defer func() { d.met.checkoutWait.Observe(time.Since(start).Seconds()) }()
 	return d.checkoutWait(ctx)
 }
 
@@ -220,6 +223,11 @@ func (d *dbPool) checkoutError(err error) *wire.Error {
 	var ue *pool.UnavailableError
 	var ve *pool.ValidationError
 	switch {
+	case errors.As(err, &te) && te.Stats.Paused:
+		return &wire.Error{Severity: "ERROR", Code: "53300",
+			Message: fmt.Sprintf("no server connection available within checkout_timeout (%s): the database is paused", d.route().Settings.CheckoutTimeout),
+			Detail:  "an administrator ran PAUSE (or KILL) on the admin console; requests wait until RESUME",
+			Hint:    "retry after the maintenance; RESUME on the admin console ends the pause"}
 	case errors.As(err, &te):
 		st := te.Stats
 		return &wire.Error{Severity: "ERROR", Code: "53300",

@@ -142,12 +142,14 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	if _, disabled := s.srv.dbFlags(s.database); disabled {
 		s.fail(&wire.Error{Severity: "FATAL", Code: "08P01", Message: fmt.Sprintf("database %q is disabled", s.database),
 			Hint: "an administrator ran DISABLE on it; ENABLE on the admin console lets clients in again"})
+		s.log.Info("client login refused: database disabled")
 		return false
 	}
 	route, err := cfg.Route(s.database, s.user)
 	if err != nil {
 		s.fail(&wire.Error{Severity: "FATAL", Code: "3D000", Message: fmt.Sprintf("database %q does not exist", s.database),
 			Hint: "add it to databases in the poolerd configuration, or set upstream to serve every database name"})
+		s.log.Info("client login refused: unknown database")
 		return false
 	}
 	dbp, err := s.srv.getPool(s.database, s.user)
@@ -275,6 +277,7 @@ func (s *session) authenticate(cfg *config.Config) bool {
 		return false
 	}
 	if !ok {
+		s.srv.authFailures.Add(1)
 		s.fail(errBadPassword(s.user))
 		method := "md5"
 		if useSCRAM {

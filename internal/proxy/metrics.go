@@ -106,6 +106,7 @@ var poolMetricDefs = []metricDef{
 	{"poolerd_reconnect_backoff_seconds", "Time until the next connect attempt while connects fail; 0 otherwise.", nil},
 	{"poolerd_pool_health", "The pool's health state: 1 for the current state, 0 for the others.", []string{"state"}},
 	{"poolerd_pool_paused", "1 while the pool is paused (PAUSE), else 0.", nil},
+	{"poolerd_pool_max_size", "The pool's max_size (for saturation: server connections / max_size).", nil},
 	{"poolerd_unavailable_total", "Requests refused at once (08006) because connects fail and nothing is open.", nil},
 	{"poolerd_timeouts_total", "Timeouts by kind: checkout, query, transaction, idle_transaction, client_idle, server_response.", []string{"kind"}},
 	{"poolerd_validation_failures_total", "Server connections that failed validation_query before use.", nil},
@@ -120,7 +121,8 @@ func newCollector(srv *Server) *collector {
 	for _, d := range poolMetricDefs {
 		c.descs[d.name] = prometheus.NewDesc(d.name, d.help, append([]string{"database", "user"}, d.extra...), nil)
 	}
-	c.descs["poolerd_client_connections"] = prometheus.NewDesc("poolerd_client_connections", "Client connections logged in, over all pools.", nil, nil)
+	c.descs["poolerd_client_connections"] = prometheus.NewDesc("poolerd_client_connections", "Client connections logged in, over all pools and the admin console.", nil, nil)
+	c.descs["poolerd_auth_failures_total"] = prometheus.NewDesc("poolerd_auth_failures_total", "Client logins refused for a wrong password or unknown user (28P01).", nil, nil)
 	c.descs["poolerd_login_timeouts_total"] = prometheus.NewDesc("poolerd_login_timeouts_total", "Clients dropped by client_login_timeout.", nil, nil)
 	c.descs["poolerd_ready"] = prometheus.NewDesc("poolerd_ready", "1 when poolerd is ready to serve clients (as /readyz), else 0.", nil, nil)
 	return c
@@ -143,6 +145,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge("poolerd_client_connections", float64(c.srv.ClientCount()))
 	counter("poolerd_login_timeouts_total", float64(c.srv.LoginTimeouts()))
+	counter("poolerd_auth_failures_total", float64(c.srv.authFailures.Load()))
 	ready, _ := c.srv.Ready()
 	gauge("poolerd_ready", b2f(ready))
 	now := time.Now()
@@ -178,6 +181,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			gauge("poolerd_pool_health", b2f(ps.State == st), db, user, st.String())
 		}
 		gauge("poolerd_pool_paused", b2f(ps.Paused), db, user)
+		gauge("poolerd_pool_max_size", float64(ps.MaxSize), db, user)
 		counter("poolerd_unavailable_total", float64(ps.FastFailures), db, user)
 		counter("poolerd_timeouts_total", float64(ps.Timeouts), db, user, "checkout")
 		for kind, n := range ps.SessionTimeouts {

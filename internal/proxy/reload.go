@@ -124,6 +124,9 @@ func (srv *Server) apply(next *config.Config) error {
 			s.limP.Store(limitsOf(route.Settings))
 		}
 	}
+	srv.mu.Lock()
+	srv.warm = nil // the pools the new configuration names, from Warm below
+	srv.mu.Unlock()
 	srv.Warm()
 	return nil
 }

@@ -65,7 +65,7 @@ func (srv *Server) HealthReport() HealthReport {
 		isWarm[p] = true
 	}
 	worst := "healthy"
-	for _, p := range srv.poolList() {
+	for _, p := range srv.sortedPools() {
 		ph := poolHealth(p)
 		r.Pools = append(r.Pools, ph)
 		if isWarm[p] {

@@ -36,6 +36,7 @@ type Server struct {
 
 	shutting      atomic.Bool
 	loginTimeouts atomic.Uint64
+	authFailures  atomic.Uint64
 	started       time.Time     // origin of the sessions' clock (nanotime)
 	connIDs       atomic.Uint64 // numbers server connections and sessions alike
 	// mockKey derives stable fake SCRAM salts for unknown users, so that a
@@ -51,6 +52,7 @@ type Server struct {
 	warm      []*dbPool             // pools named by the configuration
 	dbs       map[string]*dbState   // PAUSE/DISABLE state by database name
 	paused    bool                  // global PAUSE
+	draining  bool                  // SHUTDOWN WAIT_FOR_CLIENTS
 	sessWG    sync.WaitGroup
 
 	metrics *metrics // nil until Instrument
@@ -88,6 +90,9 @@ func New(cfg *config.Config, log *zap.Logger) *Server {
 
 func (srv *Server) cfg() *config.Config { return srv.conf.Load() }
 
+// Config returns the running configuration (it changes with reloads).
+func (srv *Server) Config() *config.Config { return srv.conf.Load() }
+
 func (srv *Server) shuttingDown() bool { return srv.shutting.Load() }
 
 // Ready reports whether poolerd should receive clients: it listens, is not
@@ -99,6 +104,8 @@ func (srv *Server) Ready() (bool, string) {
 	switch {
 	case srv.shutting.Load():
 		return false, "shutting down"
+	case srv.draining:
+		return false, "draining: waiting for connected clients to leave (SHUTDOWN WAIT_FOR_CLIENTS)"
 	case len(srv.listeners) == 0:
 		return false, "starting: not listening yet"
 	case srv.paused:
@@ -136,6 +143,16 @@ func (srv *Server) Warm() {
 }
 
 func (srv *Server) warmPool(database, user string) {
+	if route, err := srv.cfg().Route(database, user); err == nil && route.ServerSecret.Kind() == auth.SecretSCRAM {
+		if _, plain := route.ServerSecret.Plain(); !plain {
+			// SCRAM pass-through: no connection can be opened before a
+			// client of this user has logged in, so it cannot warm up or
+			// gate readiness.
+			srv.log.Info("pool uses SCRAM pass-through: its connections open when a client logs in",
+				zap.String("database", database), zap.String("user", user))
+			return
+		}
+	}
 	p, err := srv.getPoolWarm(database, user, true)
 	if err != nil {
 		srv.log.Error("cannot create configured pool", zap.String("database", database), zap.String("user", user), zap.Error(err))
@@ -237,22 +254,53 @@ func (srv *Server) Shutdown(ctx context.Context) error {
 }
 
 // Drain stops accepting and waits until every client has left on its own
-// (SHUTDOWN WAIT_FOR_CLIENTS), or ctx ends; then it closes the pools.
+// (SHUTDOWN WAIT_FOR_CLIENTS): connected clients keep working meanwhile;
+// admin console sessions do not hold it up. When ctx ends first, the rest
+// are closed. Then the pools are closed.
 func (srv *Server) Drain(ctx context.Context) error {
-	srv.stopAccepting()
+	srv.mu.Lock()
+	srv.draining = true
+	for ln := range srv.listeners {
+		_ = ln.Close()
+	}
+	srv.mu.Unlock()
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	var err error
+	for srv.clientSessions() > 0 {
+		select {
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-t.C:
+			continue
+		}
+		break
+	}
+	srv.Close()
 	done := make(chan struct{})
 	go func() { srv.sessWG.Wait(); close(done) }()
-	var err error
 	select {
 	case <-done:
-	case <-ctx.Done():
-		err = ctx.Err()
-		srv.Close()
-		<-done
+	case <-time.After(5 * time.Second):
+		srv.log.Error("sessions did not end after being closed")
 	}
 	srv.closePools()
 	srv.cancel()
 	return err
+}
+
+// clientSessions counts connected clients (not console sessions) and
+// connections still logging in.
+func (srv *Server) clientSessions() int {
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	n := len(srv.logins)
+	for _, s := range srv.sessions {
+		if !s.admin {
+			n++
+		}
+	}
+	return n
 }
 
 // Close ends every client and server connection at once.

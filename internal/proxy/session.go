@@ -80,6 +80,10 @@ type session struct {
 	qtext [maxQueryText]byte
 	qlen  int
 
+	// dropReason, when set, is why the server connection will be closed
+	// at the end (a timeout, KILL), for the eviction metric.
+	dropReason atomic.Pointer[string]
+
 	wmu      sync.Mutex // serialises writes to the client
 	closed   atomic.Bool
 	sawFatal atomic.Bool // the server sent this client a FATAL error
@@ -496,6 +500,9 @@ func (s *session) terminate(werr *wire.Error) {
 	s.fail(werr)
 }
 
+// setDropReason records why the session's server connection will be closed.
+func (s *session) setDropReason(reason string) { s.dropReason.Store(&reason) }
+
 // errTerminated is the cause given to a checkout of a terminated session.
 var errTerminated = errors.New("session terminated")
 
@@ -570,6 +577,9 @@ func (s *session) releaseAtEnd(sc *serverConn) {
 			// Stop the running query so its locks go at once; closing
 			// the socket alone is noticed only when the query ends.
 			s.srv.cancelBackend(sc)
+		}
+		if r := s.dropReason.Load(); r != nil {
+			reason = *r
 		}
 		s.dbp.pool.Discard(sc, reason)
 		return

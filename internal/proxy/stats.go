@@ -125,6 +125,7 @@ type statsState struct {
 	prev    map[string]Totals // by database, at the last period's end
 	avg     map[string]Averages
 	prevAll Totals
+	last    time.Time // when prev was taken
 }
 
 // DatabaseTotals sums the totals of each database's pools.
@@ -178,6 +179,11 @@ func (srv *Server) statsTick(period time.Duration, log bool) {
 	}
 	s := &srv.stats
 	s.mu.Lock()
+	now := time.Now()
+	if !s.last.IsZero() {
+		period = now.Sub(s.last) // what really passed (stats_period may have changed)
+	}
+	s.last = now
 	avg := make(map[string]Averages, len(cur))
 	for db, t := range cur {
 		avg[db] = averages(s.prev[db], t, period)

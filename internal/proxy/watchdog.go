@@ -326,6 +326,7 @@ func (s *session) timedOut(kind timeoutKind, sc *serverConn) {
 		fields = append(fields, zap.String("query", s.queryText()))
 	}
 	s.log.Warn("client connection closed: timeout", fields...)
+	s.setDropReason(evictTimeout)
 	switch {
 	case sc == nil, kind == timeoutClientIdle:
 		// An idle client's server (session mode) is clean: it goes back

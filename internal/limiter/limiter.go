@@ -1,0 +1,203 @@
+// Package limiter implements poolerd's rate limits: several buckets checked
+// and debited in one atomic decision, a waiting variant that applies
+// backpressure, Prometheus metrics, an in-memory backend for one process and
+// a Redis backend for limits shared by a fleet of poolerd instances.
+//
+// # Model
+//
+// A Bucket allows at most Limit units per Per, with a burst of Limit: a full
+// bucket allows Limit units at once, then one unit every Per/Limit. Every
+// backend implements it as GCRA (the generic cell rate algorithm), which
+// keeps a single number per bucket, the theoretical arrival time (TAT).
+// For a request of cost c on a bucket (Limit L, Per P):
+//
+//	inc     = c·P/L                // emission interval times cost
+//	newTAT  = max(TAT, now) + inc
+//	allowAt = newTAT − P           // earliest time the request fits the burst
+//	allowed = now ≥ allowAt        // then TAT := newTAT
+//	retry   = allowAt − now        // when denied
+//
+// A Request names several buckets under one key. Allow computes every
+// bucket's newTAT from the same state and the same instant; if all allow,
+// all TATs are stored, otherwise none is, and the Decision names the
+// bucket with the longest retry (the first one on ties): the whole request
+// is allowed after that retry, as long as nobody else takes the capacity in
+// between. A bucket whose TAT is in the past is indistinguishable from a
+// full bucket, so backends drop such state (lazily in memory, by key expiry
+// in Redis).
+//
+// # Backends
+//
+// Memory (NewMemory) keeps the TATs in a sharded map: one mutex per shard,
+// one lock per request, no allocation per decision in steady state. Redis
+// (NewRedis) runs one Lua script that reads the server clock, checks every
+// bucket and debits all or none, so every poolerd instance sharing the
+// Redis shares the limits; each call is bounded by a timeout and a Redis
+// failure is returned as an error for the caller to fail open or closed.
+//
+// Wait retries a denied request after its RetryAfter until it is allowed,
+// ctx ends or a maximum wait would be exceeded. Instrument wraps a Limiter
+// to record decisions and waits in Metrics.
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/bits"
+	"time"
+)
+
+// Bucket is one limit: at most Limit units per Per, as GCRA with a burst of
+// Limit (a full bucket allows Limit units at once, then one unit every
+// Per/Limit).
+type Bucket struct {
+	// Name identifies the bucket within a Request's key ("queries",
+	// "transactions", "connections", ...). It must not be empty and must
+	// be unique within a Request; it is reported in Decision.Bucket.
+	Name string
+	// Limit is the number of units allowed per Per, and the burst. > 0.
+	Limit int64
+	// Per is the period of Limit: > 0 and at most MaxPer.
+	Per time.Duration
+	// Cost is the number of units this request takes, usually 1; 0 means
+	// 1. A cost above Limit can never be allowed and is rejected with
+	// ErrInvalidRequest.
+	Cost int64
+}
+
+// Request asks for every bucket at once, under one key. The caller builds
+// keys such as "rule-name|user=alice"; a bucket's state is identified by
+// (Key, Bucket.Name), so the same bucket name under two keys is two
+// independent limits.
+type Request struct {
+	// Key identifies whose limits these are. It must not be empty.
+	Key string
+	// Buckets are checked and debited atomically. A request without
+	// buckets is always allowed.
+	Buckets []Bucket
+}
+
+// Decision is the outcome of a request.
+type Decision struct {
+	// Allowed reports whether every bucket allowed the request (and was
+	// debited).
+	Allowed bool
+	// Bucket is the name of the bucket that denied the request, the one
+	// with the longest RetryAfter; "" when allowed.
+	Bucket string
+	// RetryAfter is how long until the whole request would be allowed if
+	// nobody else consumed capacity meanwhile; 0 when allowed.
+	RetryAfter time.Duration
+}
+
+// Limiter checks requests. Implementations are safe for concurrent use.
+type Limiter interface {
+	// Allow checks all buckets of req atomically: either all are debited
+	// (Allowed) or none is. A non-nil error means no decision was made
+	// (invalid request, backend failure); the Decision is then zero.
+	Allow(ctx context.Context, req Request) (Decision, error)
+}
+
+// Clock is implemented by limiters whose decisions follow their own clock,
+// such as a Memory with an injected time source. Wait measures and sleeps
+// with a limiter's Clock when it has one, and with the time package
+// otherwise.
+type Clock interface {
+	// Now returns the current time of the limiter's clock.
+	Now() time.Time
+	// Sleep blocks for d or until ctx is done, in which case it returns
+	// ctx.Err().
+	Sleep(ctx context.Context, d time.Duration) error
+}
+
+// MaxPer is the longest Bucket.Per accepted.
+const MaxPer = 366 * 24 * time.Hour
+
+// ErrInvalidRequest is wrapped by the errors Allow returns for a malformed
+// Request: an empty key, a bucket without a name or with a duplicate name,
+// a non-positive Limit or Per, a Per above MaxPer, a negative Cost or a
+// Cost above Limit.
+var ErrInvalidRequest = errors.New("limiter: invalid request")
+
+// inlineBuckets is the number of buckets a request can have before a
+// decision needs heap scratch space.
+const inlineBuckets = 8
+
+// prepare validates req and stores each bucket's increment (cost·Per/Limit,
+// in nanoseconds) in incs, which has len(req.Buckets) elements.
+func prepare(req Request, incs []int64) error {
+	if req.Key == "" {
+		return fmt.Errorf("%w: empty key", ErrInvalidRequest)
+	}
+	for i := range req.Buckets {
+		b := &req.Buckets[i]
+		if err := checkBucket(req.Key, b); err != nil {
+			return err
+		}
+		for j := 0; j < i; j++ {
+			if req.Buckets[j].Name == b.Name {
+				return fmt.Errorf("%w: key %q: bucket %q appears twice", ErrInvalidRequest, req.Key, b.Name)
+			}
+		}
+		incs[i] = increment(b)
+	}
+	return nil
+}
+
+func checkBucket(key string, b *Bucket) error {
+	switch {
+	case b.Name == "":
+		return fmt.Errorf("%w: key %q: bucket without a name", ErrInvalidRequest, key)
+	case b.Limit <= 0:
+		return fmt.Errorf("%w: key %q: bucket %q: limit %d is not positive", ErrInvalidRequest, key, b.Name, b.Limit)
+	case b.Per <= 0 || b.Per > MaxPer:
+		return fmt.Errorf("%w: key %q: bucket %q: period %v is not in (0, %v]", ErrInvalidRequest, key, b.Name, b.Per, MaxPer)
+	case b.Cost < 0:
+		return fmt.Errorf("%w: key %q: bucket %q: cost %d is negative", ErrInvalidRequest, key, b.Name, b.Cost)
+	case b.Cost > b.Limit:
+		return fmt.Errorf("%w: key %q: bucket %q: cost %d exceeds the limit %d, the request could never be allowed",
+			ErrInvalidRequest, key, b.Name, b.Cost, b.Limit)
+	}
+	return nil
+}
+
+// increment returns cost·Per/Limit in nanoseconds, rounded down, computed
+// in 128 bits: it cannot overflow because cost ≤ Limit makes it ≤ Per.
+// b must have passed checkBucket.
+func increment(b *Bucket) int64 {
+	cost := b.Cost
+	if cost == 0 {
+		cost = 1
+	}
+	hi, lo := bits.Mul64(uint64(cost), uint64(b.Per))
+	q, _ := bits.Div64(hi, lo, uint64(b.Limit))
+	return int64(q)
+}
+
+// systemClock is the Clock of limiters that have none.
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+func (systemClock) Sleep(ctx context.Context, d time.Duration) error { return sleepCtx(ctx, d) }
+
+// sleepCtx sleeps for d on a timer, returning ctx.Err() if ctx ends first.
+// Inside a testing/synctest bubble the timer runs on the bubble's fake
+// clock.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
