@@ -10,9 +10,10 @@ import (
 
 // MemoryOptions configures NewMemory.
 type MemoryOptions struct {
-	// Now is the time source; nil means time.Now. Decisions use only
-	// differences between its readings, so a time.Now clock is immune to
-	// wall-clock steps (it carries a monotonic reading).
+	// Now is the time source; nil means the system clock, read as
+	// time.Since(creation) (monotonic: immune to wall-clock steps, and the
+	// fake clock inside a testing/synctest bubble). Decisions use only
+	// differences between its readings.
 	Now func() time.Time
 	// Sleep is how Wait sleeps for this limiter: it must block for d on
 	// the same clock as Now, or until ctx is done and then return
@@ -27,28 +28,32 @@ const (
 	numShards = 64
 	// sweepMinOps is the minimum number of decisions a shard makes between
 	// two sweeps for stale state. A sweep also waits for at least as many
-	// decisions as the shard holds entries, so sweeping costs O(1)
-	// amortized per decision.
+	// decisions as the shard holds keys, so sweeping costs O(1) amortized
+	// per decision.
 	sweepMinOps = 64
 	// shrinkMinPeak: after a sweep, a shard whose map has fallen below a
-	// quarter of its peak size (of at least shrinkMinPeak entries) is
-	// copied into a fresh map, since Go maps never release their buckets.
+	// quarter of its peak size (of at least shrinkMinPeak keys) is copied
+	// into a fresh map, since Go maps never release their memory.
 	shrinkMinPeak = 1024
 )
 
-// stateKey identifies one bucket's state. Both strings come from the
-// caller's Request and are not copied, so looking up a key allocates
-// nothing.
-type stateKey struct {
-	key, bucket string
+// bucketTAT is the state of one bucket of a key. name is the caller's
+// Bucket.Name, not copied.
+type bucketTAT struct {
+	name string
+	tat  int64 // TAT, in nanoseconds since Memory.epoch
 }
 
 // shardState is the content of a shard.
 type shardState struct {
-	mu   sync.Mutex
-	tats map[stateKey]int64 // TAT, in nanoseconds since Memory.epoch
-	ops  int                // decisions since the last sweep
-	peak int                // largest len(tats) since the map was made
+	mu sync.Mutex
+	// keys maps a Request.Key (the caller's string, not copied) to the
+	// states of its buckets, usually in the order requests name them. A
+	// decision hashes its key once, finds each bucket by a short linear
+	// scan and updates the TATs in place through the slice.
+	keys map[string][]bucketTAT
+	ops  int // decisions since the last sweep
+	peak int // largest len(keys) since the map was made
 }
 
 // shard is one locked part of the state map, padded to a multiple of 128
@@ -64,11 +69,11 @@ type shard struct {
 // the decisions themselves.
 //
 // A request's state lives in one of 64 shards chosen by a hash of its
-// Key, so a decision locks one mutex once, whatever the number of
-// buckets, and requests for different keys rarely contend. A decision
-// allocates nothing once its (key, bucket) entries exist.
+// Key, so a decision locks one mutex and looks up one map entry, whatever
+// the number of buckets, and requests for different keys rarely contend.
+// A decision allocates nothing once its key and buckets have state.
 type Memory struct {
-	now    func() time.Time
+	now    func() time.Time // nil: time.Since(epoch), one monotonic clock read
 	sleep  func(ctx context.Context, d time.Duration) error
 	epoch  time.Time
 	seed   maphash.Seed
@@ -83,21 +88,31 @@ var _ interface {
 // NewMemory returns an in-memory limiter.
 func NewMemory(opts MemoryOptions) *Memory {
 	m := &Memory{now: opts.Now, sleep: opts.Sleep, seed: maphash.MakeSeed()}
-	if m.now == nil {
-		m.now = time.Now
-	}
 	if m.sleep == nil {
 		m.sleep = sleepCtx
 	}
-	m.epoch = m.now()
+	m.epoch = m.Now()
 	for i := range m.shards {
-		m.shards[i].tats = make(map[stateKey]int64)
+		m.shards[i].keys = make(map[string][]bucketTAT)
 	}
 	return m
 }
 
 // Now returns the current time of the limiter's clock.
-func (m *Memory) Now() time.Time { return m.now() }
+func (m *Memory) Now() time.Time {
+	if m.now == nil {
+		return time.Now()
+	}
+	return m.now()
+}
+
+// nanos returns the current time in nanoseconds since m.epoch.
+func (m *Memory) nanos() int64 {
+	if m.now == nil {
+		return int64(time.Since(m.epoch))
+	}
+	return int64(m.now().Sub(m.epoch))
+}
 
 // Sleep blocks for d on the limiter's clock or until ctx is done.
 func (m *Memory) Sleep(ctx context.Context, d time.Duration) error { return m.sleep(ctx, d) }
@@ -107,11 +122,12 @@ func (m *Memory) Sleep(ctx context.Context, d time.Duration) error { return m.sl
 func (m *Memory) Allow(_ context.Context, req Request) (Decision, error) {
 	n := len(req.Buckets)
 	var incBuf, tatBuf [inlineBuckets]int64
-	incs, tats := incBuf[:], tatBuf[:]
+	var slotBuf [inlineBuckets]int
+	incs, tats, slots := incBuf[:], tatBuf[:], slotBuf[:]
 	if n > inlineBuckets {
-		incs, tats = make([]int64, n), make([]int64, n)
+		incs, tats, slots = make([]int64, n), make([]int64, n), make([]int, n)
 	}
-	incs, tats = incs[:n], tats[:n]
+	incs, tats, slots = incs[:n], tats[:n], slots[:n]
 	if err := prepare(req, incs); err != nil {
 		return Decision{}, err
 	}
@@ -123,14 +139,16 @@ func (m *Memory) Allow(_ context.Context, req Request) (Decision, error) {
 	// short. Decisions on a shard may then see instants out of order,
 	// which GCRA tolerates: the number of requests allowed with instants
 	// in any window [a, b] stays at most Limit + (b−a)/(Per/Limit).
-	now := int64(m.now().Sub(m.epoch))
+	now := m.nanos()
 	sh := &m.shards[m.shardOf(req.Key)]
 	sh.mu.Lock()
+	state := sh.keys[req.Key]
 	worst, worstRetry := -1, int64(0)
 	for i := range req.Buckets {
-		tat, ok := sh.tats[stateKey{req.Key, req.Buckets[i].Name}]
-		if !ok || tat < now {
-			tat = now
+		tat := now
+		slots[i] = find(state, req.Buckets[i].Name, i)
+		if slots[i] >= 0 && state[slots[i]].tat > now {
+			tat = state[slots[i]].tat
 		}
 		tats[i] = tat + incs[i]
 		if retry := tats[i] - int64(req.Buckets[i].Per) - now; retry > worstRetry {
@@ -138,15 +156,25 @@ func (m *Memory) Allow(_ context.Context, req Request) (Decision, error) {
 		}
 	}
 	if worst < 0 {
-		for i := range req.Buckets {
-			sh.tats[stateKey{req.Key, req.Buckets[i].Name}] = tats[i]
+		if state == nil {
+			state = make([]bucketTAT, 0, n)
 		}
-		if l := len(sh.tats); l > sh.peak {
-			sh.peak = l
+		grown := false
+		for i := range req.Buckets {
+			if slots[i] >= 0 {
+				state[slots[i]].tat = tats[i] // in place: no map write
+			} else {
+				state = append(state, bucketTAT{req.Buckets[i].Name, tats[i]})
+				grown = true
+			}
+		}
+		if grown {
+			sh.keys[req.Key] = state
+			sh.peak = max(sh.peak, len(sh.keys))
 		}
 	}
 	sh.ops++
-	if sh.ops >= sweepMinOps && sh.ops >= len(sh.tats) {
+	if sh.ops >= sweepMinOps && sh.ops >= len(sh.keys) {
 		sh.sweep(now)
 	}
 	sh.mu.Unlock()
@@ -157,38 +185,63 @@ func (m *Memory) Allow(_ context.Context, req Request) (Decision, error) {
 	return Decision{Allowed: true}, nil
 }
 
+// find returns the index of bucket name in state, or -1. It tries hint
+// first: requests usually name a key's buckets in the same order.
+func find(state []bucketTAT, name string, hint int) int {
+	if hint < len(state) && state[hint].name == name {
+		return hint
+	}
+	for i := range state {
+		if state[i].name == name {
+			return i
+		}
+	}
+	return -1
+}
+
 // shardOf returns the index of the shard holding key's state.
 func (m *Memory) shardOf(key string) int {
 	return int(maphash.String(m.seed, key) & (numShards - 1))
 }
 
-// sweep deletes the entries whose TAT is not after now: such a bucket is
-// full, exactly as if it had no state. sh.mu must be held.
+// sweep drops the bucket states whose TAT is not after now, and the keys
+// left without any: such a bucket is full, exactly as if it had no state.
+// sh.mu must be held.
 func (sh *shard) sweep(now int64) {
 	sh.ops = 0
-	for k, tat := range sh.tats {
-		if tat <= now {
-			delete(sh.tats, k)
+	for key, state := range sh.keys {
+		live := state[:0]
+		for _, b := range state {
+			if b.tat > now {
+				live = append(live, b)
+			}
+		}
+		switch {
+		case len(live) == 0:
+			delete(sh.keys, key)
+		case len(live) < len(state):
+			clear(state[len(live):]) // drop the names' references
+			sh.keys[key] = live
 		}
 	}
-	if sh.peak >= shrinkMinPeak && len(sh.tats) < sh.peak/4 {
-		fresh := make(map[stateKey]int64, len(sh.tats))
-		for k, tat := range sh.tats {
-			fresh[k] = tat
+	if sh.peak >= shrinkMinPeak && len(sh.keys) < sh.peak/4 {
+		fresh := make(map[string][]bucketTAT, len(sh.keys))
+		for key, state := range sh.keys {
+			fresh[key] = state
 		}
-		sh.tats = fresh
+		sh.keys = fresh
 		sh.peak = len(fresh)
 	}
 }
 
-// Len returns the number of (key, bucket) states held, stale ones not yet
-// evicted included.
+// Len returns the number of keys with state, stale state not yet evicted
+// included.
 func (m *Memory) Len() int {
 	n := 0
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
-		n += len(sh.tats)
+		n += len(sh.keys)
 		sh.mu.Unlock()
 	}
 	return n

@@ -473,23 +473,50 @@ func TestStaleStateEvicted(t *testing.T) {
 		// A state that stays live: 1 per hour, used.
 		live := one("live", 1, time.Hour, 1)
 		mustAllow(t, m, live)
-		if got := m.Len(); got != 2*keys+1 {
-			t.Fatalf("Len = %d, want %d", got, 2*keys+1)
+		if got := m.Len(); got != keys+1 {
+			t.Fatalf("Len = %d, want %d", got, keys+1)
 		}
 
 		// Before the TATs pass, sweeps keep everything.
-		probeShards(t, m, sweepMinOps)
-		if got := m.Len(); got < 2*keys+1 {
-			t.Fatalf("Len = %d after sweeping live states, want ≥ %d", got, 2*keys+1)
+		probeShards(t, m, sweepMinOps+keys/numShards)
+		if got := m.Len(); got < keys+1 {
+			t.Fatalf("Len = %d after sweeping live states, want ≥ %d", got, keys+1)
 		}
 
 		time.Sleep(200 * time.Millisecond) // every TAT but live's has passed
-		probeShards(t, m, sweepMinOps+2*keys/numShards)
+		probeShards(t, m, sweepMinOps+keys/numShards)
 		if got := m.Len(); got > numShards+1 {
 			t.Fatalf("Len = %d after all TATs passed and every shard swept, want ≤ %d", got, numShards+1)
 		}
 		if d := mustAllow(t, m, live); d.Allowed {
 			t.Fatalf("the live state was evicted: %+v", d)
+		}
+	})
+}
+
+// TestSweepKeepsLiveBuckets checks that a sweep drops the stale buckets of
+// a key whose other buckets are live, and keeps those.
+func TestSweepKeepsLiveBuckets(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := NewMemory(MemoryOptions{})
+		short := Bucket{Name: "short", Limit: 10, Per: time.Second}
+		long := Bucket{Name: "long", Limit: 1, Per: time.Hour}
+		req := Request{Key: "k", Buckets: []Bucket{short, long}}
+		mustAllow(t, m, req)
+		time.Sleep(200 * time.Millisecond)
+		probeShards(t, m, sweepMinOps+1)
+		sh := &m.shards[m.shardOf("k")]
+		sh.mu.Lock()
+		state := sh.keys["k"]
+		sh.mu.Unlock()
+		if len(state) != 1 || state[0].name != "long" {
+			t.Fatalf("state after the sweep: %+v, want only long", state)
+		}
+		if d := mustAllow(t, m, req); d.Allowed || d.Bucket != "long" {
+			t.Fatalf("%+v, want denied by long", d)
+		}
+		if got := countAllowed(t, m, Request{Key: "k", Buckets: []Bucket{short}}, 20); got != 10 {
+			t.Fatalf("short allowed %d, want a full burst of 10", got)
 		}
 	})
 }
@@ -518,8 +545,8 @@ func TestShardMapShrinks(t *testing.T) {
 		}
 		sh.mu.Lock()
 		defer sh.mu.Unlock()
-		if len(sh.tats) > 1 || sh.peak > 1 {
-			t.Fatalf("after the sweep: len %d, peak %d; want ≤ 1 (map rebuilt)", len(sh.tats), sh.peak)
+		if len(sh.keys) > 1 || sh.peak > 1 {
+			t.Fatalf("after the sweep: len %d, peak %d; want ≤ 1 (map rebuilt)", len(sh.keys), sh.peak)
 		}
 	})
 }

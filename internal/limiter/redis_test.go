@@ -115,6 +115,12 @@ func TestRedisShared(t *testing.T) {
 		{Name: "transactions", Limit: 30, Per: time.Hour},
 	}}
 	var allowed [2]atomic.Int64
+	// Alternate first, so that both instances surely get some, then race.
+	for i := range 10 {
+		if mustAllow(t, []*Redis{l1, l2}[i%2], req).Allowed {
+			allowed[i%2].Add(1)
+		}
+	}
 	var wg sync.WaitGroup
 	for g := range 20 {
 		l := []*Redis{l1, l2}[g%2]
@@ -133,7 +139,7 @@ func TestRedisShared(t *testing.T) {
 	}
 	wg.Wait()
 	a1, a2 := allowed[0].Load(), allowed[1].Load()
-	if a1+a2 != 30 || a1 == 0 || a2 == 0 {
+	if a1+a2 != 30 || a1 < 5 || a2 < 5 {
 		t.Fatalf("allowed %d + %d, want 30 in total from both instances", a1, a2)
 	}
 	if got := countAllowed(t, l3, req, 40); got != 30 {
@@ -281,7 +287,7 @@ func TestRedisSlow(t *testing.T) {
 
 			slept := make(chan error, 1)
 			go func() {
-				_, err := srv.Do(context.Background(), "DEBUG", "SLEEP", "0.5")
+				_, err := srv.Do(context.Background(), "DEBUG", "SLEEP", "1")
 				slept <- err
 			}()
 			sleepDone := false
@@ -290,18 +296,19 @@ func TestRedisSlow(t *testing.T) {
 					<-slept
 				}
 			}()
-			time.Sleep(100 * time.Millisecond) // let DEBUG SLEEP start
+			waitBusy(t, srv)
 			start := time.Now()
 			_, err := l.Allow(context.Background(), req)
 			el := time.Since(start)
 			if !errors.Is(err, context.DeadlineExceeded) {
 				t.Fatalf("Allow on a sleeping Redis: err = %v, want DeadlineExceeded", err)
 			}
-			if el > timeout+100*time.Millisecond {
+			// Well before the server wakes up (≥ 700ms from now).
+			if el > timeout+250*time.Millisecond {
 				t.Fatalf("Allow took %v to give up (timeout %v)", el, timeout)
 			}
 			start = time.Now()
-			if err := l.Ping(context.Background()); !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > timeout+100*time.Millisecond {
+			if err := l.Ping(context.Background()); !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > timeout+250*time.Millisecond {
 				t.Fatalf("Ping on a sleeping Redis: %v after %v", err, time.Since(start))
 			}
 			sleepDone = true
@@ -321,6 +328,25 @@ func TestRedisSlow(t *testing.T) {
 			}
 		})
 	}
+}
+
+// waitBusy returns once srv stops answering PING within 20ms: the DEBUG
+// SLEEP sent concurrently has started.
+func waitBusy(t *testing.T, srv *redistest.Server) {
+	t.Helper()
+	c := srv.Client()
+	defer c.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err != nil {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatal("the server never became busy")
 }
 
 func TestRedisCallerContext(t *testing.T) {

@@ -394,6 +394,15 @@ func (srv *Server) showDatabases() *resultSet {
 		row.servers += p.pool.Stats().Total
 		row.clients += int(p.clients.Load())
 	}
+	// Databases paused (KILL) or disabled with no pool now still show, so
+	// the flags explain why their clients wait or are refused.
+	srv.mu.Lock()
+	for name, st := range srv.dbs {
+		if (st.paused || st.disabled) && rows[name] == nil {
+			rows[name] = &dbRow{name: name}
+		}
+	}
+	srv.mu.Unlock()
 	names := make([]string, 0, len(rows))
 	for n := range rows {
 		names = append(names, n)

@@ -348,6 +348,25 @@ func obPoolRow(t *testing.T, c *pgconn.PgConn, db string) (obTable, int) {
 	return tb, tb.must(t, "SHOW POOLS", "database", db, "user", pgtest.RoleApp)
 }
 
+// obPoolSize returns SHOW DATABASES' pool_size (the effective max_size) of db.
+func obPoolSize(t *testing.T, c *pgconn.PgConn, db string) int64 {
+	t.Helper()
+	tb := obShow(t, c, "SHOW DATABASES")
+	return tb.num(tb.must(t, "SHOW DATABASES", "name", db), "pool_size")
+}
+
+// obCheckMaxSize checks the max_size of the app/app pool (what the pool
+// itself enforces) and SHOW DATABASES' pool_size of app.
+func obCheckMaxSize(t *testing.T, p *instance, c *pgconn.PgConn, want int, when string) {
+	t.Helper()
+	if got := p.poolStats(t, pgtest.DBApp, pgtest.RoleApp).MaxSize; got != want {
+		t.Errorf("pool max_size %d %s, want %d", got, when, want)
+	}
+	if got := obPoolSize(t, c, pgtest.DBApp); got != int64(want) {
+		t.Errorf("SHOW DATABASES pool_size %d %s, want %d", got, when, want)
+	}
+}
+
 // obRaw is a client connection taken over from pgconn after login, to read
 // exactly what poolerd sends (a FATAL before the close, say).
 type obRaw struct {
@@ -549,10 +568,11 @@ var obSocketColumns = []string{"type:s", "user:s", "database:s", "replication:s"
 	"ptr:s", "link:s", "remote_pid:i", "tls:s", "application_name:s", "prepared_statements:i", "id:i"}
 
 // obExtraColumns are the columns poolerd may send after PgBouncer's: exactly
-// these for the listed commands. VERSION, LISTS and CONFIG must have none
+// these for the listed commands. POOLS has exactly PgBouncer's 17 (tools
+// pick a layout by column count); VERSION, LISTS and CONFIG must have none
 // (pgbouncer_exporter checks their column count); the others may have any.
 var obExtraColumns = map[string][]string{
-	"POOLS":   {"health:s", "max_size:i", "min_size:i"},
+	"POOLS":   {},
 	"VERSION": {},
 	"LISTS":   {},
 	"CONFIG":  {},
@@ -814,13 +834,13 @@ func TestAdminValuesUnderLoad(t *testing.T) {
 		t.Errorf("SHOW POOLS maxwait %ds %dus, want the waiting client's wait (>= 150ms)", pools.num(i, "maxwait"), pools.num(i, "maxwait_us"))
 	}
 	for col, want := range map[string]int64{"cl_active": 4, "cl_waiting": 1, "sv_active": 3, "sv_idle": 0, "sv_used": 0,
-		"sv_tested": 0, "sv_login": 0, "max_size": 3, "cl_active_cancel_req": 0} {
+		"sv_tested": 0, "sv_login": 0, "cl_active_cancel_req": 0} {
 		if got := pools.num(i, col); got != want {
 			t.Errorf("SHOW POOLS %s = %d, want %d\n%s", col, got, want, pools)
 		}
 	}
-	if pools.val(i, "pool_mode") != "transaction" || pools.val(i, "health") != "healthy" {
-		t.Errorf("SHOW POOLS pool_mode %q health %q", pools.val(i, "pool_mode"), pools.val(i, "health"))
+	if pools.val(i, "pool_mode") != "transaction" {
+		t.Errorf("SHOW POOLS pool_mode %q", pools.val(i, "pool_mode"))
 	}
 
 	clients := obShow(t, adm, "SHOW CLIENTS")
@@ -1248,6 +1268,24 @@ func TestAdminPauseResume(t *testing.T) {
 	obExec(t, a, "COMMIT")
 	obShow(t, pauser, "SHOW VERSION") // the console connection goes on
 	eventually(t, 5*time.Second, "ready after the cancelled PAUSE", func() bool { ok, _ := p.srv.Ready(); return ok })
+
+	// The same for PAUSE db: that database is resumed.
+	obBegin(t, a)
+	paused = obAsync(func() error { _, err := obRun(ctxTimeout(t, 30*time.Second), pauser, "PAUSE app"); return err })
+	obPending(t, paused, 300*time.Millisecond, "PAUSE app with a transaction open")
+	if err := pauser.CancelRequest(ctxTimeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if err := obDone(t, paused, 5*time.Second, "the cancelled PAUSE app"); !errors.As(err, &pe) || pe.Code != "57014" {
+		t.Fatalf("cancelled PAUSE app: %v, want ERROR 57014", err)
+	}
+	dbs = obShow(t, adm, "SHOW DATABASES")
+	if v := dbs.num(dbs.must(t, "SHOW DATABASES", "name", pgtest.DBApp), "paused"); v != 0 {
+		t.Errorf("SHOW DATABASES app paused = %d after a cancelled PAUSE app", v)
+	}
+	obExec(t, b, "SELECT 1")
+	obExec(t, a, "COMMIT")
+	eventually(t, 5*time.Second, "ready after the cancelled PAUSE app", func() bool { ok, _ := p.srv.Ready(); return ok })
 }
 
 // ---------------------------------------------------------------------------
@@ -1406,10 +1444,9 @@ func TestAdminKill(t *testing.T) {
 	idle.expectFatal(5*time.Second, "08P01", "database removed")
 	inTx.expectFatal(5*time.Second, "08P01", "database removed")
 	obExec(t, other, "SELECT 1") // another database: untouched
-	pools := obShow(t, adm, "SHOW POOLS")
-	if pools.find("database", pgtest.DBApp) >= 0 {
-		t.Errorf("the killed pool is still in SHOW POOLS:\n%s", pools)
-	}
+	// The pool is gone with its stats; poolerd may have created the
+	// configured pool again (paused, empty).
+	obCheckKilledPools(t, adm, pgtest.DBApp)
 	// The database stays, paused (PgBouncer: "paused: 1 if paused (by
 	// PAUSE db or KILL)"), so that an operator sees why its clients wait.
 	dbs := obShow(t, adm, "SHOW DATABASES")
@@ -1455,14 +1492,45 @@ func TestAdminKillAll(t *testing.T) {
 	a.expectFatal(5*time.Second, "08P01", "database removed")
 	o.expectFatal(5*time.Second, "08P01", "database removed")
 	obShow(t, spectator, "SHOW VERSION") // console clients stay
-	if pools := obShow(t, adm, "SHOW POOLS"); len(pools.Rows) != 1 {
-		t.Errorf("pools left after KILL:\n%s", pools)
+	obCheckKilledPools(t, adm, pgtest.DBApp)
+	obCheckKilledPools(t, adm, pgtest.DBOther)
+	// Both stay in SHOW DATABASES, paused until RESUME (PgBouncer keeps the
+	// database; "paused: 1 if paused (by PAUSE db or KILL)").
+	dbs := obShow(t, adm, "SHOW DATABASES")
+	for _, db := range []string{pgtest.DBApp, pgtest.DBOther} {
+		if i := dbs.find("name", db); i < 0 {
+			t.Errorf("after KILL, SHOW DATABASES has no row for %s, so nothing shows that it is paused:\n%s", db, dbs)
+		} else if dbs.num(i, "paused") != 1 {
+			t.Errorf("after KILL, SHOW DATABASES %s paused = %d", db, dbs.num(i, "paused"))
+		}
 	}
 	for _, db := range []string{pgtest.DBApp, pgtest.DBOther} {
 		obCmd(t, adm, "RESUME "+db, "RESUME")
 	}
 	obExec(t, connectDSN(t, p.appDSN(txExecMode)), "SELECT 1")
 	obExec(t, connectDSN(t, p.dsn(pgtest.RoleApp, pgtest.Password, pgtest.DBOther, txExecMode)), "SELECT 1")
+}
+
+// obCheckKilledPools checks that database db's pools were removed by KILL:
+// SHOW POOLS and SHOW STATS have no row for it, or only that of a new,
+// empty pool.
+func obCheckKilledPools(t *testing.T, adm *pgconn.PgConn, db string) {
+	t.Helper()
+	pools := obShow(t, adm, "SHOW POOLS")
+	for i := range pools.Rows {
+		if pools.val(i, "database") != db {
+			continue
+		}
+		for _, col := range []string{"cl_active", "cl_waiting", "sv_active", "sv_idle", "sv_used", "sv_tested", "sv_login"} {
+			if pools.num(i, col) != 0 {
+				t.Errorf("after KILL %s, SHOW POOLS still counts %s:\n%s", db, col, pools)
+			}
+		}
+	}
+	stats := obShow(t, adm, "SHOW STATS")
+	if i := stats.find("database", db); i >= 0 && stats.num(i, "total_query_count") != 0 {
+		t.Errorf("after KILL %s, SHOW STATS keeps the killed pool's counts:\n%s", db, stats)
+	}
 }
 
 func TestAdminKillClient(t *testing.T) {
@@ -1504,15 +1572,10 @@ func TestAdminSet(t *testing.T) {
 	a := obConn(t, p.instance, pgtest.DBApp, "obA")
 	b := obConn(t, p.instance, pgtest.DBApp, "obB")
 	obExec(t, b, "SELECT 1")
-	if pools, i := obPoolRow(t, adm, pgtest.DBApp); pools.num(i, "max_size") != 5 {
-		t.Fatalf("max_size %d before SET", pools.num(i, "max_size"))
-	}
+	obCheckMaxSize(t, p.instance, adm, 5, "before SET")
 
 	obCmd(t, adm, "SET max_size = 1", "SET max_size=1")
-	pools, i := obPoolRow(t, adm, pgtest.DBApp)
-	if pools.num(i, "max_size") != 1 {
-		t.Errorf("SHOW POOLS max_size %d after SET max_size = 1", pools.num(i, "max_size"))
-	}
+	obCheckMaxSize(t, p.instance, adm, 1, "after SET max_size = 1")
 	if v := obConfigValue(t, adm, "max_size"); v != "1" {
 		t.Errorf("SHOW CONFIG max_size %q after SET", v)
 	}
@@ -1521,7 +1584,7 @@ func TestAdminSet(t *testing.T) {
 	ctx := ctxTimeout(t, 30*time.Second)
 	bDone := obAsync(func() error { _, err := b.Exec(ctx, "SELECT 1"); return err })
 	obPending(t, bDone, 500*time.Millisecond, "a second transaction with max_size 1")
-	pools, i = obPoolRow(t, adm, pgtest.DBApp)
+	pools, i := obPoolRow(t, adm, pgtest.DBApp)
 	if pools.num(i, "cl_waiting") != 1 || pools.num(i, "sv_active") != 1 {
 		t.Errorf("SHOW POOLS with max_size 1:\n%s", pools)
 	}
@@ -1548,6 +1611,20 @@ func TestAdminSet(t *testing.T) {
 		}
 	}
 	obErr(t, adm, "SET max_size", "08P01", "bad arguments")
+	// The upstream URL's password shows neither in the tag nor in the log.
+	dsn := pg.DSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp)
+	tb := obShow(t, adm, "SET upstream = '"+dsn+"'")
+	if !strings.HasPrefix(tb.Tag, "SET upstream=") || strings.Contains(tb.Tag, ":"+pgtest.Password+"@") {
+		t.Errorf("SET upstream tag %q", tb.Tag)
+	}
+	obErr(t, adm, "SET upstream = 'postgres://"+pgtest.RoleApp+":"+pgtest.Password+"@127.0.0.1:notaport/x'", "08P01", "SET failed")
+	if strings.Contains(p.logs.String(), ":"+pgtest.Password+"@") {
+		t.Errorf("the upstream password is in the log")
+	}
+	if v := obConfigValue(t, adm, "upstream"); strings.Contains(v, ":"+pgtest.Password+"@") {
+		t.Errorf("SHOW CONFIG upstream %q shows the password", v)
+	}
+	obExec(t, b, "SELECT 1")
 	if v := obConfigValue(t, adm, "max_size"); v != "3" {
 		t.Errorf("max_size %q after refused SETs, want 3", v)
 	}

@@ -477,6 +477,11 @@ func TestObsMetricsPromtool(t *testing.T) {
 	clients := obShow(t, adm, "SHOW CLIENTS")
 	obCmd(t, adm, "KILL_CLIENT "+clients.val(clients.must(t, "SHOW CLIENTS", "application_name", "obkilled"), "id"), "KILL_CLIENT")
 
+	// A wrong password.
+	if pe := obLoginErr(t, p.dsn(pgtest.RoleApp, "wrong", pgtest.DBApp)); pe.Code != "28P01" {
+		t.Fatalf("wrong password: %s %q", pe.Code, pe.Message)
+	}
+
 	text, m := obScrape(t, p)
 	cmd := exec.Command(promtool, "check", "metrics")
 	cmd.Stdin = strings.NewReader(text)
@@ -512,6 +517,8 @@ func TestObsMetricsPromtool(t *testing.T) {
 		"poolerd_client_errors_total":           "counter",
 		"poolerd_unavailable_total":             "counter",
 		"poolerd_login_timeouts_total":          "counter",
+		"poolerd_auth_failures_total":           "counter",
+		"poolerd_pool_max_size":                 "gauge",
 		"poolerd_ready":                         "gauge",
 		"poolerd_build_info":                    "gauge",
 		"go_goroutines":                         "gauge",
@@ -572,6 +579,8 @@ func TestObsMetricsPromtool(t *testing.T) {
 		{"poolerd_transaction_duration_seconds_sum", app, 0.3}, // the pg_sleep cancelled at 300ms
 		{"poolerd_checkout_wait_seconds_sum", app, 0.3},        // the checkout timeout
 		{"poolerd_build_info", nil, 1},
+		{"poolerd_auth_failures_total", nil, 1},
+		{"poolerd_pool_max_size", app, 1},
 		{"go_goroutines", nil, 1},
 		{"process_cpu_seconds_total", nil, 0},
 	} {

@@ -116,9 +116,7 @@ func TestReloadBrokenFileKeepsServing(t *testing.T) {
 			if v := obConfigValue(t, adm, "max_size"); v != "4" {
 				t.Errorf("SHOW CONFIG max_size %q after a failed RELOAD, want 4", v)
 			}
-			if pools, i := obPoolRow(t, adm, pgtest.DBApp); pools.num(i, "max_size") != 4 {
-				t.Errorf("SHOW POOLS max_size %d after a failed RELOAD, want 4", pools.num(i, "max_size"))
-			}
+			obCheckMaxSize(t, p.instance, adm, 4, "after a failed RELOAD")
 		})
 	}
 	if !strings.Contains(p.logs.String(), "configuration reload failed; keeping the running configuration") {
@@ -134,9 +132,7 @@ func TestReloadBrokenFileKeepsServing(t *testing.T) {
 	if v := obConfigValue(t, adm, "query_timeout"); v != "400ms" {
 		t.Errorf("SHOW CONFIG query_timeout %q after RELOAD, want 400ms", v)
 	}
-	if pools, i := obPoolRow(t, adm, pgtest.DBApp); pools.num(i, "max_size") != 7 {
-		t.Errorf("SHOW POOLS max_size %d after RELOAD, want 7", pools.num(i, "max_size"))
-	}
+	obCheckMaxSize(t, p.instance, adm, 7, "after RELOAD")
 	t0 := time.Now()
 	_, err := c.Exec(ctxTimeout(t, 20*time.Second), "SELECT pg_sleep(5)")
 	took := time.Since(t0)
@@ -251,9 +247,7 @@ func TestReloadRestartKeyRefused(t *testing.T) {
 			t.Errorf("%s = %q after the refused RELOAD, want %q (nothing applied)", key, v, want)
 		}
 	}
-	if pools, i := obPoolRow(t, adm, pgtest.DBApp); pools.num(i, "max_size") != 4 {
-		t.Errorf("SHOW POOLS max_size %d after the refused RELOAD", pools.num(i, "max_size"))
-	}
+	obCheckMaxSize(t, p.instance, adm, 4, "after the refused RELOAD")
 	// http_pprof too.
 	obWriteFile(t, path, obSidecarYAML("max_size: 9\nhttp_pprof: true\n"))
 	pe = obReloadErr(t, adm)
@@ -433,8 +427,8 @@ shutdown_timeout: 5s
 	eventually(t, 5*time.Second, "a DEBUG line after log_level: debug", func() bool {
 		return strings.Contains(out.String(), "\tDEBUG\t")
 	})
-	if pools, i := obPoolRow(t, adm, pgtest.DBApp); pools.num(i, "max_size") != 6 {
-		t.Errorf("SHOW POOLS max_size %d after SIGHUP", pools.num(i, "max_size"))
+	if n := obPoolSize(t, adm, pgtest.DBApp); n != 6 {
+		t.Errorf("SHOW DATABASES pool_size %d after SIGHUP, want 6", n)
 	}
 	obExec(t, c, "SELECT 1")
 
