@@ -89,6 +89,24 @@ type Config struct {
 	// LogDisconnections logs every client disconnection with its reason.
 	LogDisconnections bool `mapstructure:"log_disconnections"`
 
+	// Connection limits, as in PgBouncer; 0 means no limit. Databases and
+	// users may set their own.
+	MaxClientConn            int `mapstructure:"max_client_conn"`
+	MaxDBConnections         int `mapstructure:"max_db_connections"`
+	MaxUserConnections       int `mapstructure:"max_user_connections"`
+	MaxDBClientConnections   int `mapstructure:"max_db_client_connections"`
+	MaxUserClientConnections int `mapstructure:"max_user_client_connections"`
+
+	// RateLimits are the rate-limit rules; RateLimitBackend is memory (per
+	// process) or redis (shared by every poolerd using RedisURL).
+	RateLimits       []RateLimitRule `mapstructure:"rate_limits"`
+	RateLimitBackend string          `mapstructure:"rate_limit_backend"`
+	RedisURL         string          `mapstructure:"redis_url"`
+	RedisTimeout     time.Duration   `mapstructure:"redis_timeout"`
+	// OnRedisError is allow or deny: what a rate-limit check does when
+	// Redis fails or is slower than RedisTimeout.
+	OnRedisError string `mapstructure:"on_redis_error"`
+
 	// Databases lists the databases clients may connect to. A database named
 	// "*" is the fallback for names not listed.
 	Databases []Database `mapstructure:"databases"`
@@ -176,6 +194,11 @@ type Database struct {
 	// Password is User's password (plain text, md5 or SCRAM secret).
 	Password string `mapstructure:"password"`
 
+	// MaxDBConnections and MaxDBClientConnections override the global
+	// limits for this database (server and client connections).
+	MaxDBConnections       *int `mapstructure:"max_db_connections"`
+	MaxDBClientConnections *int `mapstructure:"max_db_client_connections"`
+
 	Overrides `mapstructure:",squash"`
 }
 
@@ -187,7 +210,45 @@ type User struct {
 	// plain text, "md5..." or "SCRAM-SHA-256$...".
 	Password string `mapstructure:"password"`
 
+	// MaxUserConnections and MaxUserClientConnections override the
+	// global limits for this user (server and client connections).
+	MaxUserConnections       *int `mapstructure:"max_user_connections"`
+	MaxUserClientConnections *int `mapstructure:"max_user_client_connections"`
+
 	Overrides `mapstructure:",squash"`
+}
+
+// RateLimitRule is one rate limit: clients matching Match share budgets
+// keyed by KeyBy; every matching rule must allow a request.
+type RateLimitRule struct {
+	// Name identifies the rule in errors, logs and metrics.
+	Name  string    `mapstructure:"name"`
+	Match RuleMatch `mapstructure:"match"`
+	// KeyBy splits the budget: user, database, client (address) and
+	// application_name, in any combination; empty means one budget for
+	// every matching client.
+	KeyBy []string `mapstructure:"key_by"`
+	// Buckets: at most Limit per Per each.
+	Queries      *RateBucket `mapstructure:"queries"`
+	Transactions *RateBucket `mapstructure:"transactions"`
+	Connections  *RateBucket `mapstructure:"connections"`
+	// Mode is reject (error 53400) or wait (delay, up to MaxWait).
+	Mode    string        `mapstructure:"mode"`
+	MaxWait time.Duration `mapstructure:"max_wait"`
+}
+
+// RuleMatch selects clients; an empty field matches any.
+type RuleMatch struct {
+	Database        string `mapstructure:"database"`
+	User            string `mapstructure:"user"`
+	Client          string `mapstructure:"client"` // CIDR or address
+	ApplicationName string `mapstructure:"application_name"`
+}
+
+// RateBucket is one budget of a rule.
+type RateBucket struct {
+	Limit int64         `mapstructure:"limit"`
+	Per   time.Duration `mapstructure:"per"`
 }
 
 // Overrides are the pool settings a database or user entry may set; nil
@@ -242,6 +303,10 @@ func Defaults() Config {
 		RecycleRate:          1,
 		ClientLoginTimeout:   60 * time.Second,
 		ShutdownTimeout:      30 * time.Second,
+		MaxClientConn:        10000,
+		RateLimitBackend:     "memory",
+		RedisTimeout:         50 * time.Millisecond,
+		OnRedisError:         "allow",
 		StatsPeriod:          60 * time.Second,
 		LogStats:             true,
 		LogFormat:            "console",

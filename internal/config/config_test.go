@@ -73,7 +73,11 @@ func TestEveryKeyHasAnEnvVar(t *testing.T) {
 				val = map[string]string{"listen": "127.0.0.1:7000", "http_listen": "127.0.0.1:7001",
 					"upstream": "postgres://u:p@h:1/d", "auth_type": "md5", "auth_file": "",
 					"pool_mode": "session", "server_reset_query": "SELECT 2", "log_format": "json", "log_level": "warn",
-					"startup_mode": "fail-fast", "validation_query": "SELECT 2"}[k.Name]
+					"startup_mode": "fail-fast", "validation_query": "SELECT 2",
+					"rate_limit_backend": "redis", "redis_url": "redis://h:1/0", "on_redis_error": "deny"}[k.Name]
+				if k.Name == "rate_limit_backend" {
+					t.Setenv("POOLERD_REDIS_URL", "redis://h:1/0")
+				}
 			case int:
 				val = "2"
 			case time.Duration:

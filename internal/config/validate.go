@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/poolerd/poolerd/internal/auth"
 )
 
@@ -110,6 +112,16 @@ func (c *Config) Validate() error {
 	if c.ShutdownTimeout < 0 {
 		bad("shutdown_timeout must not be negative")
 	}
+	for _, lim := range []struct {
+		key string
+		v   int
+	}{{"max_client_conn", c.MaxClientConn}, {"max_db_connections", c.MaxDBConnections}, {"max_user_connections", c.MaxUserConnections},
+		{"max_db_client_connections", c.MaxDBClientConnections}, {"max_user_client_connections", c.MaxUserClientConnections}} {
+		if lim.v < 0 {
+			bad("%s must not be negative (0 means no limit)", lim.key)
+		}
+	}
+	c.validateRateLimits(bad)
 	if c.StatsPeriod <= 0 {
 		bad("stats_period must be positive, e.g. 60s")
 	}
@@ -275,6 +287,124 @@ func checkSecretKind(authType, user, source string, s auth.Secret, bad func(stri
 	if authType == AuthSCRAM && s.Kind() == auth.SecretMD5 {
 		bad("user %q in %s has an md5 secret, which scram-sha-256 authentication cannot check: give the plain password or a SCRAM secret, or use auth_type md5", user, source)
 	}
+}
+
+// validateRateLimits checks the rate-limit rules and backend.
+func (c *Config) validateRateLimits(bad func(string, ...any)) {
+	switch c.RateLimitBackend {
+	case "memory":
+	case "redis":
+		if !strings.HasPrefix(c.RedisURL, "redis://") && !strings.HasPrefix(c.RedisURL, "rediss://") {
+			bad("rate_limit_backend redis needs redis_url, e.g. redis://127.0.0.1:6379/0")
+		} else if _, err := redis.ParseURL(c.RedisURL); err != nil {
+			bad("redis_url is not a valid Redis URL: write it as redis://[:password@]host:port/db")
+		}
+	default:
+		bad("rate_limit_backend %q is not memory or redis", c.RateLimitBackend)
+	}
+	switch c.OnRedisError {
+	case "allow", "deny":
+	default:
+		bad("on_redis_error %q is not allow or deny", c.OnRedisError)
+	}
+	if c.RedisTimeout <= 0 {
+		bad("redis_timeout must be positive, e.g. 50ms: a slow Redis must not stall clients")
+	}
+	seen := map[string]bool{}
+	for i, r := range c.RateLimits {
+		where := fmt.Sprintf("rate_limits[%d]", i)
+		if r.Name == "" {
+			bad("%s has no name: every rule needs one (it appears in errors and metrics)", where)
+		} else {
+			where = fmt.Sprintf("rate limit %q", r.Name)
+			if seen[r.Name] {
+				bad("%s is listed twice: names must be unique", where)
+			}
+			seen[r.Name] = true
+		}
+		n := 0
+		for _, b := range []struct {
+			name string
+			b    *RateBucket
+		}{{"queries", r.Queries}, {"transactions", r.Transactions}, {"connections", r.Connections}} {
+			if b.b == nil {
+				continue
+			}
+			n++
+			if b.b.Limit <= 0 || b.b.Per <= 0 {
+				bad("%s %s needs a positive limit and per, e.g. {limit: 50, per: 1s}", where, b.name)
+			}
+		}
+		if n == 0 {
+			bad("%s has no bucket: set queries, transactions or connections", where)
+		}
+		switch r.Mode {
+		case "reject":
+		case "wait":
+			if r.MaxWait <= 0 {
+				bad("%s is mode wait and needs max_wait, e.g. 5s (how long a request may be delayed)", where)
+			}
+		default:
+			bad("%s mode %q is not reject or wait", where, r.Mode)
+		}
+		for _, k := range r.KeyBy {
+			switch k {
+			case "user", "database", "client", "application_name":
+			default:
+				bad("%s key_by %q is not user, database, client or application_name", where, k)
+			}
+		}
+		if m := r.Match.Client; m != "" {
+			if _, _, err := net.ParseCIDR(m); err != nil && net.ParseIP(m) == nil {
+				bad("%s match.client %q is not an address or CIDR like 10.0.0.0/8", where, m)
+			}
+		}
+	}
+	for _, d := range c.Databases {
+		for _, v := range []*int{d.MaxDBConnections, d.MaxDBClientConnections} {
+			if v != nil && *v < 0 {
+				bad("database %q: connection limits must not be negative (0 means no limit)", d.Name)
+			}
+		}
+	}
+	for _, u := range c.Users {
+		for _, v := range []*int{u.MaxUserConnections, u.MaxUserClientConnections} {
+			if v != nil && *v < 0 {
+				bad("user %q: connection limits must not be negative (0 means no limit)", u.Name)
+			}
+		}
+	}
+}
+
+// DBLimits returns the server and client connection limits of a database
+// (0 means none).
+func (c *Config) DBLimits(database string) (servers, clients int) {
+	servers, clients = c.MaxDBConnections, c.MaxDBClientConnections
+	if d, ok := c.database(database); ok {
+		if d.MaxDBConnections != nil {
+			servers = *d.MaxDBConnections
+		}
+		if d.MaxDBClientConnections != nil {
+			clients = *d.MaxDBClientConnections
+		}
+	}
+	return servers, clients
+}
+
+// UserLimits returns the server and client connection limits of a user.
+func (c *Config) UserLimits(user string) (servers, clients int) {
+	servers, clients = c.MaxUserConnections, c.MaxUserClientConnections
+	for _, u := range c.Users {
+		if u.Name == user {
+			if u.MaxUserConnections != nil {
+				servers = *u.MaxUserConnections
+			}
+			if u.MaxUserClientConnections != nil {
+				clients = *u.MaxUserClientConnections
+			}
+		}
+	}
+	return servers, clients
 }
 
 func (p PoolSettings) validate(where string, bad func(string, ...any)) {

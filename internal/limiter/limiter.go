@@ -36,8 +36,7 @@
 // failure is returned as an error for the caller to fail open or closed.
 //
 // Wait retries a denied request after its RetryAfter until it is allowed,
-// ctx ends or a maximum wait would be exceeded. Instrument wraps a Limiter
-// to record decisions and waits in Metrics.
+// ctx ends or a maximum wait would be exceeded.
 package limiter
 
 import (

@@ -207,6 +207,13 @@ type Config[C Conn] struct {
 	Validate func(ctx context.Context, c C) error
 	// Paused starts the pool paused (see Pause).
 	Paused bool
+	// Admit, when set, is asked before opening a connection (a limit
+	// shared with other pools); false waits for Nudge. Release gives the
+	// slot back when a connection closes or a connect fails; it runs in its
+	// own goroutine. Admit runs under the pool's lock and must not call
+	// into the pool.
+	Admit   func() bool
+	Release func()
 	// Logger receives lifecycle events; it should carry the pool's fields.
 	Logger *zap.Logger
 	// Now returns the current time; nil means time.Now.
@@ -849,6 +856,7 @@ func (p *Pool[C]) closeLocked(c C) {
 	}
 	e.state = stateClosed
 	p.total--
+	p.releaseSlot()
 	p.broadcastLocked()
 	// Close may block briefly on a socket; it never calls back into the pool.
 	go c.Close()
@@ -881,6 +889,9 @@ func (p *Pool[C]) startConnectLocked() {
 	}
 	if (p.failures > 0 || !p.everOpened) && p.opening > 0 {
 		return // one attempt at a time until the server is known to answer
+	}
+	if p.cfg.Admit != nil && !p.cfg.Admit() {
+		return // at a shared limit: Nudge retries when a slot frees up
 	}
 	p.total++
 	p.opening++
@@ -919,6 +930,7 @@ func (p *Pool[C]) backoff(n int) time.Duration {
 func (p *Pool[C]) connectFailedLocked(err error, attempt int) {
 	p.opening--
 	p.total--
+	p.releaseSlot()
 	p.stats.ConnectFailures++
 	p.lastErr = err
 	if attempt <= p.failures {
@@ -1035,6 +1047,29 @@ func (p *Pool[C]) countEvictionLocked(reason string) {
 		p.stats.Evictions = map[string]uint64{}
 	}
 	p.stats.Evictions[reason]++
+}
+
+func (p *Pool[C]) releaseSlot() {
+	if p.cfg.Release != nil {
+		go p.cfg.Release()
+	}
+}
+
+// Nudge makes the maintainer look again at what the pool needs (a slot of
+// a shared limit may have freed up).
+func (p *Pool[C]) Nudge() { p.nudge() }
+
+// CloseIdle closes the least recently used idle connection, to make room
+// under a limit shared with other pools. It reports whether it closed one.
+func (p *Pool[C]) CloseIdle() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.idle) == 0 {
+		return false
+	}
+	p.countEvictionLocked("make_room")
+	p.closeLocked(p.idle[0])
+	return true
 }
 
 // broadcastLocked wakes everyone waiting on Changed.

@@ -117,7 +117,15 @@ func newDBPool(srv *Server, key poolKey, route config.Route, warm, paused bool) 
 		Probe:       d.probe,
 		Validate:    d.validate,
 		Paused:      paused,
-		Logger:      d.log,
+		Admit: func() bool {
+			if srv.admitServer(key.database, key.user) {
+				return true
+			}
+			go srv.makeRoom(d, key.database, key.user)
+			return false
+		},
+		Release: func() { srv.releaseServer(key.database, key.user) },
+		Logger:  d.log,
 	}, &srv.connIDs)
 	return d
 }

@@ -45,6 +45,7 @@ func (srv *Server) serveConn(nc net.Conn) {
 	ok := s.handshake(cfg)
 	srv.trackLogin(nc, false)
 	if !ok {
+		s.releaseClientSlot()
 		_ = nc.Close()
 		return
 	}
@@ -129,6 +130,32 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	if nego := negotiation(sm.ProtocolVersion, raw); nego != nil {
 		if _, err := s.conn.Write(nego); err != nil {
 			return false
+		}
+	}
+	// Connection limits and login rate limits come before any
+	// authentication work, so that a login storm costs little.
+	if !isAdminDB(s.database) {
+		if werr := s.srv.admitClient(s.database, s.user); werr != nil {
+			s.fail(werr)
+			s.log.Info("client login refused", zap.String("sqlstate", werr.Code), zap.String("reason", werr.Message))
+			return false
+		}
+		s.admitted.Store(true)
+		rates := s.srv.rates.Load().forSession(s.database, s.user, raw["application_name"], s.conn.RemoteAddr())
+		if len(rates) > 0 {
+			deadline := s.loginDeadline
+			if deadline.IsZero() {
+				deadline = time.Now().Add(time.Hour)
+			}
+			ctx, cancel := context.WithDeadline(s.srv.ctx, deadline)
+			werr := s.srv.checkRate(ctx, s.log, rates, connectionsBucket, "FATAL")
+			cancel()
+			if werr != nil {
+				s.fail(werr)
+				s.log.Info("client login refused", zap.String("sqlstate", werr.Code), zap.String("reason", werr.Message))
+				return false
+			}
+			s.rates.Store(&rates)
 		}
 	}
 	// Authenticate before looking at the database, as PostgreSQL does, so

@@ -72,7 +72,7 @@ func (m *metrics) forget(database, user string) {
 // Serve: pools created earlier have no histograms.
 func (srv *Server) Instrument(reg prometheus.Registerer) error {
 	m := newMetrics()
-	for _, c := range []prometheus.Collector{m.checkoutWait, m.queryDur, m.xactDur, newCollector(srv)} {
+	for _, c := range append([]prometheus.Collector{m.checkoutWait, m.queryDur, m.xactDur, newCollector(srv)}, srv.rateMet.collectors()...) {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

@@ -95,6 +95,7 @@ func (srv *Server) apply(next *config.Config) error {
 	srv.mu.Lock()
 	clear(srv.verifiers)
 	srv.mu.Unlock()
+	srv.setRates(next) // budgets start over when the rules are reloaded
 
 	for _, p := range srv.poolList() {
 		old := p.route()
@@ -119,10 +120,13 @@ func (srv *Server) apply(next *config.Config) error {
 		}
 	}
 	srv.mu.Unlock()
+	rl := srv.rates.Load()
 	for _, s := range sessions {
 		if route, err := next.Route(s.database, s.user); err == nil {
 			s.limP.Store(limitsOf(route.Settings))
 		}
+		rates := rl.forSession(s.database, s.user, s.appName(), s.conn.RemoteAddr())
+		s.rates.Store(&rates)
 	}
 	srv.mu.Lock()
 	srv.warm = nil // the pools the new configuration names, from Warm below

@@ -57,6 +57,9 @@ type Server struct {
 
 	metrics *metrics // nil until Instrument
 	stats   statsState
+	rates   atomic.Pointer[rateLimits] // nil without rules
+	rateMet *rateMetrics
+	limits  *connLimits
 
 	reload      ReloadFunc
 	setLevel    func(string) error
@@ -82,10 +85,26 @@ func New(cfg *config.Config, log *zap.Logger) *Server {
 		logins:      map[net.Conn]struct{}{},
 		dbs:         map[string]*dbState{},
 		shutdownReq: make(chan string, 1),
+		rateMet:     newRateMetrics(),
+		limits:      newConnLimits(),
 	}
 	_, _ = rand.Read(srv.mockKey[:])
 	srv.conf.Store(cfg)
+	srv.setRates(cfg)
 	return srv
+}
+
+// setRates compiles the rate-limit rules of cfg (validated) and replaces
+// the running ones.
+func (srv *Server) setRates(cfg *config.Config) {
+	rl, err := newRateLimits(cfg)
+	if err != nil {
+		srv.log.Error("rate limits not applied", zap.Error(err))
+		return
+	}
+	if old := srv.rates.Swap(rl); old != nil {
+		old.close()
+	}
 }
 
 func (srv *Server) cfg() *config.Config { return srv.conf.Load() }
@@ -352,6 +371,9 @@ func (srv *Server) stopAccepting() []*session {
 func (srv *Server) closePools() {
 	for _, p := range srv.poolList() {
 		p.pool.Close()
+	}
+	if rl := srv.rates.Swap(nil); rl != nil {
+		rl.close()
 	}
 }
 

@@ -80,6 +80,11 @@ type session struct {
 	qtext [maxQueryText]byte
 	qlen  int
 
+	// rates are the rate-limit rules that apply to the session (a reload
+	// replaces them); admitted is set while the session holds a client slot.
+	rates    atomic.Pointer[[]sessionRate]
+	admitted atomic.Bool
+
 	// dropReason, when set, is why the server connection will be closed
 	// at the end (a timeout, KILL), for the eviction metric.
 	dropReason atomic.Pointer[string]
@@ -178,14 +183,34 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 				return true
 			}
 			s.dropFrame = false
+			var rateErr *wire.Error
+			if !s.refusing {
+				rateErr = s.rateCheck(t, b.unsynced)
+			}
 			switch {
+			case rateErr != nil && rateErr.Fatal():
+				s.flush(buf[start:out], b)
+				s.fail(rateErr)
+				return true
+			case rateErr != nil:
+				s.dropFrame = true
+				// The refusal must reach the client after the answers to
+				// what it sent before: send that, and wait for them.
+				if sc := s.server.Load(); sc != nil {
+					if !s.flush(buf[start:out], b) {
+						return true
+					}
+					start, out, b.reqs = off, off, 0
+					s.waitAnswered(sc)
+				}
+				s.refuse(rateErr)
 			case s.refusing:
 				// After a refusal, skip to the Sync as PostgreSQL does
 				// after an error; the Sync gets the ReadyForQuery.
 				s.dropFrame = true
 				if t == 'S' {
 					s.refusing = false
-					s.writeClient(wire.AppendReadyForQuery(nil, wire.TxIdle))
+					s.writeClient(wire.AppendReadyForQuery(nil, s.txStatus()))
 				}
 			case s.server.Load() == nil && (t == 'd' || t == 'c' || t == 'f'):
 				// COPY messages with no COPY in progress: PostgreSQL ignores
@@ -268,12 +293,68 @@ func (s *session) refuse(werr *wire.Error) {
 	msg := werr.Append(nil)
 	switch s.cur.Type {
 	case 'Q', 'F', 'S':
-		msg = wire.AppendReadyForQuery(msg, wire.TxIdle)
+		msg = wire.AppendReadyForQuery(msg, s.txStatus())
 	default:
 		s.refusing = true
 	}
 	s.writeClient(msg)
 	s.log.Warn("request refused", zap.String("sqlstate", werr.Code), zap.String("reason", werr.Message), zap.String("detail", werr.Detail))
+}
+
+// txStatus is the transaction status to report for a request poolerd
+// answers itself: the held server's, or idle.
+func (s *session) txStatus() byte {
+	sc := s.server.Load()
+	if sc == nil {
+		return wire.TxIdle
+	}
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	return sc.txStatus
+}
+
+// rateCheck checks the session's rate limits for a frame that starts a
+// request (a Query, a FunctionCall, or the first extended-protocol message
+// after a Sync) and returns the refusal when a limit says no. Wait-mode
+// rules delay here, before a server is taken for a new transaction.
+func (s *session) rateCheck(t byte, unsynced bool) *wire.Error {
+	switch t {
+	case 'Q', 'F':
+	case 'P', 'B', 'D', 'E', 'C', 'H', 'S':
+		if unsynced {
+			return nil // inside a request already counted
+		}
+	default:
+		return nil
+	}
+	rates := s.sessionRates()
+	if len(rates) == 0 {
+		return nil
+	}
+	startsTx := s.txStatus() == wire.TxIdle
+	if sc := s.server.Load(); sc != nil {
+		sc.mu.Lock()
+		startsTx = startsTx && sc.pending == 0
+		sc.mu.Unlock()
+	}
+	return s.srv.checkRate(s.srv.ctx, s.log, rates, requestBuckets(startsTx), "ERROR")
+}
+
+// waitAnswered waits until the held server has answered every request sent
+// so far (or the session lost it).
+func (s *session) waitAnswered(sc *serverConn) {
+	sc.mu.Lock()
+	if sc.owner.Load() != s || sc.pending == 0 {
+		sc.mu.Unlock()
+		return
+	}
+	ch := make(chan struct{})
+	sc.quiet = ch
+	sc.mu.Unlock()
+	select {
+	case <-ch:
+	case <-s.srv.ctx.Done():
+	}
 }
 
 // beginBatch keeps the held server from being released while this read is
@@ -500,6 +581,22 @@ func (s *session) terminate(werr *wire.Error) {
 	s.fail(werr)
 }
 
+// releaseClientSlot gives back the session's place under the client
+// connection limits.
+func (s *session) releaseClientSlot() {
+	if s.admitted.CompareAndSwap(true, false) {
+		s.srv.releaseClient(s.database, s.user)
+	}
+}
+
+// sessionRates returns the rate-limit rules of the session.
+func (s *session) sessionRates() []sessionRate {
+	if r := s.rates.Load(); r != nil {
+		return *r
+	}
+	return nil
+}
+
 // setDropReason records why the session's server connection will be closed.
 func (s *session) setDropReason(reason string) { s.dropReason.Store(&reason) }
 
@@ -534,6 +631,7 @@ func (s *session) end(err error) {
 		s.stopWatch()
 		_ = s.conn.Close()
 		s.srv.forget(s)
+		s.releaseClientSlot()
 		if s.dbp != nil {
 			s.dbp.clients.Add(-1)
 			defer s.dbp.closeIfUnused() // after releasing the server below

@@ -1,0 +1,124 @@
+package proxy
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/poolerd/poolerd/internal/wire"
+)
+
+// connLimits counts connections against max_client_conn and the per
+// database and per user limits (PgBouncer's max_db_connections,
+// max_user_connections, max_db_client_connections,
+// max_user_client_connections).
+type connLimits struct {
+	mu                     sync.Mutex
+	dbServers, userServers map[string]int
+	dbClients, userClients map[string]int
+}
+
+func newConnLimits() *connLimits {
+	return &connLimits{dbServers: map[string]int{}, userServers: map[string]int{},
+		dbClients: map[string]int{}, userClients: map[string]int{}}
+}
+
+// admitServer takes a server-connection slot for (database, user), or
+// reports that the database or the user is at its limit.
+func (srv *Server) admitServer(database, user string) bool {
+	cfg := srv.cfg()
+	dbMax, _ := cfg.DBLimits(database)
+	userMax, _ := cfg.UserLimits(user)
+	l := srv.limits
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if dbMax > 0 && l.dbServers[database] >= dbMax || userMax > 0 && l.userServers[user] >= userMax {
+		return false
+	}
+	l.dbServers[database]++
+	l.userServers[user]++
+	return true
+}
+
+// releaseServer gives a slot back and lets pools waiting for one try again.
+func (srv *Server) releaseServer(database, user string) {
+	l := srv.limits
+	l.mu.Lock()
+	l.dbServers[database]--
+	l.userServers[user]--
+	l.mu.Unlock()
+	for _, p := range srv.poolList() {
+		if p.key.database == database || p.route().ServerUser == user {
+			p.pool.Nudge()
+		}
+	}
+}
+
+// makeRoom closes an idle server connection of another pool of database or
+// user, when a pool could not open one because of their limit.
+func (srv *Server) makeRoom(except *dbPool, database, user string) {
+	for _, p := range srv.poolList() {
+		if p != except && (p.key.database == database || p.route().ServerUser == user) && p.pool.CloseIdle() {
+			return
+		}
+	}
+}
+
+// admitClient checks a new client against max_client_conn and its
+// database's and user's client limits, and counts it. The caller calls
+// releaseClient when the client leaves.
+func (srv *Server) admitClient(database, user string) *wire.Error {
+	cfg := srv.cfg()
+	_, dbMax := cfg.DBLimits(database)
+	_, userMax := cfg.UserLimits(user)
+	srv.mu.Lock()
+	total := len(srv.logins) + len(srv.sessions)
+	srv.mu.Unlock()
+	if cfg.MaxClientConn > 0 && total > cfg.MaxClientConn {
+		srv.rateMet.refusals.WithLabelValues("max_client_conn").Inc()
+		return &wire.Error{Severity: "FATAL", Code: "53300", Message: "no more connections allowed (max_client_conn)",
+			Detail: fmt.Sprintf("poolerd already has %d client connections", total-1),
+			Hint:   "raise max_client_conn, or have clients use fewer connections"}
+	}
+	l := srv.limits
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if dbMax > 0 && l.dbClients[database] >= dbMax {
+		srv.rateMet.refusals.WithLabelValues("max_db_client_connections").Inc()
+		return &wire.Error{Severity: "FATAL", Code: "53300",
+			Message: fmt.Sprintf("too many client connections to database %q (max_db_client_connections %d)", database, dbMax),
+			Hint:    "raise max_db_client_connections for this database, or have clients use fewer connections"}
+	}
+	if userMax > 0 && l.userClients[user] >= userMax {
+		srv.rateMet.refusals.WithLabelValues("max_user_client_connections").Inc()
+		return &wire.Error{Severity: "FATAL", Code: "53300",
+			Message: fmt.Sprintf("too many client connections for user %q (max_user_client_connections %d)", user, userMax),
+			Hint:    "raise max_user_client_connections for this user, or have clients use fewer connections"}
+	}
+	l.dbClients[database]++
+	l.userClients[user]++
+	return nil
+}
+
+func (srv *Server) releaseClient(database, user string) {
+	l := srv.limits
+	l.mu.Lock()
+	l.dbClients[database]--
+	l.userClients[user]--
+	l.mu.Unlock()
+}
+
+// serverCounts returns the server connections counted against the
+// database and user limits (for SHOW DATABASES and SHOW USERS).
+func (srv *Server) limitCounts() (dbServers, userServers, dbClients, userClients map[string]int) {
+	l := srv.limits
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	cp := func(m map[string]int) map[string]int {
+		out := make(map[string]int, len(m))
+		for k, v := range m {
+			out[k] = v
+		}
+		return out
+	}
+	return cp(l.dbServers), cp(l.userServers), cp(l.dbClients), cp(l.userClients)
+}
