@@ -13,6 +13,10 @@ import (
 const (
 	// PoolSession holds a server connection for the client's whole session.
 	PoolSession = "session"
+	// PoolStatement holds a server connection for one statement (one
+	// simple query, or one extended-protocol request up to its Sync) and
+	// refuses transactions of more than one statement.
+	PoolStatement = "statement"
 	// PoolTransaction holds a server connection from the first message of a
 	// transaction until ReadyForQuery reports the session idle.
 	PoolTransaction = "transaction"
@@ -119,11 +123,27 @@ type Config struct {
 	secrets map[string]userSecret
 }
 
+// Values of session_state.
+const (
+	SessionStatePin    = "pin"
+	SessionStateRefuse = "refuse"
+)
+
 // PoolSettings are the settings that can be given globally and overridden
 // per database and per user (see Overrides).
 type PoolSettings struct {
-	// PoolMode is session or transaction.
+	// PoolMode is session, transaction or statement.
 	PoolMode string `mapstructure:"pool_mode"`
+	// MaxPreparedStatements is how many protocol-level prepared statements
+	// poolerd keeps prepared on one server connection in transaction and
+	// statement mode (least recently used closed first); 0 passes named
+	// statements through unchanged, as PgBouncer before 1.21 did.
+	MaxPreparedStatements int `mapstructure:"max_prepared_statements"`
+	// SessionState is what a transaction- or statement-mode client that
+	// creates session state (a temp table, LISTEN, a session advisory lock,
+	// SQL PREPARE, DECLARE WITH HOLD, SET ROLE) gets: pin (it keeps its server
+	// connection until it leaves) or refuse (an error).
+	SessionState string `mapstructure:"session_state"`
 	// MaxSize is the most server connections one (database, user) pool opens.
 	MaxSize int `mapstructure:"max_size"`
 	// MinSize is how many server connections a pool keeps open.
@@ -257,6 +277,8 @@ type RateBucket struct {
 // PoolSettings field.
 type Overrides struct {
 	PoolMode               *string        `mapstructure:"pool_mode"`
+	MaxPreparedStatements  *int           `mapstructure:"max_prepared_statements"`
+	SessionState           *string        `mapstructure:"session_state"`
 	MaxSize                *int           `mapstructure:"max_size"`
 	MinSize                *int           `mapstructure:"min_size"`
 	CheckoutTimeout        *time.Duration `mapstructure:"checkout_timeout"`
@@ -284,6 +306,8 @@ func Defaults() Config {
 		AuthType:   AuthSCRAM,
 		PoolSettings: PoolSettings{
 			PoolMode:               PoolTransaction,
+			MaxPreparedStatements:  200,
+			SessionState:           SessionStatePin,
 			MaxSize:                20,
 			MinSize:                0,
 			CheckoutTimeout:        30 * time.Second,

@@ -74,7 +74,8 @@ func TestEveryKeyHasAnEnvVar(t *testing.T) {
 					"upstream": "postgres://u:p@h:1/d", "auth_type": "md5", "auth_file": "",
 					"pool_mode": "session", "server_reset_query": "SELECT 2", "log_format": "json", "log_level": "warn",
 					"startup_mode": "fail-fast", "validation_query": "SELECT 2",
-					"rate_limit_backend": "redis", "redis_url": "redis://h:1/0", "on_redis_error": "deny"}[k.Name]
+					"rate_limit_backend": "redis", "redis_url": "redis://h:1/0", "on_redis_error": "deny",
+					"session_state": "refuse"}[k.Name]
 				if k.Name == "rate_limit_backend" {
 					t.Setenv("POOLERD_REDIS_URL", "redis://h:1/0")
 				}

@@ -409,9 +409,17 @@ func (c *Config) UserLimits(user string) (servers, clients int) {
 
 func (p PoolSettings) validate(where string, bad func(string, ...any)) {
 	switch p.PoolMode {
-	case PoolSession, PoolTransaction:
+	case PoolSession, PoolTransaction, PoolStatement:
 	default:
-		bad("%spool_mode %q is not session or transaction", where, p.PoolMode)
+		bad("%spool_mode %q is not session, transaction or statement", where, p.PoolMode)
+	}
+	switch p.SessionState {
+	case SessionStatePin, SessionStateRefuse:
+	default:
+		bad("%ssession_state %q is not pin or refuse", where, p.SessionState)
+	}
+	if p.MaxPreparedStatements < 0 {
+		bad("%smax_prepared_statements %d must not be negative (0 passes statement names through)", where, p.MaxPreparedStatements)
 	}
 	if p.MaxSize < 1 {
 		bad("%smax_size %d must be at least 1 (POOLERD_MAX_SIZE / --pool-size)", where, p.MaxSize)

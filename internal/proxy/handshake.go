@@ -186,6 +186,13 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	}
 	s.dbp = dbp
 	s.mode = route.Settings.PoolMode
+	s.stateful = s.mode != config.PoolSession
+	s.maxPrepared = route.Settings.MaxPreparedStatements
+	s.tracked = s.stateful && s.maxPrepared > 0
+	s.refuseState = route.Settings.SessionState == config.SessionStateRefuse
+	if s.tracked {
+		s.stmts = map[string]*stmtDef{}
+	}
 	s.limP.Store(limitsOf(route.Settings)) // the client's own: per-user overrides apply
 	dbp.setClientKey(s.clientKey)
 	ok, _ := (&pgproto3.AuthenticationOk{}).Encode(nil)

@@ -114,6 +114,12 @@ var poolMetricDefs = []metricDef{
 	{"poolerd_client_bytes_received_total", "Bytes received from clients and forwarded to PostgreSQL.", nil},
 	{"poolerd_client_bytes_sent_total", "Bytes sent to clients.", nil},
 	{"poolerd_client_errors_total", "Errors sent to clients, by SQLSTATE class (first two characters).", []string{"class"}},
+	{"poolerd_prepared_client_parses_total", "Parse messages from clients (transaction and statement mode).", nil},
+	{"poolerd_prepared_server_parses_total", "Parse messages sent to PostgreSQL: clients' unnamed and first-time statements, and statements prepared again on another server connection.", nil},
+	{"poolerd_prepared_cache_hits_total", "Clients' Parse of a named statement already prepared on their server connection (no server Parse).", nil},
+	{"poolerd_prepared_evictions_total", "Statements closed on a server connection to stay within max_prepared_statements.", nil},
+	{"poolerd_pinned_clients", "Transaction- or statement-mode clients pinned to their server connection by session state, by reason.", []string{"reason"}},
+	{"poolerd_pins_total", "Clients pinned to their server connection, by reason.", []string{"reason"}},
 }
 
 func newCollector(srv *Server) *collector {
@@ -191,6 +197,14 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter("poolerd_leaks_total", float64(ps.Leaks), db, user)
 		counter("poolerd_client_bytes_received_total", float64(d.ctr.received.Load()), db, user)
 		counter("poolerd_client_bytes_sent_total", float64(d.ctr.sent.Load()), db, user)
+		counter("poolerd_prepared_client_parses_total", float64(d.ctr.clientParses.Load()), db, user)
+		counter("poolerd_prepared_server_parses_total", float64(d.ctr.serverParses.Load()), db, user)
+		counter("poolerd_prepared_cache_hits_total", float64(d.ctr.cacheHits.Load()), db, user)
+		counter("poolerd_prepared_evictions_total", float64(d.ctr.stmtEvictions.Load()), db, user)
+		for i, r := range pinReasons {
+			gauge("poolerd_pinned_clients", float64(d.ctr.pinnedNow[i].Load()), db, user, r)
+			counter("poolerd_pins_total", float64(d.ctr.pinsTotal[i].Load()), db, user, r)
+		}
 		for class, n := range d.ctr.errorCounts() {
 			counter("poolerd_client_errors_total", float64(n), db, user, class)
 		}

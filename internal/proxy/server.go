@@ -28,6 +28,10 @@ type Server struct {
 	conf atomic.Pointer[config.Config]
 	log  *zap.Logger
 	bufs *wire.BufferPool
+	// obufs are buffers for batches rewritten out of place; stmts are the
+	// prepared statement definitions shared by transaction-mode clients.
+	obufs sync.Pool
+	stmts *stmtRegistry
 
 	// ctx ends when the server is closed; checkouts and cancel requests
 	// give up with it.
@@ -75,6 +79,7 @@ func New(cfg *config.Config, log *zap.Logger) *Server {
 	srv := &Server{
 		log:         log,
 		bufs:        wire.NewBufferPool(wire.BufferSize),
+		stmts:       newStmtRegistry(),
 		ctx:         ctx,
 		cancel:      cancel,
 		started:     time.Now(),

@@ -50,10 +50,23 @@ type serverConn struct {
 	drop    bool // the current frame is swallowed
 	readBuf []byte
 
-	// swallow counts the ReadyForQuery-terminated responses at the head of
-	// the stream that answer poolerd's own queries. The owner adds before
-	// writing; the reader subtracts.
-	swallow atomic.Int32
+	// zRecv counts the ReadyForQuery received (reader only); the responses
+	// to the messages that produce one (Query, FunctionCall, Sync) form
+	// numbered groups, and group zRecv is the one arriving now.
+	zRecv int64
+	// nextSwallow is the number of the next group that answers poolerd's own
+	// request (a parameter sync, a settings snapshot), which the reader
+	// swallows, or -1. The full list is swallowQ, under mu.
+	nextSwallow atomic.Int64
+	// snapZ is the group of a settings snapshot whose rows the reader keeps
+	// (-1: none); snapRows are those rows (reader only).
+	snapZ    atomic.Int64
+	snapRows map[string]string
+	// nops is the length of stq, for the reader's lock-free check.
+	nops atomic.Int32
+	// dupClient/dupServer: the ErrorResponse being read may be the server's
+	// answer to a client's duplicate Parse (reader only).
+	dupClient, dupServer string
 	// owner is the session holding the connection; nil while idle or while
 	// poolerd runs its own query. Changed only under mu.
 	owner atomic.Pointer[session]
@@ -68,7 +81,11 @@ type serverConn struct {
 	replacing     bool // reader only: the current ErrorResponse is being rewritten
 
 	mu         sync.Mutex
-	pending    int  // ReadyForQuery owed
+	pending    int   // ReadyForQuery owed
+	zSent      int64 // messages producing a ReadyForQuery sent so far
+	swallowQ   []int64
+	stq        stmtQueue   // Parse and Close in flight (prepared.go)
+	stmts      serverStmts // statements prepared on the connection
 	unsynced   bool // extended-protocol messages sent since the last Sync
 	txStatus   byte // from the last ReadyForQuery
 	cancelling bool // a cancel request for this backend is in flight
@@ -124,6 +141,8 @@ func newServerConn(dbp *dbPool, c *backend.Conn) *serverConn {
 		params:   make(map[string]string, len(c.Params)),
 		applied:  map[string]string{},
 	}
+	sc.nextSwallow.Store(-1)
+	sc.snapZ.Store(-1)
 	for k, v := range c.Params {
 		sc.params[k] = v
 	}
@@ -177,15 +196,26 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 			end = off
 			continue
 		case wire.EvHeader:
-			sc.drop = sc.swallow.Load() > 0
+			sc.drop = sc.nextSwallow.Load() == sc.zRecv
 			switch sc.cur.Type {
 			case 'Z', 'S':
 				sc.cur.Capture(maxCapture)
+			case '1', '3':
+				if !sc.drop && sc.nops.Load() > 0 && sc.stmtAnswered(sc.cur.Type) {
+					sc.drop = true
+				}
+			case 'D':
+				if sc.drop && sc.snapZ.Load() == sc.zRecv {
+					sc.cur.Capture(maxCapture)
+				}
 			case 'E':
 				sc.cur.Capture(maxCapture)
-				// The reply to a query_timeout cancel is held back and
-				// rewritten at its end.
-				sc.replacing = !sc.drop && own != nil && sc.timeoutCancel.Load()
+				if !sc.drop && sc.nops.Load() > 0 {
+					sc.dupClient, sc.dupServer = sc.stmtFailed()
+				}
+				// The reply to a query_timeout cancel, or to a duplicate
+				// Parse, is held back and rewritten at its end.
+				sc.replacing = !sc.drop && own != nil && (sc.timeoutCancel.Load() || sc.dupClient != "")
 			case 'G':
 				sc.copyIn.Store(true)
 			}
@@ -200,9 +230,14 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 				rfqs++
 				sc.copyIn.Store(false)
 				if sc.drop {
-					sc.swallow.Add(-1)
+					sc.swallowed(own, status)
 				} else {
 					answered++
+				}
+				sc.zRecv++
+			case 'D':
+				if sc.drop && sc.snapZ.Load() == sc.zRecv {
+					sc.snapRow(sc.cur.Body())
 				}
 			case 'S':
 				if name, value, ok := wire.ParseParameterStatus(sc.cur.Body()); ok {
@@ -218,9 +253,14 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 					if out > start {
 						own.writeFromServer(buf[start:out])
 					}
-					own.writeFromServer(sc.timeoutReply(own, sev, code, msg))
+					if sc.dupClient != "" && isDuplicateOf(code, msg, sc.dupServer) {
+						own.writeFromServer(duplicateError(sev, sc.dupClient))
+					} else {
+						own.writeFromServer(sc.timeoutReply(own, sev, code, msg))
+					}
 					start, out = off, off
 				}
+				sc.dupClient, sc.dupServer = "", ""
 				if sc.drop {
 					sc.mu.Lock()
 					if sc.opErr == nil {
@@ -269,7 +309,7 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 // query_timeout cancel: the same SQLSTATE, naming the limit.
 func (sc *serverConn) timeoutReply(own *session, sev, code, msg string) []byte {
 	e := &wire.Error{Severity: sev, Code: code, Message: msg}
-	if code == "57014" {
+	if code == "57014" && sc.timeoutCancel.Load() {
 		e.Message = fmt.Sprintf("canceling statement due to query_timeout (%s)", time.Duration(own.limits().query))
 		e.Hint = "raise query_timeout for this database or user, or make the query faster"
 	} else if body := sc.cur.Body(); !sc.cur.Truncated() {
@@ -359,12 +399,18 @@ func (sc *serverConn) settleLocked(rfqs int, status byte) {
 			sc.broken = true
 		}
 	}
-	if sc.pending == 0 && sc.quiet != nil && sc.swallow.Load() == 0 {
+	if sc.pending == 0 && sc.quiet != nil && len(sc.swallowQ) == 0 {
 		close(sc.quiet)
 		sc.quiet = nil
 	}
 	own := sc.owner.Load()
 	release := own != nil && sc.cleanLocked() && own.releaseWhenIdle()
+	if release && own.settingsDirty.Load() {
+		// The client changed settings during the transaction: read what
+		// they are now before anyone else gets the connection.
+		release = false
+		sc.snapshotLocked()
+	}
 	if release {
 		sc.detachLocked(own)
 	}
@@ -384,7 +430,7 @@ func (sc *serverConn) settleLocked(rfqs int, status byte) {
 // transaction and frame.
 func (sc *serverConn) cleanLocked() bool {
 	return sc.pending == 0 && !sc.unsynced && sc.txStatus == wire.TxIdle && !sc.busy &&
-		sc.swallow.Load() == 0 && !sc.cancelling && !sc.midFrame && !sc.broken
+		len(sc.swallowQ) == 0 && sc.stq.len() == 0 && !sc.cancelling && !sc.midFrame && !sc.broken
 }
 
 func (sc *serverConn) detachLocked(own *session) {
@@ -434,7 +480,8 @@ func (sc *serverConn) exec(ctx context.Context, sql string) error {
 	sc.quiet = quiet
 	sc.opErr = nil
 	sc.pending++
-	sc.swallow.Add(1)
+	sc.swallowGroupLocked(sc.zSent)
+	sc.zSent++
 	sc.mu.Unlock()
 	if _, err := sc.Conn.Write(wire.AppendQuery(nil, sql)); err != nil {
 		sc.markBroken()
@@ -466,4 +513,113 @@ func (sc *serverConn) isBroken() bool {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
 	return sc.broken
+}
+
+// swallowGroupLocked marks response group z as poolerd's own. Groups are
+// added in increasing order.
+func (sc *serverConn) swallowGroupLocked(z int64) {
+	sc.swallowQ = append(sc.swallowQ, z)
+	if len(sc.swallowQ) == 1 {
+		sc.nextSwallow.Store(z)
+	}
+}
+
+// swallowed ends a swallowed response group (its ReadyForQuery with
+// transaction status status): the next one becomes the head, and a settings
+// snapshot is handed to the owner. Reader goroutine.
+func (sc *serverConn) swallowed(own *session, status byte) {
+	sc.mu.Lock()
+	if len(sc.swallowQ) > 0 {
+		sc.swallowQ = sc.swallowQ[1:]
+	}
+	if len(sc.swallowQ) > 0 {
+		sc.nextSwallow.Store(sc.swallowQ[0])
+	} else {
+		sc.swallowQ = sc.swallowQ[:0:0]
+		sc.nextSwallow.Store(-1)
+	}
+	snap := sc.snapZ.Load() == sc.zRecv
+	if snap {
+		sc.snapZ.Store(-1)
+	}
+	failed := sc.opErr != nil
+	var rows map[string]string
+	if snap {
+		rows, sc.snapRows = sc.snapRows, nil
+		if rows == nil {
+			rows = map[string]string{}
+		}
+		if !failed {
+			sc.applySnapshotLocked(rows)
+			if own != nil {
+				own.settingsSnapshot(sc, status)
+			}
+		}
+		sc.opErr = nil
+	}
+	sc.mu.Unlock()
+}
+
+// snapRow keeps one row (name, value) of a settings snapshot. Reader
+// goroutine.
+func (sc *serverConn) snapRow(body []byte) {
+	cols, ok := dataRow(body, 2)
+	if !ok {
+		return
+	}
+	if sc.snapRows == nil {
+		sc.snapRows = map[string]string{}
+	}
+	sc.snapRows[string(cols[0])] = string(cols[1])
+}
+
+// dataRow splits a DataRow body of n non-null columns.
+func dataRow(body []byte, n int) ([][]byte, bool) {
+	if len(body) < 2 || int(binary.BigEndian.Uint16(body)) != n {
+		return nil, false
+	}
+	cols := make([][]byte, 0, n)
+	p := body[2:]
+	for range n {
+		if len(p) < 4 {
+			return nil, false
+		}
+		l := int(int32(binary.BigEndian.Uint32(p)))
+		p = p[4:]
+		if l < 0 || l > len(p) {
+			return nil, false
+		}
+		cols = append(cols, p[:l])
+		p = p[l:]
+	}
+	return cols, true
+}
+
+// applySnapshotLocked records what a settings snapshot says is set on the
+// connection beyond the reported parameters.
+func (sc *serverConn) applySnapshotLocked(rows map[string]string) {
+	clear(sc.applied)
+	for name, value := range rows {
+		if _, reported := sc.params[name]; !reported {
+			sc.applied[name] = value
+		}
+	}
+}
+
+// snapshotSQL lists the session-level settings of a connection: what a
+// client's SET, RESET and set_config left behind (the reported parameters
+// are tracked through ParameterStatus instead).
+const snapshotSQL = "SELECT name, pg_catalog.current_setting(name) FROM pg_catalog.pg_settings " +
+	"WHERE source = 'session' AND name NOT IN ('role', 'session_authorization')"
+
+// snapshotLocked sends the settings snapshot query on a clean connection
+// (the server is waiting for a request, so the write cannot block on it).
+func (sc *serverConn) snapshotLocked() {
+	sc.pending++
+	sc.snapZ.Store(sc.zSent)
+	sc.swallowGroupLocked(sc.zSent)
+	sc.zSent++
+	if _, err := sc.Conn.Write(wire.AppendQuery(nil, snapshotSQL)); err != nil {
+		sc.broken = true
+	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/poolerd/poolerd/internal/backend"
 	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/internal/sqlscan"
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
@@ -64,6 +65,30 @@ type session struct {
 	syncQuery []byte
 	wv        [2][]byte
 
+	// Transaction and statement mode (sessionstate.go, prepared.go).
+	stateful    bool // session state is tracked (the mode is not session)
+	tracked     bool // ... and named prepared statements are mapped
+	refuseState bool // session_state: refuse
+	maxPrepared int
+	// hold: the current frame is kept until complete (Cursor capture),
+	// then rewritten, refused or forwarded whole.
+	hold bool
+	// obOn: this batch is assembled in ob instead of in place in the read
+	// buffer (a held frame was rewritten); bops and bgroups are the queue
+	// entries and swallowed response groups it adds, numbered within it.
+	obOn    bool
+	ob      []byte
+	bops    []stmtOp
+	bgroups []int
+	// stmts maps the client's statement names (stmu).
+	stmu  sync.Mutex
+	stmts map[string]*stmtDef
+	// settingsDirty: the client may have changed settings since the last
+	// snapshot of them; pinReason is set while it is pinned.
+	settingsDirty atomic.Bool
+	pinReason     atomic.Pointer[string]
+	eff           sqlscan.Effects // of the Query or Parse being handled
+
 	// pmu guards params: the values this client's session should have on
 	// any server (startup parameters, then what ParameterStatus told it).
 	pmu    sync.Mutex
@@ -96,7 +121,7 @@ type session struct {
 	endErr   atomic.Pointer[wire.Error]
 }
 
-func (s *session) releaseWhenIdle() bool { return s.mode == config.PoolTransaction }
+func (s *session) releaseWhenIdle() bool { return s.stateful && s.pinReason.Load() == nil }
 
 // noLimits is the limits of a session that has none (before login).
 var noLimits = &limits{}
@@ -157,10 +182,16 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 	s.beginBatch()
 	out, off := start, start
 	b := batch{unsynced: s.unsynced}
+	data := func() []byte {
+		if s.obOn {
+			return s.ob
+		}
+		return buf[start:out]
+	}
 	for off < end || s.cur.Ending() {
 		n, ev, err := s.cur.Next(buf[off:end])
 		if err != nil {
-			s.flush(buf[start:out], b)
+			s.flush(data(), b)
 			s.fail(&wire.Error{Severity: "FATAL", Code: "08P01", Message: "invalid frontend message: " + err.Error(),
 				Hint: "the client sent bytes that are not a PostgreSQL v3 message; check the driver"})
 			return true
@@ -173,13 +204,13 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 		case wire.EvHeader:
 			t := s.cur.Type
 			if !isFrontendType(t) {
-				s.flush(buf[start:out], b)
+				s.flush(data(), b)
 				s.fail(&wire.Error{Severity: "FATAL", Code: "08P01", Message: "invalid frontend message type " + quoteByte(t),
 					Hint: "the client sent a message poolerd does not know in this state; check the driver"})
 				return true
 			}
 			if t == 'X' {
-				s.flush(buf[start:out], b)
+				s.flush(data(), b)
 				return true
 			}
 			s.dropFrame = false
@@ -189,7 +220,7 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 			}
 			switch {
 			case rateErr != nil && rateErr.Fatal():
-				s.flush(buf[start:out], b)
+				s.flush(data(), b)
 				s.fail(rateErr)
 				return true
 			case rateErr != nil:
@@ -197,7 +228,7 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 				// The refusal must reach the client after the answers to
 				// what it sent before: send that, and wait for them.
 				if sc := s.server.Load(); sc != nil {
-					if !s.flush(buf[start:out], b) {
+					if !s.flush(data(), b) {
 						return true
 					}
 					start, out, b.reqs = off, off, 0
@@ -226,26 +257,85 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 					s.refuse(werr)
 				}
 			}
+			s.hold = false
 			if !s.dropFrame {
-				s.count(&b, t)
-				if (t == 'Q' || t == 'P') && s.limits().any() {
+				switch {
+				case s.heldFrame(t, s.cur.Len):
+					// Counted when complete, in the batch that sends it.
+					s.hold = true
+					s.cur.Capture(s.cur.Len)
+				case (t == 'Q' || t == 'P') && s.stateful:
+					s.count(&b, t)
+					s.cur.Capture(maxScan)
+				case (t == 'Q' || t == 'P') && s.limits().any():
+					s.count(&b, t)
 					s.cur.Capture(maxQueryText + 128)
+				default:
+					s.count(&b, t)
 				}
 			}
 		case wire.EvEnd:
-			if t := s.cur.Type; (t == 'Q' || t == 'P') && !s.dropFrame && s.limits().any() {
-				s.noteQuery(t, s.cur.Body())
+			t := s.cur.Type
+			if s.dropFrame {
+				break
+			}
+			body := s.cur.Body()
+			if (t == 'Q' || t == 'P') && s.limits().any() {
+				s.noteQuery(t, body)
+			}
+			if !s.hold {
+				if s.stateful && (t == 'Q' || t == 'P') {
+					// Too long to hold: already on its way, so it can
+					// only pin.
+					_ = s.scanEffects(t, body, false)
+				}
+				break
+			}
+			s.hold = false
+			sc := s.server.Load()
+			if sc == nil {
+				break // the server was lost; the session is ending
+			}
+			canRefuse := !b.unsynced
+			if werr := s.scanEffects(t, body, canRefuse); werr != nil {
+				// Refused in order: what came before goes first and is
+				// answered before the error.
+				if !s.flush(data(), b) {
+					return true
+				}
+				start, out, b.reqs = off, off, 0
+				s.waitAnswered(sc)
+				s.refuse(werr)
+				break
+			}
+			if !s.obOn {
+				s.ob = append(s.obBuf(), buf[start:out]...)
+				s.obOn = true
+			}
+			zb := b.reqs
+			s.count(&b, t)
+			if t == 'Q' {
+				s.queryFrame(sc, body, &b, zb)
+			} else {
+				s.stmtFrame(sc, t, body, zb)
 			}
 		}
-		if (ev == wire.EvHeader || ev == wire.EvBody) && !s.dropFrame {
-			if out != off {
-				copy(buf[out:], buf[off:off+n])
+		if (ev == wire.EvHeader || ev == wire.EvBody) && !s.dropFrame && !s.hold {
+			if s.obOn {
+				s.ob = append(s.ob, buf[off:off+n]...)
+			} else {
+				if out != off {
+					copy(buf[out:], buf[off:off+n])
+				}
+				out += n
 			}
-			out += n
 		}
 		off += n
 	}
-	return !s.flush(buf[start:out], b)
+	if !s.hold {
+		s.cur.Trim(maxScan)
+	}
+	return !s.flush(data(), b)
 }
 
 // count records what a forwarded frame earns. Every Query, FunctionCall and
@@ -377,6 +467,7 @@ func (s *session) beginBatch() {
 // transaction mode it is released here. It returns false if the server was
 // lost.
 func (s *session) flush(data []byte, b batch) bool {
+	defer s.endBatch()
 	s.unsynced = b.unsynced
 	sc := s.server.Load()
 	if sc == nil {
@@ -412,7 +503,19 @@ func (s *session) flush(data []byte, b batch) bool {
 		busySince, queryStart = sc.busySince, sc.queryStart
 	}
 	sc.pending += b.reqs + syncReqs
-	sc.swallow.Add(int32(syncReqs))
+	if sync != nil {
+		sc.swallowGroupLocked(sc.zSent)
+	}
+	base := sc.zSent + int64(syncReqs)
+	for _, op := range s.bops {
+		op.zseq += base
+		sc.stq.push(op)
+	}
+	sc.nops.Add(int32(len(s.bops)))
+	for _, g := range s.bgroups {
+		sc.swallowGroupLocked(base + int64(g))
+	}
+	sc.zSent = base + int64(b.reqs)
 	sc.unsynced = b.unsynced
 	sc.busy = false
 	release := len(data) == 0 && syncReqs == 0 && s.releaseWhenIdle() && sc.cleanLocked()
@@ -639,6 +742,10 @@ func (s *session) end(err error) {
 		if sc := s.server.Load(); sc != nil {
 			s.releaseAtEnd(sc)
 		}
+		s.unpin()
+		if s.tracked {
+			s.forgetStatements()
+		}
 		if s.admin {
 			s.waitMu.Lock()
 			if s.waitCancel != nil {
@@ -682,21 +789,37 @@ func (s *session) releaseAtEnd(sc *serverConn) {
 		s.dbp.pool.Discard(sc, reason)
 		return
 	}
-	if s.mode == config.PoolSession {
-		if q := s.dbp.route().Settings.ServerResetQuery; q != "" {
-			ctx, cancel := context.WithTimeout(s.srv.ctx, 10*time.Second)
-			err := sc.exec(ctx, q)
-			cancel()
-			if err != nil {
-				s.log.Warn("server_reset_query failed; closing the server connection",
-					zap.Uint64("conn_id", sc.ID()), zap.Error(err))
-				s.dbp.pool.Discard(sc, evictResetFailed)
-				return
-			}
-			// DISCARD ALL / RESET ALL return every parameter to the
-			// server's defaults.
-			clear(sc.applied)
+	// A session-mode client's connection gets server_reset_query; a pinned
+	// transaction-mode client's, DISCARD ALL; one whose settings changed
+	// since their last snapshot, RESET ALL.
+	var q string
+	switch {
+	case s.mode == config.PoolSession:
+		q = s.dbp.route().Settings.ServerResetQuery
+	case s.pinned():
+		q = "DISCARD ALL"
+	case s.settingsDirty.Load():
+		q = "RESET ALL"
+	}
+	if q != "" {
+		ctx, cancel := context.WithTimeout(s.srv.ctx, 10*time.Second)
+		err := sc.exec(ctx, q)
+		cancel()
+		if err != nil {
+			s.log.Warn("resetting the server connection failed; closing it",
+				zap.String("query", q), zap.Uint64("conn_id", sc.ID()), zap.Error(err))
+			s.dbp.pool.Discard(sc, evictResetFailed)
+			return
 		}
+		// DISCARD ALL / RESET ALL return every parameter to the
+		// server's defaults; DISCARD ALL and DEALLOCATE ALL drop every
+		// prepared statement.
+		sc.mu.Lock()
+		clear(sc.applied)
+		if sqlscan.Scan(q).DeallocateAll {
+			sc.stmts.clear()
+		}
+		sc.mu.Unlock()
 	}
 	s.dbp.checkin(sc)
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/poolerd/poolerd/internal/sqlscan"
 )
 
 // counters are a pool's traffic totals since start, kept with atomics on
@@ -20,6 +22,27 @@ type counters struct {
 	received  atomic.Uint64 // bytes from clients
 	sent      atomic.Uint64 // bytes to clients
 	errors    sync.Map      // SQLSTATE class (string) -> *atomic.Uint64
+
+	// Transaction-mode prepared statements and session state.
+	clientParses, serverParses, cacheHits, stmtEvictions atomic.Uint64
+	pinnedNow                                            [len(pinReasons)]atomic.Int64
+	pinsTotal                                            [len(pinReasons)]atomic.Uint64
+}
+
+// pinReasons are the reasons a client is pinned, as metric labels.
+var pinReasons = [...]string{sqlscan.PinTempTable, sqlscan.PinPrepare, sqlscan.PinListen,
+	sqlscan.PinAdvisoryLock, sqlscan.PinCursorOnHold, sqlscan.PinRole}
+
+// pinned counts a client pinned (delta 1) or unpinned (-1) for reason.
+func (c *counters) pinned(reason string, delta int64) {
+	for i, r := range pinReasons {
+		if r == reason {
+			c.pinnedNow[i].Add(delta)
+			if delta > 0 {
+				c.pinsTotal[i].Add(1)
+			}
+		}
+	}
 }
 
 // countError counts an error sent to a client by its SQLSTATE class.

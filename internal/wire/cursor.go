@@ -128,3 +128,12 @@ func (c *Cursor) Next(p []byte) (n int, ev Event, err error) {
 	c.capture = c.capture[:0]
 	return HeaderLen, EvHeader, nil
 }
+
+// Trim drops a capture buffer grown beyond max bytes, so that a connection
+// that once sent a large frame does not keep its size while idle. Call it
+// between frames.
+func (c *Cursor) Trim(max int) {
+	if cap(c.capture) > max {
+		c.capture = nil
+	}
+}

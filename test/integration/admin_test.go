@@ -1604,7 +1604,7 @@ func TestAdminSet(t *testing.T) {
 	}
 	obErr(t, adm, "SET http_listen = '127.0.0.1:1'", "08P01", "SET failed: http_listen can only change with a restart")
 	for _, q := range []string{"SET no_such_key = 1", "SET max_size = 0", "SET max_size = lots", "SET query_timeout = 5",
-		"SET pool_mode = statement"} {
+		"SET pool_mode = statements"} {
 		pe := obErr(t, adm, q, "08P01", "SET failed")
 		if pe.Detail == "" {
 			t.Errorf("%s: no detail says why", q)

@@ -1,0 +1,284 @@
+package proxy
+
+import (
+	"container/list"
+	"encoding/binary"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+
+	"go.uber.org/zap"
+
+	"github.com/poolerd/poolerd/internal/wire"
+)
+
+// Protocol-level named prepared statements in transaction and statement
+// mode.
+//
+// A client's statement names live in its session (session.stmts), mapped to
+// statement definitions shared by every client that prepared the same text
+// with the same parameter types and search_path (stmtRegistry). A definition
+// has a server-side name, poolerd_s<N>. Each server connection remembers,
+// least recently used last, which definitions are prepared on it
+// (serverStmts). When a client's Bind or Describe names a statement its
+// current server does not have, poolerd sends the definition's Parse first and
+// swallows its ParseComplete.
+//
+// Every response poolerd must swallow, and every mapping that a server-side
+// error must undo, is an entry of the server connection's queue (stmtOp), in
+// the order the messages were sent. Parse and Close are the only messages
+// whose responses poolerd consumes (ParseComplete, CloseComplete), so they are
+// the entries; each records how many ReadyForQuery-producing messages (Sync,
+// Query, FunctionCall) were sent before it, which places it in a Sync group.
+// An ErrorResponse makes PostgreSQL skip the rest of its group: the entries of
+// that group still queued never ran, and their effects are undone.
+//
+// poolerd never invents a response: a client's Parse of a statement already
+// prepared on the server is sent as a Parse of an empty statement under a
+// scratch name (and a swallowed Close of it), and a client's Close is sent as
+// a Close of the client's own name, which the server does not have. The
+// server's answers then arrive exactly where a direct connection's would,
+// errors included.
+
+// nopStatement is the scratch statement name of a client Parse answered from
+// the cache.
+const nopStatement = "poolerd_nop"
+
+// stmtDef is one statement definition.
+type stmtDef struct {
+	name  string // server-side name
+	key   string // search_path, query and parameter types
+	parse []byte // the Parse frame that prepares it under name
+	refs  int    // client mappings (registry mutex)
+}
+
+// stmtRegistry deduplicates statement definitions across clients.
+type stmtRegistry struct {
+	mu    sync.Mutex
+	byKey map[string]*stmtDef
+	next  uint64
+}
+
+func newStmtRegistry() *stmtRegistry { return &stmtRegistry{byKey: map[string]*stmtDef{}} }
+
+// acquire returns the definition of rest (a Parse body after the statement
+// name: query, NUL, parameter types) for a client whose search_path is
+// searchPath, with one more reference.
+func (r *stmtRegistry) acquire(searchPath string, rest []byte) *stmtDef {
+	key := make([]byte, 0, len(searchPath)+1+len(rest))
+	key = append(append(append(key, searchPath...), 0), rest...)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if d := r.byKey[string(key)]; d != nil {
+		d.refs++
+		return d
+	}
+	r.next++
+	name := "poolerd_s" + strconv.FormatUint(r.next, 10)
+	frame := make([]byte, wire.HeaderLen, wire.HeaderLen+len(name)+1+len(rest))
+	frame[0] = 'P'
+	frame = append(append(append(frame, name...), 0), rest...)
+	binary.BigEndian.PutUint32(frame[1:], uint32(len(frame)-1))
+	d := &stmtDef{name: name, key: string(key), parse: frame, refs: 1}
+	r.byKey[d.key] = d
+	return d
+}
+
+// retain adds a reference to d (a mapping restored after an error).
+func (r *stmtRegistry) retain(d *stmtDef) {
+	r.mu.Lock()
+	d.refs++
+	if r.byKey[d.key] == nil {
+		r.byKey[d.key] = d
+	}
+	r.mu.Unlock()
+}
+
+// release drops a reference; a definition nobody maps is forgotten (server
+// connections that have it keep it until their LRU closes it).
+func (r *stmtRegistry) release(d *stmtDef) {
+	r.mu.Lock()
+	d.refs--
+	if d.refs <= 0 && r.byKey[d.key] == d {
+		delete(r.byKey, d.key)
+	}
+	r.mu.Unlock()
+}
+
+// size is the number of definitions.
+func (r *stmtRegistry) size() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.byKey)
+}
+
+// serverStmts is what is prepared on one server connection, most recently
+// used first. Guarded by the connection's mu.
+type serverStmts struct {
+	byName map[string]*list.Element // of string (the server-side name)
+	lru    list.List
+}
+
+func (ss *serverStmts) has(name string) bool {
+	if e := ss.byName[name]; e != nil {
+		ss.lru.MoveToFront(e)
+		return true
+	}
+	return false
+}
+
+func (ss *serverStmts) add(name string) {
+	if ss.byName == nil {
+		ss.byName = map[string]*list.Element{}
+	}
+	if e := ss.byName[name]; e != nil {
+		ss.lru.MoveToFront(e)
+		return
+	}
+	ss.byName[name] = ss.lru.PushFront(name)
+}
+
+func (ss *serverStmts) remove(name string) {
+	if e := ss.byName[name]; e != nil {
+		ss.lru.Remove(e)
+		delete(ss.byName, name)
+	}
+}
+
+// oldest returns the least recently used name.
+func (ss *serverStmts) oldest() string { return ss.lru.Back().Value.(string) }
+
+func (ss *serverStmts) len() int { return len(ss.byName) }
+
+// clear forgets everything (DISCARD ALL, DEALLOCATE ALL).
+func (ss *serverStmts) clear() {
+	clear(ss.byName)
+	ss.lru.Init()
+}
+
+// opKind says what undoing a queue entry means.
+type opKind uint8
+
+const (
+	opPlain        opKind = iota // a client's Parse or Close passed through as is
+	opClientParse                // a client's Parse sent under a definition's name
+	opCacheHit                   // a client's Parse answered by the scratch statement
+	opNopClose                   // the swallowed Close of the scratch statement
+	opInject                     // poolerd's Parse of a definition the server lacked
+	opEvict                      // poolerd's Close of a definition the LRU evicted
+	opClientClose                // a client's Close of a mapped statement
+	opDuplicate                  // a client's Parse of a name it already has
+)
+
+// stmtOp is one queue entry: a Parse or Close sent to the server.
+type stmtOp struct {
+	zseq    int64 // ReadyForQuery-producing messages sent before it
+	kind    opKind
+	close   bool // answered by CloseComplete (else ParseComplete)
+	swallow bool // the answer is poolerd's, not the client's
+	ran     bool // opNopClose: the scratch Parse ran, so this Close must
+	sess    *session
+	client  string   // the client's statement name
+	def     *stmtDef // the definition concerned
+}
+
+// stmtQueue is a FIFO of stmtOp.
+type stmtQueue struct {
+	ops  []stmtOp
+	head int
+}
+
+func (q *stmtQueue) len() int { return len(q.ops) - q.head }
+
+func (q *stmtQueue) push(op stmtOp) { q.ops = append(q.ops, op) }
+
+func (q *stmtQueue) front() *stmtOp { return &q.ops[q.head] }
+
+func (q *stmtQueue) pop() stmtOp {
+	op := q.ops[q.head]
+	q.ops[q.head] = stmtOp{}
+	q.head++
+	if q.head == len(q.ops) {
+		q.ops, q.head = q.ops[:0], 0
+	}
+	return op
+}
+
+// clear empties the queue, dropping references.
+func (q *stmtQueue) clear() {
+	clear(q.ops)
+	q.ops, q.head = q.ops[:0], 0
+}
+
+// stmtAnswered pops the queue entry that a ParseComplete ('1') or
+// CloseComplete ('3') answers, and reports whether the frame is poolerd's to
+// swallow. Reader goroutine.
+func (sc *serverConn) stmtAnswered(typ byte) (swallow bool) {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	if sc.stq.len() == 0 {
+		return false
+	}
+	op := sc.stq.pop()
+	sc.nops.Add(-1)
+	if op.close != (typ == '3') {
+		// The queue and the server disagree: nothing about this
+		// connection is provable any more.
+		sc.broken = true
+		sc.log.Warn("prepared statement tracking lost step with the server; the connection will be closed",
+			zap.String("got", string(rune(typ))), zap.Uint64("conn_id", sc.ID()))
+		return false
+	}
+	if op.kind == opCacheHit && sc.stq.len() > 0 && sc.stq.front().kind == opNopClose {
+		sc.stq.front().ran = true
+	}
+	return op.swallow
+}
+
+// stmtFailed undoes the queue entries that an ErrorResponse made the server
+// skip: those of the Sync group now running. It returns the client's name of
+// a duplicate-name Parse among them, for the error rewrite. Reader goroutine.
+func (sc *serverConn) stmtFailed() (dupClient, dupServer string) {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	for sc.stq.len() > 0 && sc.stq.front().zseq <= sc.zRecv {
+		op := sc.stq.pop()
+		sc.nops.Add(-1)
+		switch op.kind {
+		case opClientParse:
+			op.sess.unmapStatement(op.client, op.def)
+			sc.stmts.remove(op.def.name)
+		case opCacheHit:
+			op.sess.unmapStatement(op.client, op.def)
+		case opInject:
+			sc.stmts.remove(op.def.name)
+		case opNopClose:
+			if op.ran {
+				sc.broken = true // the scratch statement stays on the server
+			}
+		case opEvict:
+			sc.broken = true // still prepared, no longer listed
+		case opClientClose:
+			op.sess.remapStatement(op.client, op.def)
+		case opDuplicate:
+			if dupClient == "" {
+				dupClient, dupServer = op.client, op.def.name
+			}
+		}
+	}
+	return dupClient, dupServer
+}
+
+// duplicateError is what a client gets for a Parse of a name it already
+// has, in place of the server's error that names the definition.
+func duplicateError(sev, client string) []byte {
+	return (&wire.Error{Severity: sev, Code: "42P05",
+		Message: fmt.Sprintf("prepared statement \"%s\" already exists", client)}).Append(nil)
+}
+
+// isDuplicateOf reports whether an ErrorResponse body is the server's 42P05
+// for server-side name name.
+func isDuplicateOf(code, msg, name string) bool {
+	return code == "42P05" && strings.Contains(msg, `"`+name+`"`)
+}

@@ -1,0 +1,448 @@
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+
+	"go.uber.org/zap"
+
+	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/internal/sqlscan"
+	"github.com/poolerd/poolerd/internal/wire"
+)
+
+// What a transaction- or statement-mode client's session holds beyond its
+// current server connection: its prepared statements (prepared.go), its
+// settings, and the state that pins it to one server connection.
+
+// maxHeldQuery is the largest Query poolerd holds until complete in
+// transaction and statement mode, so that it can rewrite or refuse it;
+// longer ones are forwarded as they arrive and scanned up to maxScan.
+const (
+	maxHeldQuery = 8 << 10
+	maxScan      = 64 << 10
+)
+
+// heldFrame reports whether a frame of type t is held until complete.
+func (s *session) heldFrame(t byte, n int) bool {
+	switch t {
+	case 'P', 'B', 'D', 'C':
+		return s.tracked
+	case 'Q':
+		return s.stateful && n <= maxHeldQuery
+	}
+	return false
+}
+
+// emit appends p to the out-of-place batch (see fromClient).
+func (s *session) emit(p ...[]byte) {
+	for _, b := range p {
+		s.ob = append(s.ob, b...)
+	}
+}
+
+// emitFrame appends a frame of type t with body parts.
+func (s *session) emitFrame(t byte, parts ...[]byte) {
+	n := 4
+	for _, p := range parts {
+		n += len(p)
+	}
+	s.ob = append(s.ob, t, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+	s.emit(parts...)
+}
+
+// cstring splits a NUL-terminated string off the front of b.
+func cstring(b []byte) (string, []byte, bool) {
+	i := bytes.IndexByte(b, 0)
+	if i < 0 {
+		return "", nil, false
+	}
+	return string(b[:i]), b[i+1:], true
+}
+
+var nul = []byte{0}
+
+// pushOp records a queue entry of the batch; zb is the number of
+// ReadyForQuery-producing messages before it in the batch.
+func (s *session) pushOp(op stmtOp, zb int) {
+	op.zseq = int64(zb)
+	op.sess = s
+	s.bops = append(s.bops, op)
+}
+
+// stmtFrame handles a complete Parse, Bind, Describe or Close of a client in
+// transaction or statement mode: it appends what the server must get to the
+// batch and records the queue entries. zb places it in the batch.
+func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
+	m := &s.dbp.ctr
+	switch t {
+	case 'P':
+		m.clientParses.Add(1)
+		name, rest, ok := cstring(body)
+		if !ok || name == "" {
+			m.serverParses.Add(1)
+			s.emitFrame(t, body)
+			s.pushOp(stmtOp{kind: opPlain}, zb)
+			return
+		}
+		s.stmu.Lock()
+		old := s.stmts[name]
+		s.stmu.Unlock()
+		if old != nil {
+			// PostgreSQL answers 42P05 and skips to the Sync: have it do
+			// so by preparing the name the client's statement has there.
+			s.ensurePrepared(sc, old, zb)
+			s.emitFrame('P', []byte(old.name), nul, rest)
+			s.pushOp(stmtOp{kind: opDuplicate, client: name, def: old}, zb)
+			return
+		}
+		def := s.srv.stmts.acquire(s.searchPath(), rest)
+		s.stmu.Lock()
+		s.stmts[name] = def
+		s.stmu.Unlock()
+		sc.mu.Lock()
+		hit := sc.stmts.has(def.name)
+		var evicted []string
+		if !hit {
+			evicted = s.makeRoomLocked(sc)
+			sc.stmts.add(def.name)
+		}
+		sc.mu.Unlock()
+		s.emitEvictions(evicted, zb)
+		if hit {
+			m.cacheHits.Add(1)
+			s.emitFrame('P', []byte(nopStatement), nul, nul, []byte{0, 0})
+			s.pushOp(stmtOp{kind: opCacheHit, client: name, def: def}, zb)
+			s.emitFrame('C', []byte{'S'}, []byte(nopStatement), nul)
+			s.pushOp(stmtOp{kind: opNopClose, close: true, swallow: true}, zb)
+			return
+		}
+		m.serverParses.Add(1)
+		s.emit(def.parse)
+		s.pushOp(stmtOp{kind: opClientParse, client: name, def: def}, zb)
+	case 'B':
+		portal, r1, ok1 := cstring(body)
+		name, r2, ok2 := cstring(r1)
+		var def *stmtDef
+		if ok1 && ok2 && name != "" {
+			def = s.statement(name)
+		}
+		if def == nil {
+			s.emitFrame(t, body) // unnamed, or unknown: PostgreSQL says 26000
+			return
+		}
+		s.ensurePrepared(sc, def, zb)
+		s.emitFrame('B', []byte(portal), nul, []byte(def.name), nul, r2)
+	case 'D':
+		var def *stmtDef
+		if len(body) > 1 && body[0] == 'S' {
+			if name, _, ok := cstring(body[1:]); ok && name != "" {
+				def = s.statement(name)
+			}
+		}
+		if def == nil {
+			s.emitFrame(t, body)
+			return
+		}
+		s.ensurePrepared(sc, def, zb)
+		s.emitFrame('D', []byte{'S'}, []byte(def.name), nul)
+	case 'C':
+		// Sent as is: the server has no statement under the client's
+		// name, so it answers CloseComplete where a direct one would.
+		s.emitFrame(t, body)
+		if len(body) > 1 && body[0] == 'S' {
+			if name, _, ok := cstring(body[1:]); ok && name != "" {
+				s.stmu.Lock()
+				def := s.stmts[name]
+				if def != nil {
+					delete(s.stmts, name)
+				}
+				s.stmu.Unlock()
+				if def != nil {
+					s.srv.stmts.release(def)
+					s.pushOp(stmtOp{kind: opClientClose, close: true, client: name, def: def}, zb)
+					return
+				}
+			}
+		}
+		s.pushOp(stmtOp{kind: opPlain, close: true}, zb)
+	}
+}
+
+// statement returns the definition a client's statement name maps to.
+func (s *session) statement(name string) *stmtDef {
+	s.stmu.Lock()
+	defer s.stmu.Unlock()
+	return s.stmts[name]
+}
+
+// ensurePrepared makes sure def is prepared on sc before what follows in
+// the batch, injecting its Parse (answer swallowed) if the server lacks it.
+func (s *session) ensurePrepared(sc *serverConn, def *stmtDef, zb int) {
+	sc.mu.Lock()
+	if sc.stmts.has(def.name) {
+		sc.mu.Unlock()
+		return
+	}
+	evicted := s.makeRoomLocked(sc)
+	sc.stmts.add(def.name)
+	sc.mu.Unlock()
+	s.emitEvictions(evicted, zb)
+	s.dbp.ctr.serverParses.Add(1)
+	s.emit(def.parse)
+	s.pushOp(stmtOp{kind: opInject, swallow: true, def: def}, zb)
+}
+
+// makeRoomLocked removes from sc's list the statements that must go for one
+// more to fit; the caller closes them on the server (emitEvictions).
+func (s *session) makeRoomLocked(sc *serverConn) []string {
+	var out []string
+	for sc.stmts.len() > 0 && sc.stmts.len() >= s.maxPrepared {
+		name := sc.stmts.oldest()
+		sc.stmts.remove(name)
+		out = append(out, name)
+	}
+	return out
+}
+
+func (s *session) emitEvictions(names []string, zb int) {
+	for _, name := range names {
+		s.dbp.ctr.stmtEvictions.Add(1)
+		s.emitFrame('C', []byte{'S'}, []byte(name), nul)
+		s.pushOp(stmtOp{kind: opEvict, close: true, swallow: true}, zb)
+	}
+}
+
+// unmapStatement undoes a mapping the server never made (its Parse failed or
+// was skipped). Called by the server's reader.
+func (s *session) unmapStatement(name string, def *stmtDef) {
+	s.stmu.Lock()
+	mapped := s.stmts[name] == def
+	if mapped {
+		delete(s.stmts, name)
+	}
+	s.stmu.Unlock()
+	if mapped {
+		s.srv.stmts.release(def)
+	}
+}
+
+// remapStatement undoes a Close the server skipped.
+func (s *session) remapStatement(name string, def *stmtDef) {
+	s.stmu.Lock()
+	free := s.stmts[name] == nil
+	if free {
+		s.stmts[name] = def
+	}
+	s.stmu.Unlock()
+	if free {
+		s.srv.stmts.retain(def)
+	}
+}
+
+// forgetStatements drops every mapping (DEALLOCATE ALL, DISCARD ALL, the
+// end of the session).
+func (s *session) forgetStatements() {
+	s.stmu.Lock()
+	defs := make([]*stmtDef, 0, len(s.stmts))
+	for name, def := range s.stmts {
+		defs = append(defs, def)
+		delete(s.stmts, name)
+	}
+	s.stmu.Unlock()
+	for _, def := range defs {
+		s.srv.stmts.release(def)
+	}
+}
+
+// preparedCount is the number of statements the client has prepared.
+func (s *session) preparedCount() int {
+	s.stmu.Lock()
+	defer s.stmu.Unlock()
+	return len(s.stmts)
+}
+
+// searchPath is the client's search_path, part of a statement's identity.
+func (s *session) searchPath() string {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	return s.params["search_path"]
+}
+
+// scanEffects reads the SQL of a client's Query or Parse for session state
+// (see stateEffects). Its effects are kept for queryFrame.
+func (s *session) scanEffects(t byte, body []byte, canRefuse bool) *wire.Error {
+	if t == 'P' {
+		_, rest, ok := cstring(body)
+		if !ok {
+			return nil
+		}
+		body = rest
+	}
+	if i := bytes.IndexByte(body, 0); i >= 0 {
+		body = body[:i]
+	}
+	s.eff = sqlscan.Scan(string(body))
+	return s.stateEffects(s.eff, canRefuse)
+}
+
+// queryFrame forwards a complete (held) simple Query in transaction or
+// statement mode, keeping the prepared-statement maps true for DEALLOCATE.
+// zb is the number of ReadyForQuery-producing messages before it in the
+// batch.
+func (s *session) queryFrame(sc *serverConn, body []byte, b *batch, zb int) {
+	eff := s.eff
+	switch {
+	case eff.Deallocate != "" && s.tracked:
+		if def := s.statement(eff.Deallocate); def != nil {
+			s.deallocate(sc, eff.Deallocate, def, b, zb)
+			return
+		}
+	case eff.DeallocateAll && s.tracked:
+		s.forgetStatements()
+		sc.mu.Lock()
+		sc.stmts.clear()
+		sc.mu.Unlock()
+	}
+	s.emitFrame('Q', body)
+}
+
+// deallocate runs a client's DEALLOCATE of a protocol-level statement: the
+// server deallocates the definition (other clients prepare it again when
+// they need it), and the client's name is forgotten.
+func (s *session) deallocate(sc *serverConn, name string, def *stmtDef, b *batch, zb int) {
+	sc.mu.Lock()
+	onServer := sc.stmts.has(def.name)
+	sc.stmts.remove(def.name)
+	sc.mu.Unlock()
+	if !onServer {
+		// Prepare it first, in a group of its own whose answers are
+		// poolerd's, so that DEALLOCATE answers as it would directly.
+		s.emit(def.parse, syncFrame)
+		s.bgroups = append(s.bgroups, zb)
+		b.reqs++
+	}
+	s.stmu.Lock()
+	if s.stmts[name] == def {
+		delete(s.stmts, name)
+	}
+	s.stmu.Unlock()
+	s.srv.stmts.release(def)
+	s.emitFrame('Q', []byte("DEALLOCATE "+def.name), nul)
+}
+
+var syncFrame = []byte{'S', 0, 0, 0, 4}
+
+// stateEffects pins the session, marks its settings for a snapshot, or
+// returns the refusal, for SQL with effects eff (a prepared LISTEN or SET
+// counts from when it is prepared). A refusal is possible only where the
+// statement can still be withheld (canRefuse); elsewhere the client is
+// pinned instead.
+func (s *session) stateEffects(eff sqlscan.Effects, canRefuse bool) *wire.Error {
+	if !eff.Interesting() {
+		return nil
+	}
+	if eff.BeginTx && s.mode == config.PoolStatement && canRefuse {
+		return &wire.Error{Severity: "ERROR", Code: "25001",
+			Message: "transaction blocks are not allowed in statement pool mode",
+			Detail:  "in statement mode every statement may run on a different server connection",
+			Hint:    "send the transaction as one query string, or use pool_mode transaction or session for this database or user"}
+	}
+	if eff.Pin != "" && s.pinReason.Load() == nil {
+		if s.refuseState && canRefuse {
+			return &wire.Error{Severity: "ERROR", Code: "0A000",
+				Message: fmt.Sprintf("%s is session state, which %s pooling cannot keep", pinWhat(eff.Pin), s.mode),
+				Detail:  "the next transaction of this client may run on another server connection, where it would not exist",
+				Hint:    "connect to a database or user with pool_mode session, or set session_state: pin to keep such clients on one server connection"}
+		}
+		s.pin(eff.Pin)
+	}
+	if eff.Unpin {
+		s.unpin()
+	}
+	if eff.Settings {
+		s.settingsDirty.Store(true)
+	}
+	return nil
+}
+
+func pinWhat(reason string) string {
+	switch reason {
+	case sqlscan.PinTempTable:
+		return "a temporary table"
+	case sqlscan.PinPrepare:
+		return "an SQL-level prepared statement (PREPARE)"
+	case sqlscan.PinListen:
+		return "LISTEN"
+	case sqlscan.PinAdvisoryLock:
+		return "a session-level advisory lock"
+	case sqlscan.PinCursorOnHold:
+		return "a cursor WITH HOLD"
+	case sqlscan.PinRole:
+		return "SET ROLE / SET SESSION AUTHORIZATION"
+	}
+	return reason
+}
+
+// pin keeps the session on its server connection until it leaves (or
+// discards its state with DISCARD ALL).
+func (s *session) pin(reason string) {
+	if s.pinReason.CompareAndSwap(nil, &reason) {
+		s.dbp.ctr.pinned(reason, 1)
+		s.log.Debug("client pinned to its server connection", zap.String("reason", reason))
+	}
+}
+
+func (s *session) unpin() {
+	if r := s.pinReason.Swap(nil); r != nil {
+		s.dbp.ctr.pinned(*r, -1)
+	}
+}
+
+// pinned reports whether the session is pinned.
+func (s *session) pinned() bool { return s.pinReason.Load() != nil }
+
+// settingsSnapshot takes what a snapshot found set on the client's server
+// connection (sc.applied, beyond the reported parameters) as the client's
+// settings. Called by the reader with sc.mu held.
+func (s *session) settingsSnapshot(sc *serverConn, status byte) {
+	s.pmu.Lock()
+	for name := range s.params {
+		if _, reported := sc.params[name]; reported {
+			continue
+		}
+		if _, set := sc.applied[name]; !set {
+			delete(s.params, name) // RESET
+		}
+	}
+	for name, value := range sc.applied {
+		s.params[name] = value
+	}
+	s.pmu.Unlock()
+	if status == wire.TxIdle {
+		s.settingsDirty.Store(false)
+	}
+}
+
+// obBuf borrows a buffer for an out-of-place batch.
+func (s *session) obBuf() []byte {
+	if p, ok := s.srv.obufs.Get().(*[]byte); ok {
+		return (*p)[:0]
+	}
+	return make([]byte, 0, 4096)
+}
+
+// endBatch returns the out-of-place buffer and forgets the batch's entries.
+func (s *session) endBatch() {
+	if s.ob != nil {
+		if cap(s.ob) <= 1<<20 {
+			b := s.ob[:0]
+			s.srv.obufs.Put(&b)
+		}
+		s.ob = nil
+	}
+	s.obOn = false
+	clear(s.bops)
+	s.bops = s.bops[:0]
+	s.bgroups = s.bgroups[:0]
+}
