@@ -187,8 +187,10 @@ func (srv *Server) showStats() *resultSet {
 	totals, avgs := srv.DatabaseTotals(), srv.DatabaseAverages()
 	for _, db := range statsDatabases(totals) {
 		t, a := totals[db], avgs[db]
-		r.row(db, t.ServerAssignments, t.Xacts, t.Queries, t.Received, t.Sent, t.XactTimeUs, t.QueryTimeUs, t.WaitTimeUs, 0, 0, 0,
-			a.ServerAssignments, a.Xacts, a.Queries, a.Received, a.Sent, a.XactTimeUs, a.QueryTimeUs, a.WaitTimeUs, 0, 0, 0)
+		r.row(db, t.ServerAssignments, t.Xacts, t.Queries, t.Received, t.Sent, t.XactTimeUs, t.QueryTimeUs, t.WaitTimeUs,
+			t.ClientParses, t.ServerParses, t.Binds,
+			a.ServerAssignments, a.Xacts, a.Queries, a.Received, a.Sent, a.XactTimeUs, a.QueryTimeUs, a.WaitTimeUs,
+			a.ClientParses, a.ServerParses, a.Binds)
 	}
 	return r
 }
@@ -221,10 +223,12 @@ func (srv *Server) showStatsTable(averages bool) *resultSet {
 	for _, db := range statsDatabases(totals) {
 		if averages {
 			a := avgs[db]
-			r.row(db, a.ServerAssignments, a.Xacts, a.Queries, a.Received, a.Sent, a.XactTimeUs, a.QueryTimeUs, a.WaitTimeUs, 0, 0, 0)
+			r.row(db, a.ServerAssignments, a.Xacts, a.Queries, a.Received, a.Sent, a.XactTimeUs, a.QueryTimeUs, a.WaitTimeUs,
+				a.ClientParses, a.ServerParses, a.Binds)
 		} else {
 			t := totals[db]
-			r.row(db, t.ServerAssignments, t.Xacts, t.Queries, t.Received, t.Sent, t.XactTimeUs, t.QueryTimeUs, t.WaitTimeUs, 0, 0, 0)
+			r.row(db, t.ServerAssignments, t.Xacts, t.Queries, t.Received, t.Sent, t.XactTimeUs, t.QueryTimeUs, t.WaitTimeUs,
+				t.ClientParses, t.ServerParses, t.Binds)
 		}
 	}
 	return r
@@ -247,6 +251,9 @@ func (srv *Server) showTotals() *resultSet {
 		xw += x.XactTimeUs * x.Xacts
 		qw += x.QueryTimeUs * x.Queries
 		ww += x.WaitTimeUs * x.ServerAssignments
+		a.ClientParses += x.ClientParses
+		a.ServerParses += x.ServerParses
+		a.Binds += x.Binds
 	}
 	if a.Xacts > 0 {
 		a.XactTimeUs = xw / a.Xacts
@@ -264,12 +271,12 @@ func (srv *Server) showTotals() *resultSet {
 	}{
 		{"total_server_assignment_count", t.ServerAssignments}, {"total_xact_count", t.Xacts}, {"total_query_count", t.Queries},
 		{"total_client_bytes", t.Received}, {"total_server_bytes", t.Sent}, {"total_xact_time", t.XactTimeUs},
-		{"total_query_time", t.QueryTimeUs}, {"total_wait_time", t.WaitTimeUs}, {"total_ps_client_parse_count", 0},
-		{"total_ps_server_parse_count", 0}, {"total_ps_bind_count", 0},
+		{"total_query_time", t.QueryTimeUs}, {"total_wait_time", t.WaitTimeUs}, {"total_ps_client_parse_count", t.ClientParses},
+		{"total_ps_server_parse_count", t.ServerParses}, {"total_ps_bind_count", t.Binds},
 		{"avg_server_assignment_count", a.ServerAssignments}, {"avg_xact_count", a.Xacts}, {"avg_query_count", a.Queries},
 		{"avg_client_bytes", a.Received}, {"avg_server_bytes", a.Sent}, {"avg_xact_time", a.XactTimeUs},
-		{"avg_query_time", a.QueryTimeUs}, {"avg_wait_time", a.WaitTimeUs}, {"avg_ps_client_parse_count", 0},
-		{"avg_ps_server_parse_count", 0}, {"avg_ps_bind_count", 0},
+		{"avg_query_time", a.QueryTimeUs}, {"avg_wait_time", a.WaitTimeUs}, {"avg_ps_client_parse_count", a.ClientParses},
+		{"avg_ps_server_parse_count", a.ServerParses}, {"avg_ps_bind_count", a.Binds},
 	} {
 		r.row(kv.name, kv.v)
 	}
@@ -288,7 +295,7 @@ func ptr(v any) string { return fmt.Sprintf("%p", v) }
 
 // showClients lists client connections.
 func (srv *Server) showClients() *resultSet {
-	r := newResult(socketColumns()...)
+	r := newResult(append(socketColumns(), text("pinned"))...)
 	srv.mu.Lock()
 	sessions := make([]*session, 0, len(srv.sessions))
 	for _, s := range srv.sessions {
@@ -315,9 +322,18 @@ func (srv *Server) showClients() *resultSet {
 		r.row("C", s.user, database, "none", state, addr, port, laddr, lport,
 			pgTime(s.connectedAt), pgTime(srv.wallTime(s.lastReq.Load())),
 			int(waitFor/time.Second), int((waitFor%time.Second)/time.Microsecond), 0, ptr(s), link, 0, "",
-			s.appName(), 0, s.id)
+			s.appName(), s.preparedCount(), s.id, s.pinnedReason())
 	}
 	return r
+}
+
+// pinnedReason is why a transaction-mode client keeps its server
+// connection ("" when it does not).
+func (s *session) pinnedReason() string {
+	if r := s.pinReason.Load(); r != nil {
+		return *r
+	}
+	return ""
 }
 
 func (s *session) appName() string {

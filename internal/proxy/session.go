@@ -80,6 +80,11 @@ type session struct {
 	ob      []byte
 	bops    []stmtOp
 	bgroups []int
+	// fo is what replaces the held frame; holdAt is where the held frame
+	// starts in read number holdRead (reads counts fromClient calls).
+	fo              []byte
+	holdAt          int
+	holdRead, reads uint64
 	// stmts maps the client's statement names (stmu).
 	stmu  sync.Mutex
 	stmts map[string]*stmtDef
@@ -180,6 +185,7 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 		s.ncarry = 0
 	}
 	s.beginBatch()
+	s.reads++
 	out, off := start, start
 	b := batch{unsynced: s.unsynced}
 	data := func() []byte {
@@ -263,6 +269,7 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 				case s.heldFrame(t, s.cur.Len):
 					// Counted when complete, in the batch that sends it.
 					s.hold = true
+					s.holdAt, s.holdRead = off, s.reads
 					s.cur.Capture(s.cur.Len)
 				case (t == 'Q' || t == 'P') && s.stateful:
 					s.count(&b, t)
@@ -308,16 +315,35 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 				s.refuse(werr)
 				break
 			}
-			if !s.obOn {
-				s.ob = append(s.obBuf(), buf[start:out]...)
-				s.obOn = true
-			}
 			zb := b.reqs
 			s.count(&b, t)
+			s.fo = s.fo[:0]
 			if t == 'Q' {
 				s.queryFrame(sc, body, &b, zb)
 			} else {
 				s.stmtFrame(sc, t, body, zb)
+			}
+			switch {
+			case len(s.fo) == 0 && s.holdRead == s.reads:
+				// Unchanged and all in this read: forward it in place.
+				frame := buf[s.holdAt:off]
+				if s.obOn {
+					s.ob = append(s.ob, frame...)
+				} else {
+					out += copy(buf[out:], frame)
+				}
+			case len(s.fo) == 0:
+				s.emitFrame(t, body)
+				fallthrough
+			default:
+				if !s.obOn {
+					s.ob = append(s.obBuf(), buf[start:out]...)
+					s.obOn = true
+				}
+				s.ob = append(s.ob, s.fo...)
+			}
+			if cap(s.fo) > 4096 {
+				s.fo = nil
 			}
 		}
 		if (ev == wire.EvHeader || ev == wire.EvBody) && !s.dropFrame && !s.hold {

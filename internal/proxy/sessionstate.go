@@ -34,20 +34,21 @@ func (s *session) heldFrame(t byte, n int) bool {
 	return false
 }
 
-// emit appends p to the out-of-place batch (see fromClient).
+// emit appends p to what replaces the held frame (s.fo). A held frame for
+// which nothing is emitted goes to the server unchanged.
 func (s *session) emit(p ...[]byte) {
 	for _, b := range p {
-		s.ob = append(s.ob, b...)
+		s.fo = append(s.fo, b...)
 	}
 }
 
-// emitFrame appends a frame of type t with body parts.
+// emitFrame emits a frame of type t with body parts.
 func (s *session) emitFrame(t byte, parts ...[]byte) {
 	n := 4
 	for _, p := range parts {
 		n += len(p)
 	}
-	s.ob = append(s.ob, t, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+	s.fo = append(s.fo, t, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
 	s.emit(parts...)
 }
 
@@ -81,7 +82,6 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 		name, rest, ok := cstring(body)
 		if !ok || name == "" {
 			m.serverParses.Add(1)
-			s.emitFrame(t, body)
 			s.pushOp(stmtOp{kind: opPlain}, zb)
 			return
 		}
@@ -121,6 +121,7 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 		s.emit(def.parse)
 		s.pushOp(stmtOp{kind: opClientParse, client: name, def: def}, zb)
 	case 'B':
+		m.binds.Add(1)
 		portal, r1, ok1 := cstring(body)
 		name, r2, ok2 := cstring(r1)
 		var def *stmtDef
@@ -128,8 +129,7 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 			def = s.statement(name)
 		}
 		if def == nil {
-			s.emitFrame(t, body) // unnamed, or unknown: PostgreSQL says 26000
-			return
+			return // unnamed, or unknown: PostgreSQL says 26000
 		}
 		s.ensurePrepared(sc, def, zb)
 		s.emitFrame('B', []byte(portal), nul, []byte(def.name), nul, r2)
@@ -141,7 +141,6 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 			}
 		}
 		if def == nil {
-			s.emitFrame(t, body)
 			return
 		}
 		s.ensurePrepared(sc, def, zb)
@@ -149,7 +148,6 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 	case 'C':
 		// Sent as is: the server has no statement under the client's
 		// name, so it answers CloseComplete where a direct one would.
-		s.emitFrame(t, body)
 		if len(body) > 1 && body[0] == 'S' {
 			if name, _, ok := cstring(body[1:]); ok && name != "" {
 				s.stmu.Lock()
@@ -304,7 +302,6 @@ func (s *session) queryFrame(sc *serverConn, body []byte, b *batch, zb int) {
 		sc.stmts.clear()
 		sc.mu.Unlock()
 	}
-	s.emitFrame('Q', body)
 }
 
 // deallocate runs a client's DEALLOCATE of a protocol-level statement: the

@@ -24,7 +24,7 @@ type counters struct {
 	errors    sync.Map      // SQLSTATE class (string) -> *atomic.Uint64
 
 	// Transaction-mode prepared statements and session state.
-	clientParses, serverParses, cacheHits, stmtEvictions atomic.Uint64
+	clientParses, serverParses, cacheHits, stmtEvictions, binds atomic.Uint64
 	pinnedNow                                            [len(pinReasons)]atomic.Int64
 	pinsTotal                                            [len(pinReasons)]atomic.Uint64
 }
@@ -77,9 +77,15 @@ type Totals struct {
 	XactTimeUs        uint64
 	QueryTimeUs       uint64
 	WaitTimeUs        uint64
+	// Prepared statements in transaction and statement mode: Parse from
+	// clients, Parse sent to PostgreSQL, Bind from clients.
+	ClientParses, ServerParses, Binds uint64
 }
 
 func (t *Totals) add(o Totals) {
+	t.ClientParses += o.ClientParses
+	t.ServerParses += o.ServerParses
+	t.Binds += o.Binds
 	t.ServerAssignments += o.ServerAssignments
 	t.Xacts += o.Xacts
 	t.Queries += o.Queries
@@ -96,6 +102,7 @@ func (t *Totals) add(o Totals) {
 type Averages struct {
 	ServerAssignments, Xacts, Queries, Received, Sent uint64
 	XactTimeUs, QueryTimeUs, WaitTimeUs               uint64
+	ClientParses, ServerParses, Binds                 uint64
 }
 
 func averages(prev, cur Totals, period time.Duration) Averages {
@@ -124,6 +131,9 @@ func averages(prev, cur Totals, period time.Duration) Averages {
 		XactTimeUs:        mean(prev.XactTimeUs, cur.XactTimeUs, prev.Xacts, cur.Xacts),
 		QueryTimeUs:       mean(prev.QueryTimeUs, cur.QueryTimeUs, prev.Queries, cur.Queries),
 		WaitTimeUs:        mean(prev.WaitTimeUs, cur.WaitTimeUs, prev.ServerAssignments, cur.ServerAssignments),
+		ClientParses:      per(prev.ClientParses, cur.ClientParses),
+		ServerParses:      per(prev.ServerParses, cur.ServerParses),
+		Binds:             per(prev.Binds, cur.Binds),
 	}
 }
 
@@ -138,6 +148,9 @@ func (d *dbPool) totals() Totals {
 		Sent:              d.ctr.sent.Load(),
 		XactTimeUs:        d.ctr.xactNanos.Load() / 1000,
 		QueryTimeUs:       d.ctr.queryNano.Load() / 1000,
+		ClientParses:      d.ctr.clientParses.Load(),
+		ServerParses:      d.ctr.serverParses.Load(),
+		Binds:             d.ctr.binds.Load(),
 		WaitTimeUs:        uint64(st.WaitTotal / time.Microsecond),
 	}
 }
