@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"go.uber.org/zap"
 
@@ -51,16 +52,36 @@ type stmtDef struct {
 	key   string // search_path, query and parameter types
 	parse []byte // the Parse frame that prepares it under name
 	refs  int    // client mappings (registry mutex)
+	// unused is its place in the registry's list of definitions no client
+	// maps (nil while mapped).
+	unused *list.Element
+	// settings: the statement may change session settings (set_config).
+	settings atomic.Bool
 }
+
+// maxUnusedStmts is how many definitions no client maps the registry keeps,
+// so that clients that come and go (a web worker per request) still find
+// the statements their predecessors prepared on the servers.
+const maxUnusedStmts = 10000
 
 // stmtRegistry deduplicates statement definitions across clients.
 type stmtRegistry struct {
-	mu    sync.Mutex
-	byKey map[string]*stmtDef
-	next  uint64
+	mu     sync.Mutex
+	byKey  map[string]*stmtDef
+	unused list.List // of *stmtDef, least recently released last
+	next   uint64
 }
 
 func newStmtRegistry() *stmtRegistry { return &stmtRegistry{byKey: map[string]*stmtDef{}} }
+
+// useLocked counts a new mapping of d.
+func (r *stmtRegistry) useLocked(d *stmtDef) {
+	d.refs++
+	if d.unused != nil {
+		r.unused.Remove(d.unused)
+		d.unused = nil
+	}
+}
 
 // acquire returns the definition of rest (a Parse body after the statement
 // name: query, NUL, parameter types) for a client whose search_path is
@@ -71,7 +92,7 @@ func (r *stmtRegistry) acquire(searchPath string, rest []byte) *stmtDef {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if d := r.byKey[string(key)]; d != nil {
-		d.refs++
+		r.useLocked(d)
 		return d
 	}
 	r.next++
@@ -88,22 +109,29 @@ func (r *stmtRegistry) acquire(searchPath string, rest []byte) *stmtDef {
 // retain adds a reference to d (a mapping restored after an error).
 func (r *stmtRegistry) retain(d *stmtDef) {
 	r.mu.Lock()
-	d.refs++
+	r.useLocked(d)
 	if r.byKey[d.key] == nil {
 		r.byKey[d.key] = d
 	}
 	r.mu.Unlock()
 }
 
-// release drops a reference; a definition nobody maps is forgotten (server
-// connections that have it keep it until their LRU closes it).
+// release drops a reference. A definition nobody maps is kept among the
+// last maxUnusedStmts such, then forgotten (server connections that have it
+// keep it until their LRU closes it).
 func (r *stmtRegistry) release(d *stmtDef) {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	d.refs--
-	if d.refs <= 0 && r.byKey[d.key] == d {
-		delete(r.byKey, d.key)
+	if d.refs > 0 || d.unused != nil || r.byKey[d.key] != d {
+		return
 	}
-	r.mu.Unlock()
+	d.unused = r.unused.PushFront(d)
+	for r.unused.Len() > maxUnusedStmts {
+		old := r.unused.Remove(r.unused.Back()).(*stmtDef)
+		old.unused = nil
+		delete(r.byKey, old.key)
+	}
 }
 
 // size is the number of definitions.
@@ -146,6 +174,15 @@ func (ss *serverStmts) remove(name string) {
 	}
 }
 
+// names lists the names, least recently used first.
+func (ss *serverStmts) names() []string {
+	out := make([]string, 0, ss.lru.Len())
+	for e := ss.lru.Back(); e != nil; e = e.Prev() {
+		out = append(out, e.Value.(string))
+	}
+	return out
+}
+
 // oldest returns the least recently used name.
 func (ss *serverStmts) oldest() string { return ss.lru.Back().Value.(string) }
 
@@ -169,6 +206,8 @@ const (
 	opEvict                      // poolerd's Close of a definition the LRU evicted
 	opClientClose                // a client's Close of a mapped statement
 	opDuplicate                  // a client's Parse of a name it already has
+	opInjectUnnamed              // poolerd's Parse of the client's unnamed statement
+	opSwallowClose               // poolerd's Close of another client's unnamed statement
 )
 
 // stmtOp is one queue entry: a Parse or Close sent to the server.
@@ -261,6 +300,8 @@ func (sc *serverConn) stmtFailed() (dupClient, dupServer string) {
 			sc.broken = true // still prepared, no longer listed
 		case opClientClose:
 			op.sess.remapStatement(op.client, op.def)
+		case opInjectUnnamed:
+			sc.unnamedBy = nil
 		case opDuplicate:
 			if dupClient == "" {
 				dupClient, dupServer = op.client, op.def.name
@@ -281,4 +322,64 @@ func duplicateError(sev, client string) []byte {
 // for server-side name name.
 func isDuplicateOf(code, msg, name string) bool {
 	return code == "42P05" && strings.Contains(msg, `"`+name+`"`)
+}
+
+// qCommitted runs the commit of the first pending qUndo of the running
+// group whose tag is the CommandComplete tag tag. Reader goroutine.
+func (sc *serverConn) qCommitted(tag string) {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	for i, u := range sc.qundo {
+		if u.zseq != sc.zRecv {
+			continue
+		}
+		if u.tag == tag {
+			sc.qundo = append(sc.qundo[:i], sc.qundo[i+1:]...)
+			sc.nqundo.Add(-1)
+			if u.commit != nil {
+				u.commit()
+			}
+			return
+		}
+	}
+}
+
+// qFailed undoes the pending qUndo of the running group: an error ended
+// its query before their statements ran. Reader goroutine.
+func (sc *serverConn) qFailed() {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	kept := sc.qundo[:0]
+	for _, u := range sc.qundo {
+		if u.zseq == sc.zRecv {
+			if u.undo != nil {
+				u.undo(sc)
+			}
+			continue
+		}
+		kept = append(kept, u)
+	}
+	clear(sc.qundo[len(kept):])
+	sc.qundo = kept
+	sc.nqundo.Store(int32(len(kept)))
+}
+
+// qDone commits what remains of the pending qUndo of groups answered by
+// now (zRecv groups). Reader goroutine.
+func (sc *serverConn) qDone() {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	kept := sc.qundo[:0]
+	for _, u := range sc.qundo {
+		if u.zseq <= sc.zRecv {
+			if u.commit != nil {
+				u.commit()
+			}
+			continue
+		}
+		kept = append(kept, u)
+	}
+	clear(sc.qundo[len(kept):])
+	sc.qundo = kept
+	sc.nqundo.Store(int32(len(kept)))
 }

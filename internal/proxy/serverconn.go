@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -62,8 +63,10 @@ type serverConn struct {
 	// (-1: none); snapRows are those rows (reader only).
 	snapZ    atomic.Int64
 	snapRows map[string]string
-	// nops is the length of stq, for the reader's lock-free check.
-	nops atomic.Int32
+	snapGen  uint64 // the owner's dirtyGen when the snapshot was sent (mu)
+	// nops and nqundo are the lengths of stq and qundo, for the reader's
+	// lock-free checks.
+	nops, nqundo atomic.Int32
 	// dupClient/dupServer: the ErrorResponse being read may be the server's
 	// answer to a client's duplicate Parse (reader only).
 	dupClient, dupServer string
@@ -85,7 +88,12 @@ type serverConn struct {
 	zSent      int64 // messages producing a ReadyForQuery sent so far
 	swallowQ   []int64
 	stq        stmtQueue   // Parse and Close in flight (prepared.go)
+	qundo      []qUndo     // DEALLOCATE and DISCARD ALL in flight
 	stmts      serverStmts // statements prepared on the connection
+	// unnamedBy and unnamedGen say whose unnamed statement the server has
+	// (a session and its count of unnamed Parses); nil when unknown.
+	unnamedBy  *session
+	unnamedGen uint64
 	unsynced   bool // extended-protocol messages sent since the last Sync
 	txStatus   byte // from the last ReadyForQuery
 	cancelling bool // a cancel request for this backend is in flight
@@ -200,6 +208,10 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 			switch sc.cur.Type {
 			case 'Z', 'S':
 				sc.cur.Capture(maxCapture)
+			case 'C':
+				if !sc.drop && sc.nqundo.Load() > 0 {
+					sc.cur.Capture(64)
+				}
 			case '1', '3':
 				if !sc.drop && sc.nops.Load() > 0 && sc.stmtAnswered(sc.cur.Type) {
 					sc.drop = true
@@ -213,9 +225,12 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 				if !sc.drop && sc.nops.Load() > 0 {
 					sc.dupClient, sc.dupServer = sc.stmtFailed()
 				}
+				if !sc.drop && sc.nqundo.Load() > 0 {
+					sc.qFailed()
+				}
 				// The reply to a query_timeout cancel, or to a duplicate
 				// Parse, is held back and rewritten at its end.
-				sc.replacing = !sc.drop && own != nil && (sc.timeoutCancel.Load() || sc.dupClient != "")
+				sc.replacing = !sc.drop && own != nil && (sc.timeoutCancel.Load() || sc.dupClient != "" || own.tracked)
 			case 'G':
 				sc.copyIn.Store(true)
 			}
@@ -234,10 +249,19 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 				} else {
 					answered++
 				}
+				if sc.nqundo.Load() > 0 {
+					sc.qDone()
+				}
 				sc.zRecv++
 			case 'D':
 				if sc.drop && sc.snapZ.Load() == sc.zRecv {
 					sc.snapRow(sc.cur.Body())
+				}
+			case 'C':
+				if !sc.drop && sc.nqundo.Load() > 0 {
+					if tag, _, ok := cstring(sc.cur.Body()); ok {
+						sc.qCommitted(tag)
+					}
 				}
 			case 'S':
 				if name, value, ok := wire.ParseParameterStatus(sc.cur.Body()); ok {
@@ -253,9 +277,12 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 					if out > start {
 						own.writeFromServer(buf[start:out])
 					}
-					if sc.dupClient != "" && isDuplicateOf(code, msg, sc.dupServer) {
+					switch {
+					case sc.dupClient != "" && isDuplicateOf(code, msg, sc.dupServer):
 						own.writeFromServer(duplicateError(sev, sc.dupClient))
-					} else {
+					case code == "26000" && own.tracked:
+						own.writeFromServer(sc.unknownStatementReply(own, sev, code, msg))
+					default:
 						own.writeFromServer(sc.timeoutReply(own, sev, code, msg))
 					}
 					start, out = off, off
@@ -405,11 +432,11 @@ func (sc *serverConn) settleLocked(rfqs int, status byte) {
 	}
 	own := sc.owner.Load()
 	release := own != nil && sc.cleanLocked() && own.releaseWhenIdle()
-	if release && own.settingsDirty.Load() {
+	if release && own.settingsDirty() {
 		// The client changed settings during the transaction: read what
 		// they are now before anyone else gets the connection.
 		release = false
-		sc.snapshotLocked()
+		sc.snapshotLocked(own)
 	}
 	if release {
 		sc.detachLocked(own)
@@ -430,7 +457,7 @@ func (sc *serverConn) settleLocked(rfqs int, status byte) {
 // transaction and frame.
 func (sc *serverConn) cleanLocked() bool {
 	return sc.pending == 0 && !sc.unsynced && sc.txStatus == wire.TxIdle && !sc.busy &&
-		len(sc.swallowQ) == 0 && sc.stq.len() == 0 && !sc.cancelling && !sc.midFrame && !sc.broken
+		len(sc.swallowQ) == 0 && sc.stq.len() == 0 && len(sc.qundo) == 0 && !sc.cancelling && !sc.midFrame && !sc.broken
 }
 
 func (sc *serverConn) detachLocked(own *session) {
@@ -480,6 +507,7 @@ func (sc *serverConn) exec(ctx context.Context, sql string) error {
 	sc.quiet = quiet
 	sc.opErr = nil
 	sc.pending++
+	sc.unnamedBy = nil // a simple query drops the unnamed statement
 	sc.swallowGroupLocked(sc.zSent)
 	sc.zSent++
 	sc.mu.Unlock()
@@ -608,18 +636,46 @@ func (sc *serverConn) applySnapshotLocked(rows map[string]string) {
 
 // snapshotSQL lists the session-level settings of a connection: what a
 // client's SET, RESET and set_config left behind (the reported parameters
-// are tracked through ParameterStatus instead).
-const snapshotSQL = "SELECT name, pg_catalog.current_setting(name) FROM pg_catalog.pg_settings " +
-	"WHERE source = 'session' AND name NOT IN ('role', 'session_authorization')"
+// are tracked through ParameterStatus instead), and the customized options
+// (a.b) the client touched, which pg_settings does not list.
+func snapshotSQL(custom []string) string {
+	q := "SELECT name, pg_catalog.current_setting(name) FROM pg_catalog.pg_settings " +
+		"WHERE source = 'session' AND name NOT IN ('role', 'session_authorization')"
+	if len(custom) == 0 {
+		return q
+	}
+	lits := make([]string, len(custom))
+	for i, n := range custom {
+		lits[i] = quoteLiteral(n)
+	}
+	return q + " UNION ALL SELECT n, pg_catalog.current_setting(n, true) FROM pg_catalog.unnest(ARRAY[" +
+		strings.Join(lits, ", ") + "]::text[]) AS n WHERE pg_catalog.current_setting(n, true) IS NOT NULL"
+}
 
-// snapshotLocked sends the settings snapshot query on a clean connection
-// (the server is waiting for a request, so the write cannot block on it).
-func (sc *serverConn) snapshotLocked() {
+// snapshotLocked sends the settings snapshot query for own on a clean
+// connection (the server is waiting for a request, so the write cannot
+// block on it).
+func (sc *serverConn) snapshotLocked(own *session) {
 	sc.pending++
+	sc.unnamedBy = nil
+	sc.snapGen = own.dirtyGen.Load()
 	sc.snapZ.Store(sc.zSent)
 	sc.swallowGroupLocked(sc.zSent)
 	sc.zSent++
-	if _, err := sc.Conn.Write(wire.AppendQuery(nil, snapshotSQL)); err != nil {
+	if _, err := sc.Conn.Write(wire.AppendQuery(nil, snapshotSQL(own.customOptions()))); err != nil {
 		sc.broken = true
 	}
+}
+
+// unknownStatementReply is a 26000 error with the client's name for the
+// statement in place of poolerd's (a Bind of a statement whose Parse failed
+// earlier in the pipeline reaches the server under the shared name).
+func (sc *serverConn) unknownStatementReply(own *session, sev, code, msg string) []byte {
+	const pre, post = `prepared statement "`, `" does not exist`
+	if strings.HasPrefix(msg, pre) && strings.HasSuffix(msg, post) {
+		if client := own.clientName(msg[len(pre) : len(msg)-len(post)]); client != "" {
+			return (&wire.Error{Severity: sev, Code: code, Message: pre + client + post}).Append(nil)
+		}
+	}
+	return sc.timeoutReply(own, sev, code, msg)
 }

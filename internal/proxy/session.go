@@ -79,18 +79,30 @@ type session struct {
 	obOn    bool
 	ob      []byte
 	bops    []stmtOp
+	bundo   []qUndo
 	bgroups []int
 	// fo is what replaces the held frame; holdAt is where the held frame
 	// starts in read number holdRead (reads counts fromClient calls).
 	fo              []byte
+	localClose      bool // the current Close is answered by poolerd
 	holdAt          int
 	holdRead, reads uint64
-	// stmts maps the client's statement names (stmu).
+	// stmts maps the client's statement names (stmu); bound maps back the
+	// definitions it used, for error messages.
 	stmu  sync.Mutex
 	stmts map[string]*stmtDef
-	// settingsDirty: the client may have changed settings since the last
-	// snapshot of them; pinReason is set while it is pinned.
-	settingsDirty atomic.Bool
+	bound map[string]string
+	// unnamed is the client's latest unnamed Parse (frame), unnamedGen
+	// counts them.
+	unnamed    []byte
+	unnamedGen uint64
+	// dirtyGen counts the requests that may have changed the client's
+	// settings, cleanGen the last of them a snapshot has seen (see
+	// settingsDirty); custom are the customized options (a.b) it touched
+	// (pmu). pinReason is set while it is pinned.
+	dirtyGen, cleanGen atomic.Uint64
+	custom             map[string]bool
+	unnamedSettings    bool // the unnamed statement may change settings
 	pinReason     atomic.Pointer[string]
 	eff           sqlscan.Effects // of the Query or Parse being handled
 
@@ -239,6 +251,7 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 					}
 					start, out, b.reqs = off, off, 0
 					s.waitAnswered(sc)
+					s.abortTx(sc)
 				}
 				s.refuse(rateErr)
 			case s.refusing:
@@ -253,6 +266,20 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 				// COPY messages with no COPY in progress: PostgreSQL ignores
 				// them (they trail a COPY that failed).
 				s.dropFrame = true
+			case s.server.Load() == nil && s.tracked && (t == 'C' || t == 'S' || t == 'H'):
+				// Answered without a server: a Close needs none (the
+				// statement stays prepared for other clients), and outside
+				// a transaction a Sync has nothing to finish. Drivers close
+				// statements while holding their own pool's locks
+				// (database/sql): that must never wait for a server.
+				s.dropFrame = true
+				switch t {
+				case 'C':
+					s.localClose = true
+					s.cur.Capture(s.cur.Len)
+				case 'S':
+					s.writeClient(wire.AppendReadyForQuery(nil, wire.TxIdle))
+				}
 			case s.server.Load() == nil:
 				if werr := s.attach(); werr != nil {
 					if werr.Fatal() {
@@ -264,6 +291,13 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 				}
 			}
 			s.hold = false
+			if t == 'Q' && s.tracked && !s.dropFrame {
+				if sc := s.server.Load(); sc != nil {
+					sc.mu.Lock()
+					sc.unnamedBy = nil // a simple query drops the unnamed statement
+					sc.mu.Unlock()
+				}
+			}
 			if !s.dropFrame {
 				switch {
 				case s.heldFrame(t, s.cur.Len):
@@ -283,6 +317,10 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 			}
 		case wire.EvEnd:
 			t := s.cur.Type
+			if s.localClose {
+				s.localClose = false
+				s.closeLocally(s.cur.Body())
+			}
 			if s.dropFrame {
 				break
 			}
@@ -312,6 +350,7 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 				}
 				start, out, b.reqs = off, off, 0
 				s.waitAnswered(sc)
+				s.abortTx(sc)
 				s.refuse(werr)
 				break
 			}
@@ -473,6 +512,35 @@ func (s *session) waitAnswered(sc *serverConn) {
 	}
 }
 
+// abortSQL fails the transaction on the server, as the statement poolerd
+// refused would have on a direct connection.
+const abortSQL = "DO $poolerd$BEGIN RAISE EXCEPTION 'poolerd refused a statement of this transaction'; END$poolerd$"
+
+// abortTx leaves sc's transaction failed, after a refusal inside it: the
+// client's next statements get 25P02 and its COMMIT rolls back, as they
+// would directly. It does nothing outside a transaction block.
+func (s *session) abortTx(sc *serverConn) {
+	sc.mu.Lock()
+	if sc.owner.Load() != s || sc.txStatus != wire.TxInTx || sc.pending != 0 {
+		sc.mu.Unlock()
+		return
+	}
+	sc.pending++
+	sc.unnamedBy = nil
+	sc.swallowGroupLocked(sc.zSent)
+	sc.zSent++
+	sc.mu.Unlock()
+	if _, err := sc.Conn.Write(wire.AppendQuery(nil, abortSQL)); err != nil {
+		s.dbp.pool.Discard(sc, evictWriteFailed)
+		s.serverLost(sc, err)
+		return
+	}
+	s.waitAnswered(sc)
+	sc.mu.Lock()
+	sc.opErr = nil // the error was the point
+	sc.mu.Unlock()
+}
+
 // beginBatch keeps the held server from being released while this read is
 // being processed, so that all of it goes to one server.
 func (s *session) beginBatch() {
@@ -538,6 +606,11 @@ func (s *session) flush(data []byte, b batch) bool {
 		sc.stq.push(op)
 	}
 	sc.nops.Add(int32(len(s.bops)))
+	for _, u := range s.bundo {
+		u.zseq += base
+		sc.qundo = append(sc.qundo, u)
+	}
+	sc.nqundo.Add(int32(len(s.bundo)))
 	for _, g := range s.bgroups {
 		sc.swallowGroupLocked(base + int64(g))
 	}
@@ -609,6 +682,11 @@ func (s *session) attach() *wire.Error {
 		sc.mu.Unlock()
 		s.server.Store(sc)
 		s.syncQuery = s.syncParams(sc)
+		if s.syncQuery != nil && s.tracked {
+			sc.mu.Lock()
+			sc.unnamedBy = nil // a simple query drops the unnamed statement
+			sc.mu.Unlock()
+		}
 		s.syncsSinceOther = 0
 		return nil
 	}
@@ -824,7 +902,7 @@ func (s *session) releaseAtEnd(sc *serverConn) {
 		q = s.dbp.route().Settings.ServerResetQuery
 	case s.pinned():
 		q = "DISCARD ALL"
-	case s.settingsDirty.Load():
+	case s.settingsDirty():
 		q = "RESET ALL"
 	}
 	if q != "" {

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"fmt"
+	"sort"
 
 	"go.uber.org/zap"
 
@@ -81,7 +82,15 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 		m.clientParses.Add(1)
 		name, rest, ok := cstring(body)
 		if !ok || name == "" {
+			// Kept, so that a Bind in a later request finds it on
+			// whichever server connection the client has then.
 			m.serverParses.Add(1)
+			s.unnamedGen++
+			s.unnamed = appendFrame(s.unnamed[:0], 'P', body)
+			s.unnamedSettings = s.eff.Settings
+			sc.mu.Lock()
+			sc.unnamedBy, sc.unnamedGen = s, s.unnamedGen
+			sc.mu.Unlock()
 			s.pushOp(stmtOp{kind: opPlain}, zb)
 			return
 		}
@@ -97,6 +106,9 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 			return
 		}
 		def := s.srv.stmts.acquire(s.searchPath(), rest)
+		if s.eff.Settings {
+			def.settings.Store(true)
+		}
 		s.stmu.Lock()
 		s.stmts[name] = def
 		s.stmu.Unlock()
@@ -124,19 +136,39 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 		m.binds.Add(1)
 		portal, r1, ok1 := cstring(body)
 		name, r2, ok2 := cstring(r1)
+		if ok1 && ok2 && name == "" {
+			if s.unnamedSettings {
+				s.markSettings()
+			}
+			if s.ensureUnnamed(sc, zb) {
+				s.emitFrame(t, body)
+			}
+			return
+		}
 		var def *stmtDef
-		if ok1 && ok2 && name != "" {
+		if ok1 && ok2 {
 			def = s.statement(name)
 		}
 		if def == nil {
-			return // unnamed, or unknown: PostgreSQL says 26000
+			return // unknown: PostgreSQL says 26000
+		}
+		if def.settings.Load() {
+			s.markSettings() // SELECT set_config(...) prepared, run again
 		}
 		s.ensurePrepared(sc, def, zb)
+		s.noteBound(def.name, name)
 		s.emitFrame('B', []byte(portal), nul, []byte(def.name), nul, r2)
 	case 'D':
 		var def *stmtDef
+		var name string
 		if len(body) > 1 && body[0] == 'S' {
-			if name, _, ok := cstring(body[1:]); ok && name != "" {
+			var ok bool
+			if name, _, ok = cstring(body[1:]); ok && name == "" {
+				if s.ensureUnnamed(sc, zb) {
+					s.emitFrame(t, body)
+				}
+				return
+			} else if ok {
 				def = s.statement(name)
 			}
 		}
@@ -144,6 +176,7 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 			return
 		}
 		s.ensurePrepared(sc, def, zb)
+		s.noteBound(def.name, name)
 		s.emitFrame('D', []byte{'S'}, []byte(def.name), nul)
 	case 'C':
 		// Sent as is: the server has no statement under the client's
@@ -167,6 +200,26 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 	}
 }
 
+// closeLocally answers a client's Close while it holds no server
+// connection: its name is forgotten, and the server, had it been asked,
+// would have said CloseComplete.
+func (s *session) closeLocally(body []byte) {
+	if len(body) > 1 && body[0] == 'S' {
+		if name, _, ok := cstring(body[1:]); ok && name != "" {
+			s.stmu.Lock()
+			def := s.stmts[name]
+			delete(s.stmts, name)
+			s.stmu.Unlock()
+			if def != nil {
+				s.srv.stmts.release(def)
+			}
+		}
+	}
+	s.writeClient(closeComplete)
+}
+
+var closeComplete = []byte{'3', 0, 0, 0, 4}
+
 // statement returns the definition a client's statement name maps to.
 func (s *session) statement(name string) *stmtDef {
 	s.stmu.Lock()
@@ -189,6 +242,61 @@ func (s *session) ensurePrepared(sc *serverConn, def *stmtDef, zb int) {
 	s.dbp.ctr.serverParses.Add(1)
 	s.emit(def.parse)
 	s.pushOp(stmtOp{kind: opInject, swallow: true, def: def}, zb)
+}
+
+// ensureUnnamed makes the server's unnamed statement the client's latest
+// before a Bind or Describe of it: a client that parsed it in an earlier
+// request may now hold another server connection, whose unnamed statement
+// (if any) is someone else's. It reports whether it emitted anything.
+func (s *session) ensureUnnamed(sc *serverConn, zb int) bool {
+	sc.mu.Lock()
+	ok := sc.unnamedBy == s && sc.unnamedGen == s.unnamedGen
+	sc.unnamedBy, sc.unnamedGen = s, s.unnamedGen
+	sc.mu.Unlock()
+	if ok {
+		return false
+	}
+	if s.unnamed == nil {
+		// The client never prepared one: drop another client's, so that
+		// the server answers 26000 as a direct connection would.
+		s.emitFrame('C', []byte{'S'}, nul)
+		s.pushOp(stmtOp{kind: opSwallowClose, close: true, swallow: true}, zb)
+		return true
+	}
+	s.dbp.ctr.serverParses.Add(1)
+	s.emit(s.unnamed)
+	s.pushOp(stmtOp{kind: opInjectUnnamed, swallow: true}, zb)
+	return true
+}
+
+// appendFrame appends a frame of type t with body to dst.
+func appendFrame(dst []byte, t byte, body []byte) []byte {
+	n := 4 + len(body)
+	dst = append(dst, t, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+	return append(dst, body...)
+}
+
+// noteBound remembers the client's name for a definition it used, to put
+// back in the server's error messages that name the definition.
+func (s *session) noteBound(server, client string) {
+	s.stmu.Lock()
+	if s.bound == nil {
+		s.bound = map[string]string{}
+	}
+	if s.bound[server] != client {
+		if len(s.bound) > 4*max(s.maxPrepared, 64) {
+			clear(s.bound)
+		}
+		s.bound[server] = client
+	}
+	s.stmu.Unlock()
+}
+
+// clientName is the client's name for server-side statement name, or "".
+func (s *session) clientName(server string) string {
+	s.stmu.Lock()
+	defer s.stmu.Unlock()
+	return s.bound[server]
 }
 
 // makeRoomLocked removes from sc's list the statements that must go for one
@@ -281,6 +389,9 @@ func (s *session) scanEffects(t byte, body []byte, canRefuse bool) *wire.Error {
 		body = body[:i]
 	}
 	s.eff = sqlscan.Scan(string(body))
+	if s.eff.Settings {
+		s.noteCustom(body)
+	}
 	return s.stateEffects(s.eff, canRefuse)
 }
 
@@ -290,42 +401,133 @@ func (s *session) scanEffects(t byte, body []byte, canRefuse bool) *wire.Error {
 // batch.
 func (s *session) queryFrame(sc *serverConn, body []byte, b *batch, zb int) {
 	eff := s.eff
+	if eff.Deallocates > 0 && s.tracked {
+		s.deallocate(sc, body, b, zb)
+		return
+	}
 	switch {
-	case eff.Deallocate != "" && s.tracked:
-		if def := s.statement(eff.Deallocate); def != nil {
-			s.deallocate(sc, eff.Deallocate, def, b, zb)
-			return
-		}
 	case eff.DeallocateAll && s.tracked:
-		s.forgetStatements()
+		// Forgotten now (a Bind later in the pipeline must not find
+		// them), given back if the statement fails.
+		s.stmu.Lock()
+		before := s.stmts
+		s.stmts = map[string]*stmtDef{}
+		s.stmu.Unlock()
 		sc.mu.Lock()
+		lru := sc.stmts.names()
 		sc.stmts.clear()
 		sc.mu.Unlock()
+		tag := "DEALLOCATE ALL"
+		if eff.Unpin {
+			tag = "DISCARD ALL"
+		}
+		s.pushUndo(qUndo{tag: tag,
+			commit: func() {
+				for _, def := range before {
+					s.srv.stmts.release(def)
+				}
+				if eff.Unpin {
+					s.unpin()
+				}
+			},
+			undo: func(sc *serverConn) {
+				s.stmu.Lock()
+				for name, def := range before {
+					if s.stmts[name] == nil {
+						s.stmts[name] = def
+					} else {
+						s.srv.stmts.release(def)
+					}
+				}
+				s.stmu.Unlock()
+				for _, name := range lru {
+					sc.stmts.add(name)
+				}
+			}}, zb)
+	case eff.Unpin:
+		s.pushUndo(qUndo{tag: "DISCARD ALL", commit: s.unpin}, zb)
 	}
 }
 
-// deallocate runs a client's DEALLOCATE of a protocol-level statement: the
-// server deallocates the definition (other clients prepare it again when
-// they need it), and the client's name is forgotten.
-func (s *session) deallocate(sc *serverConn, name string, def *stmtDef, b *batch, zb int) {
-	sc.mu.Lock()
-	onServer := sc.stmts.has(def.name)
-	sc.stmts.remove(def.name)
-	sc.mu.Unlock()
-	if !onServer {
-		// Prepare it first, in a group of its own whose answers are
-		// poolerd's, so that DEALLOCATE answers as it would directly.
-		s.emit(def.parse, syncFrame)
-		s.bgroups = append(s.bgroups, zb)
-		b.reqs++
+// deallocate runs a client's DEALLOCATE of protocol-level statements: the
+// server deallocates each definition (other clients prepare it again when
+// they need it) and the client's names are forgotten, unless the statement
+// fails.
+func (s *session) deallocate(sc *serverConn, body []byte, b *batch, zb int) {
+	sql := body
+	if i := bytes.IndexByte(sql, 0); i >= 0 {
+		sql = sql[:i]
 	}
-	s.stmu.Lock()
-	if s.stmts[name] == def {
-		delete(s.stmts, name)
+	names := sqlscan.Deallocations(string(sql))
+	var out []byte
+	last := 0
+	var undos []qUndo
+	for _, n := range names {
+		s.stmu.Lock()
+		def := s.stmts[n.Name]
+		if def != nil {
+			delete(s.stmts, n.Name)
+		}
+		s.stmu.Unlock()
+		if def == nil {
+			undos = append(undos, qUndo{tag: "DEALLOCATE"}) // SQL-level, or unknown
+			continue
+		}
+		sc.mu.Lock()
+		onServer := sc.stmts.has(def.name)
+		sc.stmts.remove(def.name)
+		sc.mu.Unlock()
+		if !onServer {
+			// Prepare it first, in a group of its own whose answers are
+			// poolerd's, so that DEALLOCATE answers as it would directly.
+			s.emit(def.parse, syncFrame)
+			s.bgroups = append(s.bgroups, zb)
+			zb++
+			b.reqs++
+		}
+		out = append(append(out, sql[last:n.Start]...), def.name...)
+		last = n.End
+		name := n.Name
+		undos = append(undos, qUndo{tag: "DEALLOCATE",
+			commit: func() { s.srv.stmts.release(def) },
+			undo: func(sc *serverConn) {
+				s.stmu.Lock()
+				free := s.stmts[name] == nil
+				if free {
+					s.stmts[name] = def
+				}
+				s.stmu.Unlock()
+				if !free {
+					s.srv.stmts.release(def)
+				}
+				sc.stmts.add(def.name)
+			}})
 	}
-	s.stmu.Unlock()
-	s.srv.stmts.release(def)
-	s.emitFrame('Q', []byte("DEALLOCATE "+def.name), nul)
+	for _, u := range undos {
+		s.pushUndo(u, zb)
+	}
+	if out == nil {
+		s.emitFrame('Q', body) // nothing of the client's: unchanged
+		return
+	}
+	out = append(append(out, sql[last:]...), 0)
+	s.emitFrame('Q', out)
+}
+
+// qUndo is a simple query's change to the prepared-statement maps, made when
+// it is sent: commit runs at the statement's CommandComplete (its tag), undo
+// (with the connection's mu held) if the statement fails or is skipped.
+type qUndo struct {
+	zseq   int64
+	tag    string
+	commit func()
+	undo   func(sc *serverConn)
+}
+
+// pushUndo records a qUndo of the batch; zb places the query in it.
+func (s *session) pushUndo(u qUndo, zb int) {
+	u.zseq = int64(zb)
+	s.bundo = append(s.bundo, u)
 }
 
 var syncFrame = []byte{'S', 0, 0, 0, 4}
@@ -354,13 +556,48 @@ func (s *session) stateEffects(eff sqlscan.Effects, canRefuse bool) *wire.Error 
 		}
 		s.pin(eff.Pin)
 	}
-	if eff.Unpin {
-		s.unpin()
-	}
 	if eff.Settings {
-		s.settingsDirty.Store(true)
+		s.markSettings()
 	}
 	return nil
+}
+
+// markSettings notes a request that may change the client's settings.
+func (s *session) markSettings() { s.dirtyGen.Add(1) }
+
+// settingsDirty reports whether the client may have changed settings since
+// the last snapshot of them.
+func (s *session) settingsDirty() bool { return s.dirtyGen.Load() != s.cleanGen.Load() }
+
+// noteCustom remembers the customized options SQL text touches.
+func (s *session) noteCustom(sql []byte) {
+	if bytes.IndexByte(sql, '.') < 0 {
+		return
+	}
+	names := sqlscan.CustomOptions(string(sql))
+	if len(names) == 0 {
+		return
+	}
+	s.pmu.Lock()
+	if s.custom == nil {
+		s.custom = map[string]bool{}
+	}
+	for _, n := range names {
+		s.custom[n] = true
+	}
+	s.pmu.Unlock()
+}
+
+// customOptions lists the customized options the client touched.
+func (s *session) customOptions() []string {
+	s.pmu.Lock()
+	defer s.pmu.Unlock()
+	out := make([]string, 0, len(s.custom))
+	for n := range s.custom {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
 }
 
 func pinWhat(reason string) string {
@@ -417,7 +654,13 @@ func (s *session) settingsSnapshot(sc *serverConn, status byte) {
 	}
 	s.pmu.Unlock()
 	if status == wire.TxIdle {
-		s.settingsDirty.Store(false)
+		// Marks made after the snapshot was sent stay.
+		for {
+			clean := s.cleanGen.Load()
+			if sc.snapGen <= clean || s.cleanGen.CompareAndSwap(clean, sc.snapGen) {
+				break
+			}
+		}
 	}
 }
 
@@ -441,5 +684,7 @@ func (s *session) endBatch() {
 	s.obOn = false
 	clear(s.bops)
 	s.bops = s.bops[:0]
+	clear(s.bundo)
+	s.bundo = s.bundo[:0]
 	s.bgroups = s.bgroups[:0]
 }

@@ -36,18 +36,19 @@ type Effects struct {
 	Pin string
 	// Unpin: DISCARD ALL, which removes every kind of session state.
 	Unpin bool
-	// BeginTx: the text opens a transaction block (BEGIN, START TRANSACTION).
+	// BeginTx: the text opens a transaction block (BEGIN, START
+	// TRANSACTION) that it does not end (COMMIT, END, ROLLBACK, ABORT).
 	BeginTx bool
 	// DeallocateAll: DEALLOCATE ALL or DISCARD ALL.
 	DeallocateAll bool
-	// Deallocate is the statement name of a text that is exactly one
-	// DEALLOCATE [PREPARE] name, folded as PostgreSQL folds identifiers.
-	Deallocate string
+	// Deallocates counts the DEALLOCATE [PREPARE] name statements (see
+	// Deallocations).
+	Deallocates int
 }
 
 // Interesting reports whether the text does anything a pooler must act on.
 func (e Effects) Interesting() bool {
-	return e.Settings || e.Pin != "" || e.Unpin || e.BeginTx || e.DeallocateAll || e.Deallocate != ""
+	return e.Settings || e.Pin != "" || e.Unpin || e.BeginTx || e.DeallocateAll || e.Deallocates > 0
 }
 
 // maxWords is how many leading words of a statement are kept.
@@ -55,6 +56,9 @@ const maxWords = 8
 
 type token struct {
 	word   string // identifier or keyword as written (quoted: without quotes)
+	pos    int    // where the token starts and ends in the text
+	end    int
+	str    bool // a string constant (only from a lexer with strs set)
 	quoted bool
 	punct  byte // non-zero for punctuation
 }
@@ -65,14 +69,16 @@ func Scan(sql string) Effects {
 	var words []token
 	var buf [maxWords]token
 	words = buf[:0]
-	inStmt := false
+	inStmt, onCommitDrop := false, false
+	var prev1, prev2 token
 	endStmt := func() {
 		if inStmt {
 			e.Statements++
-			statement(&e, words)
+			statement(&e, words, onCommitDrop)
 		}
 		words = buf[:0]
-		inStmt = false
+		inStmt, onCommitDrop = false, false
+		prev1, prev2 = token{}, token{}
 	}
 	l := lexer{s: sql}
 	for {
@@ -88,15 +94,74 @@ func Scan(sql string) Effects {
 		if len(words) < maxWords {
 			words = append(words, t)
 		}
+		if t.is("drop") && prev1.is("commit") && prev2.is("on") {
+			onCommitDrop = true
+		}
+		prev2, prev1 = prev1, t
 		if t.punct == 0 && !t.quoted && len(t.word) >= len("set_config") && (t.word[0]|0x20 == 'p' || t.word[0]|0x20 == 's') {
 			function(&e, t.word)
 		}
 	}
 	endStmt()
-	if e.Statements != 1 {
-		e.Deallocate = ""
-	}
 	return e
+}
+
+// Name is a statement name in SQL text: Name as PostgreSQL reads it, at
+// [Start, End) in the text (with its quotes, if quoted).
+type Name struct {
+	Name       string
+	Start, End int
+}
+
+// Deallocations returns the names the DEALLOCATE statements of sql name,
+// in order.
+func Deallocations(sql string) []Name {
+	var out []Name
+	var buf [maxWords]token
+	words := buf[:0]
+	l := lexer{s: sql}
+	flush := func() {
+		if n, ok := deallocateName(words); ok {
+			name := n.word
+			if !n.quoted {
+				name = strings.ToLower(name)
+			}
+			out = append(out, Name{Name: name, Start: n.pos, End: n.end})
+		}
+		words = buf[:0]
+	}
+	for {
+		t, ok := l.next()
+		if !ok {
+			break
+		}
+		if t.punct == ';' {
+			flush()
+			continue
+		}
+		if len(words) < maxWords {
+			words = append(words, t)
+		}
+	}
+	flush()
+	return out
+}
+
+// deallocateName returns the name token of a DEALLOCATE [PREPARE] name
+// statement.
+func deallocateName(ws []token) (token, bool) {
+	if !word(ws, 0).is("deallocate") {
+		return token{}, false
+	}
+	i := 1
+	if word(ws, i).is("prepare") {
+		i++
+	}
+	n := word(ws, i)
+	if n.punct != 0 || n.is("all") || len(ws) != i+1 {
+		return token{}, false
+	}
+	return n, true
 }
 
 // function notes a name that matters wherever it appears.
@@ -116,7 +181,7 @@ func function(e *Effects, w string) {
 
 // is reports whether t is the unquoted keyword w (lower case).
 func (t token) is(w string) bool {
-	return t.punct == 0 && !t.quoted && len(t.word) == len(w) && strings.EqualFold(t.word, w)
+	return t.punct == 0 && !t.quoted && !t.str && len(t.word) == len(w) && strings.EqualFold(t.word, w)
 }
 
 func word(ws []token, i int) token {
@@ -127,7 +192,7 @@ func word(ws []token, i int) token {
 }
 
 // statement applies the rules for one statement's leading words.
-func statement(e *Effects, ws []token) {
+func statement(e *Effects, ws []token, onCommitDrop bool) {
 	pin := func(reason string) {
 		if e.Pin == "" {
 			e.Pin = reason
@@ -155,7 +220,9 @@ func statement(e *Effects, ws []token) {
 	case w0.is("create"):
 		for i := 1; i < len(ws) && i < 5; i++ {
 			if ws[i].is("temp") || ws[i].is("temporary") {
-				pin(PinTempTable)
+				if !onCommitDrop { // gone at the end of its transaction
+					pin(PinTempTable)
+				}
 				break
 			}
 			if ws[i].is("table") || ws[i].is("view") || ws[i].is("sequence") {
@@ -182,19 +249,19 @@ func statement(e *Effects, ws []token) {
 		}
 	case w0.is("begin"), w0.is("start") && word(ws, 1).is("transaction"):
 		e.BeginTx = true
+	case w0.is("commit"), w0.is("end"), w0.is("abort"), w0.is("rollback"):
+		if w1 := word(ws, 1); !w1.is("prepared") && !w1.is("to") && !(w1.is("and") && word(ws, 2).is("chain")) {
+			e.BeginTx = false
+		}
 	case w0.is("deallocate"):
 		i := 1
 		if word(ws, i).is("prepare") {
 			i++
 		}
-		switch n := word(ws, i); {
-		case n.is("all"):
+		if word(ws, i).is("all") {
 			e.DeallocateAll = true
-		case n.punct == 0 && len(ws) == i+1:
-			e.Deallocate = n.word
-			if !n.quoted {
-				e.Deallocate = strings.ToLower(n.word)
-			}
+		} else if _, ok := deallocateName(ws); ok {
+			e.Deallocates++
 		}
 	}
 }
@@ -202,8 +269,9 @@ func statement(e *Effects, ws []token) {
 // lexer yields the tokens of SQL text that matter here: words and
 // punctuation, with comments, strings and numbers skipped.
 type lexer struct {
-	s string
-	i int
+	s    string
+	i    int
+	strs bool // yield standard string constants as tokens
 }
 
 func isIdentStart(c byte) bool {
@@ -226,8 +294,13 @@ func (l *lexer) next() (token, bool) {
 		case c == '/' && l.i+1 < len(s) && s[l.i+1] == '*':
 			l.blockComment()
 		case c == '\'':
+			start := l.i
 			l.i++
 			l.quoted('\'', false)
+			if l.strs {
+				w := l.s[start+1 : max(start+1, l.i-1)]
+				return token{word: strings.ReplaceAll(w, "''", "'"), str: true, pos: start, end: l.i}, true
+			}
 		case (c == 'e' || c == 'E') && l.i+1 < len(s) && s[l.i+1] == '\'':
 			l.i += 2
 			l.quoted('\'', true)
@@ -240,14 +313,14 @@ func (l *lexer) next() (token, bool) {
 			if strings.Contains(w, `""`) {
 				w = strings.ReplaceAll(w, `""`, `"`)
 			}
-			return token{word: w, quoted: true}, true
+			return token{word: w, quoted: true, pos: start - 1, end: l.i}, true
 		case c == '$' && l.dollar():
 		case isIdentStart(c):
 			start := l.i
 			for l.i < len(s) && isIdentChar(s[l.i]) {
 				l.i++
 			}
-			return token{word: s[start:l.i]}, true
+			return token{word: s[start:l.i], pos: start, end: l.i}, true
 		case c >= '0' && c <= '9':
 			for l.i < len(s) && (isIdentChar(s[l.i]) || s[l.i] == '.') {
 				l.i++
@@ -321,4 +394,54 @@ func (l *lexer) dollar() bool {
 		l.i = j + 1 + end + len(tag)
 	}
 	return true
+}
+
+// CustomOptions returns the customized options (names with a dot, such as
+// myapp.tenant) that SQL text sets or resets: PostgreSQL does not list them
+// in pg_settings, so a pooler must ask for them by name.
+func CustomOptions(sql string) []string {
+	var out []string
+	add := func(name string) {
+		if !strings.Contains(name, ".") {
+			return
+		}
+		name = strings.ToLower(name)
+		for _, o := range out {
+			if o == name {
+				return
+			}
+		}
+		out = append(out, name)
+	}
+	l := lexer{s: sql, strs: true}
+	var prev []token // the statement so far, up to a few tokens
+	for {
+		t, ok := l.next()
+		if !ok {
+			break
+		}
+		if t.punct == ';' {
+			prev = prev[:0]
+			continue
+		}
+		// set_config('name', ...)
+		if t.str && len(prev) >= 2 && prev[len(prev)-1].punct == '(' && prev[len(prev)-2].is("set_config") {
+			add(t.word)
+		}
+		prev = append(prev, t)
+		// SET [SESSION] a.b / RESET a.b: a word, a dot and a word after the keyword.
+		if n := len(prev); n >= 3 && prev[n-2].punct == '.' && prev[n-1].punct == 0 && !prev[n-1].str {
+			k := 0
+			if prev[0].is("set") || prev[0].is("reset") {
+				k = 1
+				if prev[0].is("set") && word(prev, 1).is("session") {
+					k = 2
+				}
+			}
+			if k > 0 && n == k+3 {
+				add(prev[k].word + "." + prev[k+2].word)
+			}
+		}
+	}
+	return out
 }

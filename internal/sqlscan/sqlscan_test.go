@@ -24,6 +24,8 @@ func TestScan(t *testing.T) {
 		{"create global temporary table t (a int)", Effects{Statements: 1, Pin: PinTempTable}},
 		{"CREATE OR REPLACE TEMP VIEW v AS SELECT 1", Effects{Statements: 1, Pin: PinTempTable}},
 		{"CREATE TABLE temp (a int)", Effects{Statements: 1}},
+		{"CREATE TEMP TABLE t (x int) ON COMMIT DROP", Effects{Statements: 1}},
+		{"CREATE TEMP TABLE t (x int) ON COMMIT DELETE ROWS", Effects{Statements: 1, Pin: PinTempTable}},
 		{"SELECT * INTO TEMP t FROM x", Effects{Statements: 1, Pin: PinTempTable}},
 		{"PREPARE p AS SELECT 1", Effects{Statements: 1, Pin: PinPrepare}},
 		{"PREPARE TRANSACTION 'x'", Effects{Statements: 1}},
@@ -41,12 +43,16 @@ func TestScan(t *testing.T) {
 		{"DECLARE c CURSOR FOR SELECT 1", Effects{Statements: 1}},
 		{"BEGIN", Effects{Statements: 1, BeginTx: true}},
 		{"start transaction read only", Effects{Statements: 1, BeginTx: true}},
-		{"BEGIN; SELECT 1; COMMIT", Effects{Statements: 3, BeginTx: true}},
-		{"DEALLOCATE s1", Effects{Statements: 1, Deallocate: "s1"}},
-		{"DEALLOCATE PREPARE \"S1\";", Effects{Statements: 1, Deallocate: "S1"}},
-		{"deallocate MyStmt", Effects{Statements: 1, Deallocate: "mystmt"}},
+		{"BEGIN; SELECT 1; COMMIT", Effects{Statements: 3}},
+		{"BEGIN; SELECT 1", Effects{Statements: 2, BeginTx: true}},
+		{"BEGIN; SAVEPOINT a; ROLLBACK TO a", Effects{Statements: 3, BeginTx: true}},
+		{"BEGIN; SELECT 1; ROLLBACK", Effects{Statements: 3}},
+		{"COMMIT AND CHAIN", Effects{Statements: 1}},
+		{"BEGIN; COMMIT AND CHAIN", Effects{Statements: 2, BeginTx: true}},
+		{"DEALLOCATE s1", Effects{Statements: 1, Deallocates: 1}},
+		{"DEALLOCATE PREPARE \"S1\";", Effects{Statements: 1, Deallocates: 1}},
 		{"DEALLOCATE ALL", Effects{Statements: 1, DeallocateAll: true}},
-		{"DEALLOCATE s1; SELECT 1", Effects{Statements: 2}},
+		{"DEALLOCATE s1; SELECT 1; deallocate s2", Effects{Statements: 3, Deallocates: 2}},
 		{"SELECT E'\\'; LISTEN x'", Effects{Statements: 1}},
 		{"SELECT 'it''s; LISTEN x'", Effects{Statements: 1}},
 		{"SET a.b = 1; LISTEN x", Effects{Statements: 2, Settings: true, Pin: PinListen}},
@@ -70,5 +76,39 @@ func BenchmarkScan(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		_ = Scan(q)
+	}
+}
+
+func TestDeallocations(t *testing.T) {
+	sql := `DEALLOCATE s1; SELECT 'DEALLOCATE x'; deallocate PREPARE "My""S"; DEALLOCATE ALL; DEALLOCATE MyStmt`
+	got := Deallocations(sql)
+	want := []string{"s1", `My"S`, "mystmt"}
+	if len(got) != len(want) {
+		t.Fatalf("got %+v", got)
+	}
+	for i, n := range got {
+		if n.Name != want[i] {
+			t.Errorf("%d: name %q, want %q", i, n.Name, want[i])
+		}
+		if i == 1 && sql[n.Start:n.End] != `"My""S"` {
+			t.Errorf("quoted name at %q", sql[n.Start:n.End])
+		}
+		if i == 0 && sql[n.Start:n.End] != "s1" {
+			t.Errorf("name at %q", sql[n.Start:n.End])
+		}
+	}
+}
+
+func TestCustomOptions(t *testing.T) {
+	got := CustomOptions(`SET myapp.tenant = 'a'; SET SESSION "MyApp".Region TO x; RESET other.opt; SET work_mem = '1MB'; ` +
+		`SELECT set_config('rls.user', '7', false), set_config('plain', 'x', false); SET LOCAL x.y = 1; SELECT 'SET a.b = 1'`)
+	want := []string{"myapp.tenant", "myapp.region", "other.opt", "rls.user"}
+	if len(got) != len(want) {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("%d: %q, want %q", i, got[i], want[i])
+		}
 	}
 }
