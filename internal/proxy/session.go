@@ -78,6 +78,7 @@ type session struct {
 	// entries and swallowed response groups it adds, numbered within it.
 	obOn    bool
 	ob      []byte
+	obp     *[]byte // the pool's pointer for ob
 	bops    []stmtOp
 	bundo   []qUndo
 	bgroups []int
@@ -103,8 +104,8 @@ type session struct {
 	dirtyGen, cleanGen atomic.Uint64
 	custom             map[string]bool
 	unnamedSettings    bool // the unnamed statement may change settings
-	pinReason     atomic.Pointer[string]
-	eff           sqlscan.Effects // of the Query or Parse being handled
+	pinReason          atomic.Pointer[string]
+	eff                sqlscan.Effects // of the Query or Parse being handled
 
 	// pmu guards params: the values this client's session should have on
 	// any server (startup parameters, then what ParameterStatus told it).

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"sort"
+	"unsafe"
 
 	"go.uber.org/zap"
 
@@ -388,7 +389,7 @@ func (s *session) scanEffects(t byte, body []byte, canRefuse bool) *wire.Error {
 	if i := bytes.IndexByte(body, 0); i >= 0 {
 		body = body[:i]
 	}
-	s.eff = sqlscan.Scan(string(body))
+	s.eff = sqlscan.Scan(bytesView(body)) // Scan keeps nothing of its input
 	if s.eff.Settings {
 		s.noteCustom(body)
 	}
@@ -664,9 +665,19 @@ func (s *session) settingsSnapshot(sc *serverConn, status byte) {
 	}
 }
 
+// bytesView is b as a string without a copy, for functions that read it
+// and keep nothing of it.
+func bytesView(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(&b[0], len(b))
+}
+
 // obBuf borrows a buffer for an out-of-place batch.
 func (s *session) obBuf() []byte {
 	if p, ok := s.srv.obufs.Get().(*[]byte); ok {
+		s.obp = p
 		return (*p)[:0]
 	}
 	return make([]byte, 0, 4096)
@@ -676,10 +687,14 @@ func (s *session) obBuf() []byte {
 func (s *session) endBatch() {
 	if s.ob != nil {
 		if cap(s.ob) <= 1<<20 {
-			b := s.ob[:0]
-			s.srv.obufs.Put(&b)
+			p := s.obp
+			if p == nil {
+				p = new([]byte)
+			}
+			*p = s.ob[:0]
+			s.srv.obufs.Put(p)
 		}
-		s.ob = nil
+		s.ob, s.obp = nil, nil
 	}
 	s.obOn = false
 	clear(s.bops)
