@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"net/url"
 	"reflect"
 	"sort"
 	"strconv"
@@ -75,16 +76,32 @@ func FormatValue(c *Config, key string) string {
 	case []string:
 		return strings.Join(v, ",")
 	case string:
-		if key == "upstream" && v != "" {
-			if u, err := ParseUpstream(v); err == nil {
-				return u.String()
-			}
-			return "(invalid URL)"
-		}
-		return v
+		return Redact(key, v)
 	default:
 		return fmt.Sprint(v)
 	}
+}
+
+// Redact returns a key's value as it may be shown or logged: the
+// passwords of the upstream and Redis URLs hidden.
+func Redact(key, value string) string {
+	if value == "" {
+		return value
+	}
+	switch key {
+	case "upstream":
+		if u, err := ParseUpstream(value); err == nil {
+			return u.String()
+		}
+		return "(invalid URL)"
+	case "redis_url":
+		u, err := url.Parse(value)
+		if err != nil {
+			return "(invalid URL)"
+		}
+		return u.Redacted()
+	}
+	return value
 }
 
 // UserNames lists the users poolerd knows: from users, auth_file and the

@@ -543,7 +543,7 @@ func (s *session) adminSet(key, value string) ([]byte, bool, *wire.Error) {
 	}
 	s.log.Info("admin console: setting changed", logField(key, value))
 	shown := value
-	if key == "upstream" {
+	if key == "upstream" || key == "redis_url" {
 		shown = config.FormatValue(s.srv.cfg(), key) // without the password
 	}
 	return appendCommandComplete(nil, "SET "+key+"="+shown), false, nil

@@ -160,15 +160,8 @@ func (p *dbPool) closeIfUnused() {
 	}
 }
 
-// logField is a log field for a configuration value, with the upstream
-// URL's password hidden.
+// logField is a log field for a configuration value, with the passwords of
+// the upstream and Redis URLs hidden.
 func logField(key, value string) zap.Field {
-	if key == "upstream" {
-		if u, err := config.ParseUpstream(value); err == nil {
-			value = u.String()
-		} else {
-			value = "(invalid URL)"
-		}
-	}
-	return zap.String(key, value)
+	return zap.String(key, config.Redact(key, value))
 }
