@@ -198,16 +198,16 @@ func (ss *serverStmts) clear() {
 type opKind uint8
 
 const (
-	opPlain        opKind = iota // a client's Parse or Close passed through as is
-	opClientParse                // a client's Parse sent under a definition's name
-	opCacheHit                   // a client's Parse answered by the scratch statement
-	opNopClose                   // the swallowed Close of the scratch statement
-	opInject                     // poolerd's Parse of a definition the server lacked
-	opEvict                      // poolerd's Close of a definition the LRU evicted
-	opClientClose                // a client's Close of a mapped statement
-	opDuplicate                  // a client's Parse of a name it already has
-	opInjectUnnamed              // poolerd's Parse of the client's unnamed statement
-	opSwallowClose               // poolerd's Close of another client's unnamed statement
+	opPlain         opKind = iota // a client's Parse or Close passed through as is
+	opClientParse                 // a client's Parse sent under a definition's name
+	opCacheHit                    // a client's Parse answered by the scratch statement
+	opNopClose                    // the swallowed Close of the scratch statement
+	opInject                      // poolerd's Parse of a definition the server lacked
+	opEvict                       // poolerd's Close of a definition the LRU evicted
+	opClientClose                 // a client's Close of a mapped statement
+	opDuplicate                   // a client's Parse of a name it already has
+	opInjectUnnamed               // poolerd's Parse of the client's unnamed statement
+	opSwallowClose                // poolerd's Close of another client's unnamed statement
 )
 
 // stmtOp is one queue entry: a Parse or Close sent to the server.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,6 +27,7 @@ type rateLimits struct {
 	redis      *redis.Client // nil for the memory backend
 	onErrAllow bool
 	backend    string
+	closeOnce  sync.Once
 }
 
 // rateRule is one compiled rule.
@@ -93,7 +95,7 @@ func newRateLimits(cfg *config.Config) (*rateLimits, error) {
 
 func (rl *rateLimits) close() {
 	if rl != nil && rl.redis != nil {
-		_ = rl.redis.Close()
+		rl.closeOnce.Do(func() { _ = rl.redis.Close() })
 	}
 }
 
@@ -183,7 +185,12 @@ func (m *rateMetrics) collectors() []prometheus.Collector {
 
 // errRateLimited builds the 53400 refusal naming the rule and bucket.
 func errRateLimited(severity string, r *rateRule, d limiter.Decision) *wire.Error {
-	retry := d.RetryAfter.Round(time.Millisecond)
+	// Rounded up: a retry under half a millisecond must not read "retry
+	// in 0s", and retrying at the announced time must succeed.
+	retry := max(d.RetryAfter.Truncate(time.Millisecond), time.Millisecond)
+	if retry < d.RetryAfter {
+		retry += time.Millisecond
+	}
 	return &wire.Error{Severity: severity, Code: "53400",
 		Message: fmt.Sprintf("rate limit exceeded: rule %q, bucket %s", r.cfg.Name, d.Bucket),
 		Detail:  fmt.Sprintf("retry in %s", retry),

@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 
 	"go.uber.org/zap"
@@ -95,7 +96,9 @@ func (srv *Server) apply(next *config.Config) error {
 	srv.mu.Lock()
 	clear(srv.verifiers)
 	srv.mu.Unlock()
-	srv.setRates(next) // budgets start over when the rules are reloaded
+	if rateConfigChanged(cur, next) {
+		srv.setRates(next) // budgets start over when the rules change
+	}
 
 	for _, p := range srv.poolList() {
 		old := p.route()
@@ -164,4 +167,11 @@ func (p *dbPool) closeIfUnused() {
 // the upstream and Redis URLs hidden.
 func logField(key, value string) zap.Field {
 	return zap.String(key, config.Redact(key, value))
+}
+
+// rateConfigChanged reports whether a reload changes the rate limits; if
+// not, the running budgets (and the Redis client) are kept.
+func rateConfigChanged(cur, next *config.Config) bool {
+	return !reflect.DeepEqual(cur.RateLimits, next.RateLimits) || cur.RateLimitBackend != next.RateLimitBackend ||
+		cur.RedisURL != next.RedisURL || cur.RedisTimeout != next.RedisTimeout || cur.OnRedisError != next.OnRedisError
 }

@@ -31,7 +31,10 @@ type Server struct {
 	// obufs are buffers for batches rewritten out of place; stmts are the
 	// prepared statement definitions shared by transaction-mode clients.
 	obufs sync.Pool
-	stmts *stmtRegistry
+	// oldRates are rate limits replaced by a reload whose Redis client is
+	// not closed yet (mu).
+	oldRates []*rateLimits
+	stmts    *stmtRegistry
 
 	// ctx ends when the server is closed; checkouts and cancel requests
 	// give up with it.
@@ -107,8 +110,13 @@ func (srv *Server) setRates(cfg *config.Config) {
 		srv.log.Error("rate limits not applied", zap.Error(err))
 		return
 	}
-	if old := srv.rates.Swap(rl); old != nil {
-		old.close()
+	if old := srv.rates.Swap(rl); old != nil && old.redis != nil {
+		// Checks already under way may still use the old Redis client:
+		// close it once they are over (or at shutdown).
+		srv.mu.Lock()
+		srv.oldRates = append(srv.oldRates, old)
+		srv.mu.Unlock()
+		time.AfterFunc(2*cfg.RedisTimeout+time.Second, old.close)
 	}
 }
 
@@ -378,6 +386,13 @@ func (srv *Server) closePools() {
 		p.pool.Close()
 	}
 	if rl := srv.rates.Swap(nil); rl != nil {
+		rl.close()
+	}
+	srv.mu.Lock()
+	old := srv.oldRates
+	srv.oldRates = nil
+	srv.mu.Unlock()
+	for _, rl := range old {
 		rl.close()
 	}
 }

@@ -83,13 +83,13 @@ type serverConn struct {
 	timeoutCancel atomic.Bool
 	replacing     bool // reader only: the current ErrorResponse is being rewritten
 
-	mu         sync.Mutex
-	pending    int   // ReadyForQuery owed
-	zSent      int64 // messages producing a ReadyForQuery sent so far
-	swallowQ   []int64
-	stq        stmtQueue   // Parse and Close in flight (prepared.go)
-	qundo      []qUndo     // DEALLOCATE and DISCARD ALL in flight
-	stmts      serverStmts // statements prepared on the connection
+	mu       sync.Mutex
+	pending  int   // ReadyForQuery owed
+	zSent    int64 // messages producing a ReadyForQuery sent so far
+	swallowQ []int64
+	stq      stmtQueue   // Parse and Close in flight (prepared.go)
+	qundo    []qUndo     // DEALLOCATE and DISCARD ALL in flight
+	stmts    serverStmts // statements prepared on the connection
 	// unnamedBy and unnamedGen say whose unnamed statement the server has
 	// (a session and its count of unnamed Parses); nil when unknown.
 	unnamedBy  *session

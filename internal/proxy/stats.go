@@ -25,8 +25,8 @@ type counters struct {
 
 	// Transaction-mode prepared statements and session state.
 	clientParses, serverParses, cacheHits, stmtEvictions, binds atomic.Uint64
-	pinnedNow                                            [len(pinReasons)]atomic.Int64
-	pinsTotal                                            [len(pinReasons)]atomic.Uint64
+	pinnedNow                                                   [len(pinReasons)]atomic.Int64
+	pinsTotal                                                   [len(pinReasons)]atomic.Uint64
 }
 
 // pinReasons are the reasons a client is pinned, as metric labels.
