@@ -219,6 +219,7 @@ type stmtOp struct {
 	ran     bool // opNopClose: the scratch Parse ran, so this Close must
 	sess    *session
 	client  string   // the client's statement name
+	name    string   // opEvict: the server-side name closed
 	def     *stmtDef // the definition concerned
 }
 
@@ -297,7 +298,7 @@ func (sc *serverConn) stmtFailed() (dupClient, dupServer string) {
 				sc.broken = true // the scratch statement stays on the server
 			}
 		case opEvict:
-			sc.broken = true // still prepared, no longer listed
+			sc.stmts.add(op.name) // still prepared: list it again
 		case opClientClose:
 			op.sess.remapStatement(op.client, op.def)
 		case opInjectUnnamed:

@@ -432,6 +432,15 @@ func (sc *serverConn) settleLocked(rfqs int, status byte) {
 	}
 	own := sc.owner.Load()
 	release := own != nil && sc.cleanLocked() && own.releaseWhenIdle()
+	// A connection that must be closed is dropped as soon as it is idle
+	// between transactions; the client gets another one next time.
+	drop := own != nil && sc.broken && own.releaseWhenIdle() && sc.idleBrokenLocked()
+	if drop {
+		sc.detachLocked(own)
+		sc.mu.Unlock()
+		sc.dbp.pool.Discard(sc, evictBroken)
+		return
+	}
 	if release && own.settingsDirty() {
 		// The client changed settings during the transaction: read what
 		// they are now before anyone else gets the connection.
@@ -451,6 +460,13 @@ func (sc *serverConn) settleLocked(rfqs int, status byte) {
 	} else if shutdownIdle {
 		own.terminate(errShuttingDown)
 	}
+}
+
+// idleBrokenLocked reports whether a broken connection is otherwise idle
+// between transactions (nothing owed, nothing half sent).
+func (sc *serverConn) idleBrokenLocked() bool {
+	return sc.pending == 0 && !sc.unsynced && sc.txStatus == wire.TxIdle && !sc.busy &&
+		!sc.cancelling && !sc.midFrame
 }
 
 // cleanLocked reports whether the server owes nothing and is outside any

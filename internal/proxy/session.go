@@ -342,6 +342,28 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 			if sc == nil {
 				break // the server was lost; the session is ending
 			}
+			if t != 'Q' && s.tracked && s.unresolved(sc, t, body, b.reqs) {
+				// The name's fate hangs on the answer to an earlier request
+				// of the pipeline (a Parse or Close an error may skip): send
+				// what came before, wait for the answers, then go on.
+				if !s.flush(data(), b) {
+					return true
+				}
+				start, out, b.reqs = off, off, 0
+				s.holdRead = 0 // forwarded from its capture, not in place
+				s.waitAnswered(sc)
+				if sc = s.server.Load(); sc == nil {
+					if werr := s.attach(); werr != nil {
+						if werr.Fatal() {
+							s.fail(werr)
+							return true
+						}
+						s.refuse(werr)
+						break
+					}
+					sc = s.server.Load()
+				}
+			}
 			canRefuse := !b.unsynced
 			if werr := s.scanEffects(t, body, canRefuse); werr != nil {
 				// Refused in order: what came before goes first and is
@@ -454,7 +476,13 @@ func (s *session) refuse(werr *wire.Error) {
 		s.refusing = true
 	}
 	s.writeClient(msg)
-	s.log.Warn("request refused", zap.String("sqlstate", werr.Code), zap.String("reason", werr.Message), zap.String("detail", werr.Detail))
+	level := zap.WarnLevel
+	if werr.Code == "53400" {
+		// A client over its rate limit is refused many times a second:
+		// the metrics count those, the log would only flood.
+		level = zap.DebugLevel
+	}
+	s.log.Log(level, "request refused", zap.String("sqlstate", werr.Code), zap.String("reason", werr.Message), zap.String("detail", werr.Detail))
 }
 
 // txStatus is the transaction status to report for a request poolerd
@@ -769,6 +797,10 @@ func (s *session) fail(werr *wire.Error) {
 		s.dbp.ctr.countError(werr.Code)
 	}
 	s.endErr.CompareAndSwap(nil, werr)
+	// The client's place under the connection limits is free before it
+	// reads the refusal, so that an immediate reconnect is not refused too.
+	s.releaseClientSlot()
+	s.srv.trackLogin(s.conn, false)
 	_ = s.conn.SetWriteDeadline(time.Now().Add(time.Second))
 	s.writeClient(werr.Append(nil))
 	_ = s.conn.Close()

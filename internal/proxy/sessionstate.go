@@ -221,6 +221,51 @@ func (s *session) closeLocally(body []byte) {
 
 var closeComplete = []byte{'3', 0, 0, 0, 4}
 
+// unresolved reports whether a Parse, Bind, Describe or Close names a
+// statement whose mapping an earlier request of the pipeline changed (a
+// Parse or Close of that name) and the server has not answered yet: if an
+// error makes the server skip that request, the name means something else.
+// zb places the frame in the batch.
+func (s *session) unresolved(sc *serverConn, t byte, body []byte, zb int) bool {
+	var name string
+	var ok bool
+	switch t {
+	case 'P':
+		name, _, ok = cstring(body)
+	case 'B':
+		if _, r, ok1 := cstring(body); ok1 {
+			name, _, ok = cstring(r)
+		}
+	case 'D', 'C':
+		if len(body) > 1 && body[0] == 'S' {
+			name, _, ok = cstring(body[1:])
+		}
+	}
+	if !ok || name == "" {
+		return false
+	}
+	changes := func(op *stmtOp) bool {
+		switch op.kind {
+		case opClientParse, opCacheHit, opClientClose:
+			return op.client == name
+		}
+		return false
+	}
+	for i := range s.bops {
+		if op := &s.bops[i]; op.zseq < int64(zb) && changes(op) {
+			return true // an earlier group of this batch
+		}
+	}
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	for i := sc.stq.head; i < len(sc.stq.ops); i++ {
+		if changes(&sc.stq.ops[i]) {
+			return true // sent in an earlier batch, not answered yet
+		}
+	}
+	return false
+}
+
 // statement returns the definition a client's statement name maps to.
 func (s *session) statement(name string) *stmtDef {
 	s.stmu.Lock()
@@ -316,7 +361,7 @@ func (s *session) emitEvictions(names []string, zb int) {
 	for _, name := range names {
 		s.dbp.ctr.stmtEvictions.Add(1)
 		s.emitFrame('C', []byte{'S'}, []byte(name), nul)
-		s.pushOp(stmtOp{kind: opEvict, close: true, swallow: true}, zb)
+		s.pushOp(stmtOp{kind: opEvict, close: true, swallow: true, name: name}, zb)
 	}
 }
 

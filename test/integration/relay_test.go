@@ -139,7 +139,9 @@ func (p *instance) rawConnect(t *testing.T) *rawConn {
 	if err != nil {
 		t.Fatalf("hijack: %v", err)
 	}
-	rc := &rawConn{t: t, nc: hc.Conn, fe: pgproto3.NewFrontend(hc.Conn, hc.Conn), pid: hc.PID, key: hc.SecretKey}
+	// hc.Frontend, not a new one: pgconn may have a read in flight whose
+	// bytes only its own reader returns.
+	rc := &rawConn{t: t, nc: hc.Conn, fe: hc.Frontend, pid: hc.PID, key: hc.SecretKey}
 	t.Cleanup(func() {
 		_ = rc.nc.SetDeadline(time.Now().Add(time.Second))
 		rc.fe.Send(&pgproto3.Terminate{})
