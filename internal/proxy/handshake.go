@@ -33,7 +33,7 @@ func (srv *Server) serveConn(nc net.Conn) {
 	}
 	cfg := srv.cfg()
 	s := &session{srv: srv, conn: nc, id: srv.connIDs.Add(1), addr: nc.RemoteAddr().String(), connectedAt: time.Now()}
-	s.log = srv.log.With(zap.Uint64("session", s.id), zap.String("client", s.addr))
+	s.log = sessionLog{s}
 	if t := cfg.ClientLoginTimeout; t > 0 {
 		s.loginDeadline = time.Now().Add(t)
 		_ = nc.SetDeadline(s.loginDeadline)
@@ -57,7 +57,14 @@ func (srv *Server) serveConn(nc net.Conn) {
 		s.runAdmin()
 		return
 	}
-	s.run()
+	// The relay runs on a fresh goroutine: the login's deep stack (SCRAM,
+	// configuration lookups) is not kept by an idle client for its whole
+	// life.
+	srv.sessWG.Add(1)
+	go func() {
+		defer srv.sessWG.Done()
+		s.run()
+	}()
 }
 
 // handshake answers encryption requests, reads the startup message,
@@ -121,7 +128,7 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	if s.database == "" {
 		s.database = s.user
 	}
-	s.log = s.log.With(zap.String("database", s.database), zap.String("user", s.user))
+	s.logged.Store(true) // log lines name the database and user from now on
 	params, werr := startupParams(raw)
 	if werr != nil {
 		s.fail(werr)

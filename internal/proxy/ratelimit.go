@@ -183,6 +183,11 @@ func (m *rateMetrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.decisions, m.wait, m.redisErrors, m.redisLatency, m.refusals}
 }
 
+// warnLogger is what checkRate logs with (a session's logger).
+type warnLogger interface {
+	Warn(msg string, fields ...zap.Field)
+}
+
 // errRateLimited builds the 53400 refusal naming the rule and bucket.
 func errRateLimited(severity string, r *rateRule, d limiter.Decision) *wire.Error {
 	// Rounded up: a retry under half a millisecond must not read "retry
@@ -201,7 +206,7 @@ func errRateLimited(severity string, r *rateRule, d limiter.Decision) *wire.Erro
 // (queries, transactions or connections, as picked by which). A reject
 // rule refuses at once; a wait rule delays up to its max_wait. It returns
 // the refusal, or nil to go on.
-func (srv *Server) checkRate(ctx context.Context, log *zap.Logger, rates []sessionRate, which func(*rateRule) []limiter.Bucket, severity string) *wire.Error {
+func (srv *Server) checkRate(ctx context.Context, log warnLogger, rates []sessionRate, which func(*rateRule) []limiter.Bucket, severity string) *wire.Error {
 	rl := srv.rates.Load()
 	if rl == nil {
 		return nil

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/poolerd/poolerd/internal/backend"
 	"github.com/poolerd/poolerd/internal/config"
@@ -27,7 +28,7 @@ import (
 type session struct {
 	srv  *Server
 	conn net.Conn
-	log  *zap.Logger
+	log  sessionLog
 	id   uint64
 	pid  uint32 // BackendKeyData we issued
 	key  uint32
@@ -38,6 +39,7 @@ type session struct {
 	admin          bool // an admin console session (no pool)
 	adminAll       bool // ... whose user is in admin_users
 	connectedAt    time.Time
+	logged         atomic.Bool  // logged in: log lines carry database and user
 	lastReq        atomic.Int64 // nanotime of the last request (SHOW CLIENTS)
 	waitSince      atomic.Int64 // nanotime since a request waits for a server; 0 when not waiting
 	mode           string
@@ -138,6 +140,33 @@ type session struct {
 	endOnce  sync.Once
 	endErr   atomic.Pointer[wire.Error]
 }
+
+// sessionLog logs with the session's fields, added per line: a zap child
+// logger per session would keep its encoded fields (about 1 KiB) for every
+// idle client.
+type sessionLog struct{ s *session }
+
+func (l sessionLog) fields(extra []zap.Field) []zap.Field {
+	s := l.s
+	f := make([]zap.Field, 0, 4+len(extra))
+	f = append(f, zap.Uint64("session", s.id), zap.String("client", s.addr))
+	if s.logged.Load() {
+		f = append(f, zap.String("database", s.database), zap.String("user", s.user))
+	}
+	return append(f, extra...)
+}
+
+// Log writes a line at level lvl.
+func (l sessionLog) Log(lvl zapcore.Level, msg string, f ...zap.Field) {
+	if ce := l.s.srv.log.Check(lvl, msg); ce != nil {
+		ce.Write(l.fields(f)...)
+	}
+}
+
+func (l sessionLog) Debug(msg string, f ...zap.Field) { l.Log(zap.DebugLevel, msg, f...) }
+func (l sessionLog) Info(msg string, f ...zap.Field)  { l.Log(zap.InfoLevel, msg, f...) }
+func (l sessionLog) Warn(msg string, f ...zap.Field)  { l.Log(zap.WarnLevel, msg, f...) }
+func (l sessionLog) Error(msg string, f ...zap.Field) { l.Log(zap.ErrorLevel, msg, f...) }
 
 func (s *session) releaseWhenIdle() bool { return s.stateful && s.pinReason.Load() == nil }
 
