@@ -11,6 +11,9 @@ LDFLAGS := -X main.version=$(VERSION)
 # Extra arguments for `make run`, appended to poolerd's command line,
 # e.g. make run ARGS="--log-level debug".
 ARGS    ?=
+# Extra flags for `make bench` (go run ./test/bench -h lists them),
+# e.g. make bench BENCH_ARGS="-quick" or BENCH_ARGS="-T 30 -rounds 5".
+BENCH_ARGS ?=
 
 .DEFAULT_GOAL := help
 
@@ -35,6 +38,10 @@ test: ## what CI runs: go vet, gofmt check, go test -race (needs PostgreSQL, see
 		exit 1; \
 	fi
 	$(GO) test -race -count=1 -timeout 15m ./...
+
+.PHONY: bench
+bench: ## poolerd vs PgBouncer vs direct PostgreSQL (~25 min, not in CI); writes docs/benchmarks-latest.md
+	$(GO) run ./test/bench -out docs/benchmarks-latest.md $(BENCH_ARGS)
 
 .PHONY: run
 run: build ## start a throwaway PostgreSQL in .run/ and poolerd in front of it (Ctrl-C stops both)

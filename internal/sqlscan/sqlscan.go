@@ -6,7 +6,7 @@
 //
 // It is not a parser. It splits text into statements at top-level
 // semicolons, skipping comments, quoted identifiers, string constants
-// (standard, E”, dollar-quoted), and reads the first words of each statement
+// (standard, E'...', dollar-quoted), and reads the first words of each statement
 // plus any function names, which is what PostgreSQL's command tags cannot
 // tell (CREATE TABLE does not say TEMP, SELECT does not say it took a lock).
 package sqlscan
