@@ -1,0 +1,189 @@
+package main
+
+import (
+	"math"
+	"strings"
+	"testing"
+)
+
+// Output of pgbench 15 for a normal run.
+const pgbenchOK = `pgbench (15.18 (Debian 15.18-0+deb12u1))
+transaction type: <builtin: select only>
+scaling factor: 10
+query mode: extended
+number of clients: 16
+number of threads: 2
+maximum number of tries: 1
+duration: 10 s
+number of transactions actually processed: 140531
+number of failed transactions: 0 (0.000%)
+latency average = 1.138 ms
+initial connection time = 25.706 ms
+tps = 14058.331912 (without initial connection time)
+`
+
+// A -C run.
+const pgbenchConnect = `transaction type: <builtin: select only>
+scaling factor: 10
+query mode: simple
+number of clients: 16
+number of threads: 2
+maximum number of tries: 1
+duration: 10 s
+number of transactions actually processed: 1061
+number of failed transactions: 0 (0.000%)
+latency average = 150.892 ms
+average connection time = 18.712 ms
+tps = 106.035432 (including reconnection times)
+`
+
+// A run whose clients were aborted (stdout, stderr).
+const pgbenchAbortedOut = `transaction type: <builtin: select only>
+scaling factor: 10
+query mode: prepared
+number of clients: 16
+number of threads: 2
+maximum number of tries: 1
+duration: 2 s
+number of transactions actually processed: 12438
+number of failed transactions: 0 (0.000%)
+latency average = 2.573 ms
+initial connection time = 20.1 ms
+tps = 6219.000000 (without initial connection time)
+`
+
+const pgbenchAbortedErr = `pgbench (15.18 (Debian 15.18-0+deb12u1))
+pgbench: error: client 3 script 0 aborted in command 1 query 0: ERROR:  prepared statement "P_0" does not exist
+pgbench: error: client 7 script 0 aborted in command 1 query 0: ERROR:  prepared statement "P_0" does not exist
+pgbench: error: Run was aborted; the above results are incomplete.
+`
+
+func TestParsePgbench(t *testing.T) {
+	s := parsePgbench(pgbenchOK, "pgbench (15.18 (Debian 15.18-0+deb12u1))\n"+
+		"progress: 1.0 s, 14001.2 tps, lat 1.139 ms stddev 0.514, 0 failed\n")
+	if !s.Found || s.Mode != "extended" || s.Clients != 16 || s.Txns != 140531 || s.Failed != 0 ||
+		s.LatencyMs != 1.138 || s.ConnTimeMs != 25.706 || math.Abs(s.TPS-14058.331912) > 1e-6 ||
+		s.TPSIncludesConnect || s.Aborted || len(s.Errors) != 0 {
+		t.Fatalf("normal run parsed as %+v", s)
+	}
+
+	s = parsePgbench(pgbenchConnect, "")
+	if !s.Found || !s.TPSIncludesConnect || s.ConnTimeMs != 18.712 || s.Txns != 1061 || math.Abs(s.TPS-106.035432) > 1e-6 {
+		t.Fatalf("-C run parsed as %+v", s)
+	}
+
+	s = parsePgbench(pgbenchAbortedOut, pgbenchAbortedErr)
+	if !s.Aborted || s.Mode != "prepared" || s.Txns != 12438 {
+		t.Fatalf("aborted run parsed as %+v", s)
+	}
+	// The two client errors are the same once the client number is gone.
+	if len(s.Errors) != 2 || !strings.Contains(s.Errors[0], `client N script 0 aborted`) ||
+		!strings.Contains(s.Errors[1], "Run was aborted") {
+		t.Fatalf("errors %q", s.Errors)
+	}
+
+	s = parsePgbench("", "pgbench: error: connection to server at \"127.0.0.1\", port 1 failed: Connection refused\n")
+	if s.Found || len(s.Errors) != 1 {
+		t.Fatalf("failed connection parsed as %+v", s)
+	}
+}
+
+func TestParseTxLog(t *testing.T) {
+	// client_id transaction_no time script_no time_epoch time_us
+	log := `0 0 120 0 1700000000 1
+0 1 80 0 1700000000 2
+1 0 100 0 1700000000 3
+1 1 failed 0 1700000000 4
+1 2 2500 0 1700000000 5
+`
+	h := latHist{}
+	failed, err := parseTxLog(strings.NewReader(log), h, 0)
+	if err != nil || failed != 1 || h.count() != 4 {
+		t.Fatalf("failed=%d count=%d err=%v", failed, h.count(), err)
+	}
+	// Only the transactions that ended from 1700000000.000003 on.
+	late := latHist{}
+	if _, err := parseTxLog(strings.NewReader(log), late, 1700000000*1e6+3); err != nil || late.count() != 2 {
+		t.Fatalf("from 3 µs: count=%d err=%v", late.count(), err)
+	}
+	if p50 := h.quantile(0.5); p50 != 100 {
+		t.Errorf("p50 = %v, want 100", p50)
+	}
+	if p99 := h.quantile(0.99); p99 != 2500 {
+		t.Errorf("p99 = %v, want 2500", p99)
+	}
+	if !math.IsNaN(latHist{}.quantile(0.5)) {
+		t.Error("quantile of an empty histogram is not NaN")
+	}
+}
+
+func TestLatBucket(t *testing.T) {
+	for in, want := range map[int64]int64{0: 0, 999: 999, 1000: 1000, 1234: 1230, 98765: 98700, 1234567: 1230000} {
+		if got := latBucket(in); got != want {
+			t.Errorf("latBucket(%d) = %d, want %d", in, got, want)
+		}
+	}
+}
+
+func TestParseStatCPU(t *testing.T) {
+	// utime 1234 and stime 56 are fields 14 and 15; the name has a space
+	// and a parenthesis.
+	stat := "4242 (pool (er) d) S 1 4242 4242 0 -1 4194560 100 0 0 0 1234 56 0 0 20 0 5 0 100 1000 200\n"
+	got, err := parseStatCPU([]byte(stat))
+	if err != nil || got != 1290 {
+		t.Fatalf("parseStatCPU = %d, %v; want 1290", got, err)
+	}
+	st, err := parseStat([]byte(stat))
+	if err != nil || st.ppid != 1 || st.cutime != 0 || st.cstime != 0 {
+		t.Fatalf("parseStat = %+v, %v", st, err)
+	}
+	st, err = parseStat([]byte("7 (postgres) S 1 7 7 0 -1 0 0 0 0 0 5 6 70 80 20 0 1 0\n"))
+	if err != nil || st.utime != 5 || st.stime != 6 || st.cutime != 70 || st.cstime != 80 {
+		t.Fatalf("parseStat = %+v, %v", st, err)
+	}
+}
+
+func TestCommas(t *testing.T) {
+	for in, want := range map[int64]string{0: "0", 999: "999", 1000: "1,000", 1234567: "1,234,567", -4500: "-4,500"} {
+		if got := commas(in); got != want {
+			t.Errorf("commas(%d) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestProgressWindow(t *testing.T) {
+	at, tps, lat, ok := parseProgress("progress: 3.0 s, 5321.9 tps, lat 2.994 ms stddev 3.211, 0 failed")
+	if !ok || at != 3 || tps != 5321.9 || lat != 2.994 {
+		t.Fatalf("parseProgress = %v, %v, %v, %v", at, tps, lat, ok)
+	}
+	if _, _, _, ok := parseProgress("pgbench: error: client 0 aborted"); ok {
+		t.Fatal("parsed an error line as progress")
+	}
+
+	ticks := int64(0)
+	w := &progressWriter{sample: func() (int64, int64) { ticks += 10; return ticks, 2 * ticks }}
+	// Logins, then four reports written in awkward pieces.
+	for _, chunk := range []string{
+		"pgbench (15.18)\nprogress: 1.0 s, 10.0 tps, lat 9 ms stddev 1, 0 failed\n",
+		"progress: 2.0 s, 100.0 tps, lat 1 ms stddev 1, 0 failed\nprog",
+		"ress: 3.0 s, 1000.0 tps, lat 1 ms stddev 1, 0 failed\n",
+		"progress: 3.5 s, 2000.0 tps, lat 4 ms stddev 1, 0 failed\n",
+	} {
+		if _, err := w.Write([]byte(chunk)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// From 2 s: the report at 2.0 s opens the window: 1000×1 s + 2000×0.5 s.
+	win, ok := w.window(2)
+	if !ok || win.pooler != 20 || win.mach != 40 || win.txns != 2000 || win.seconds != 1.5 || win.latMs != 2.5 {
+		t.Fatalf("window(2) = %+v, %v", win, ok)
+	}
+	// Too few reports after 3 s: the window opens at the first report.
+	win, ok = w.window(3)
+	if !ok || win.pooler != 30 || win.txns != 2100 || win.seconds != 2.5 {
+		t.Fatalf("window(3) = %+v, %v", win, ok)
+	}
+	if !strings.HasPrefix(w.String(), "pgbench (15.18)\nprogress: 1.0 s") {
+		t.Fatalf("stderr not kept: %q", w.String())
+	}
+}

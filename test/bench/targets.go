@@ -1,0 +1,253 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/poolerd/poolerd/test/pgtest"
+)
+
+const (
+	targetDirect    = "direct"
+	targetPoolerd   = "poolerd"
+	targetPgbouncer = "pgbouncer"
+
+	benchUser = pgtest.RoleApp
+	benchDB   = pgtest.DBApp
+	benchPass = pgtest.Password
+)
+
+// target is something pgbench connects to: PostgreSQL itself or a pooler
+// in front of it.
+type target struct {
+	name string
+	port int
+	// proc is the pooler process (nil for direct); launch (re)starts it.
+	proc   *proc
+	launch func() (*proc, error)
+	// cmdline describes how the target was started, for the report.
+	cmdline string
+	events  []string // restarts and why
+}
+
+func (t *target) pid() int {
+	if t.proc == nil {
+		return 0
+	}
+	return t.proc.pid()
+}
+
+func (t *target) addr() string { return fmt.Sprintf("127.0.0.1:%d", t.port) }
+
+// start launches the pooler and waits until a client can log in.
+func (t *target) start(ctx context.Context) error {
+	if t.launch == nil {
+		return nil
+	}
+	p, err := t.launch()
+	if err != nil {
+		return err
+	}
+	t.proc = p
+	if err := waitLogin(ctx, t.addr(), p, 30*time.Second); err != nil {
+		p.stop()
+		return fmt.Errorf("%s did not accept logins: %w\nlog tail:\n%s", t.name, err, p.logTail(20))
+	}
+	return nil
+}
+
+func (t *target) stop() {
+	if t.proc != nil {
+		t.proc.stop()
+	}
+}
+
+// ensureRunning restarts a pooler that died, recording why.
+func (t *target) ensureRunning(ctx context.Context, logf func(string, ...any)) error {
+	if t.proc == nil || t.proc.alive() {
+		return nil
+	}
+	ev := fmt.Sprintf("%s exited (%v); restarted. Log tail: %s", t.name, t.proc.waitErr,
+		strings.ReplaceAll(t.proc.logTail(5), "\n", " | "))
+	t.events = append(t.events, ev)
+	logf("bench: %s", ev)
+	t.proc.stop()
+	return t.start(ctx)
+}
+
+func waitLogin(ctx context.Context, addr string, p *proc, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	var last error
+	for time.Now().Before(deadline) {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if p != nil && !p.alive() {
+			return fmt.Errorf("process exited: %v", p.waitErr)
+		}
+		c, err := login(addr, benchUser, benchPass, benchDB, 5*time.Second)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		last = err
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("timed out after %v: %v", limit, last)
+}
+
+// buildPoolerd builds ./cmd/poolerd into root/bin/poolerd, as `make build`.
+func buildPoolerd(ctx context.Context, root string) (string, error) {
+	bin := filepath.Join(root, "bin", "poolerd")
+	version := "dev"
+	if out, err := exec.Command("git", "-C", root, "describe", "--tags", "--always", "--dirty").Output(); err == nil {
+		version = strings.TrimSpace(string(out))
+	}
+	goBin := os.Getenv("GO")
+	if goBin == "" {
+		goBin = "go"
+	}
+	cmd := exec.CommandContext(ctx, goBin, "build", "-trimpath", "-ldflags", "-X main.version="+version, "-o", bin, "./cmd/poolerd")
+	cmd.Dir = root
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go build ./cmd/poolerd: %w\n%s", err, out)
+	}
+	return bin, nil
+}
+
+// repoRoot returns the directory of the main module's go.mod.
+func repoRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", fmt.Errorf("not inside a Go module: run from the poolerd repository")
+	}
+	return filepath.Dir(mod), nil
+}
+
+// poolerdTarget prepares poolerd in transaction mode, pool size 20, SCRAM
+// client auth, log level warn.
+func poolerdTarget(bin, workDir string, pg *pgtest.Server, maxClients int) (*target, error) {
+	port, err := pgtest.FreePort()
+	if err != nil {
+		return nil, err
+	}
+	httpPort, err := pgtest.FreePort()
+	if err != nil {
+		return nil, err
+	}
+	upstream := fmt.Sprintf("postgres://%s:%s@%s/%s", benchUser, benchPass, pg.Addr(), benchDB)
+	argv := []string{bin,
+		"--upstream", upstream,
+		"--listen", fmt.Sprintf("127.0.0.1:%d", port),
+		"--pool-mode", "transaction",
+		"--pool-size", "20",
+		"--auth-type", "scram-sha-256",
+		"--http-listen", fmt.Sprintf("127.0.0.1:%d", httpPort),
+		"--log-level", "warn",
+	}
+	env := []string{fmt.Sprintf("POOLERD_MAX_CLIENT_CONN=%d", maxClients)}
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "POOLERD_") && !strings.HasPrefix(kv, "PG") {
+			env = append(env, kv)
+		}
+	}
+	t := &target{name: targetPoolerd, port: port,
+		cmdline: fmt.Sprintf("POOLERD_MAX_CLIENT_CONN=%d %s", maxClients, strings.Join(argv, " "))}
+	n := 0
+	t.launch = func() (*proc, error) {
+		n++
+		return startProc(targetPoolerd, argv, env, workDir, filepath.Join(workDir, fmt.Sprintf("poolerd-%d.log", n)), nil)
+	}
+	return t, nil
+}
+
+// pgbouncerTarget prepares PgBouncer with poolerd's settings: transaction
+// mode, default_pool_size 20, SCRAM client auth from an auth_file. PgBouncer
+// refuses to run as root: as root it runs as the postgres OS user, from a
+// directory that user owns.
+func pgbouncerTarget(bin, workDir string, pg *pgtest.Server, maxClients int) (*target, error) {
+	port, err := pgtest.FreePort()
+	if err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(workDir, "pgbouncer")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	var cred *syscall.Credential
+	uid, gid := -1, -1
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return nil, fmt.Errorf("running as root: pgbouncer needs the postgres OS user: %w", err)
+		}
+		uid, _ = strconv.Atoi(u.Uid)
+		gid, _ = strconv.Atoi(u.Gid)
+		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	}
+	users := filepath.Join(dir, "users.txt")
+	ini := filepath.Join(dir, "pgbouncer.ini")
+	iniText := fmt.Sprintf(`[databases]
+%s = host=127.0.0.1 port=%d dbname=%s
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = %d
+unix_socket_dir =
+auth_type = scram-sha-256
+auth_file = %s
+pool_mode = transaction
+default_pool_size = 20
+max_client_conn = %d
+log_connections = 0
+log_disconnections = 0
+ignore_startup_parameters = extra_float_digits
+`, benchDB, pg.Port, benchDB, port, users, maxClients)
+	for path, text := range map[string]string{
+		users: fmt.Sprintf("%q %q\n", benchUser, benchPass),
+		ini:   iniText,
+	} {
+		if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+			return nil, err
+		}
+	}
+	if cred != nil {
+		for _, p := range []string{dir, users, ini} {
+			if err := os.Chown(p, uid, gid); err != nil {
+				return nil, err
+			}
+		}
+	}
+	argv := []string{bin, ini}
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "PG") {
+			env = append(env, kv)
+		}
+	}
+	as := ""
+	if cred != nil {
+		as = " (as OS user postgres)"
+	}
+	t := &target{name: targetPgbouncer, port: port,
+		cmdline: strings.Join(argv, " ") + as + "\n\n" + strings.TrimSpace(iniText) + "\n\n# users.txt: " + fmt.Sprintf("%q %q", benchUser, benchPass)}
+	n := 0
+	t.launch = func() (*proc, error) {
+		n++
+		return startProc(targetPgbouncer, argv, env, dir, filepath.Join(workDir, fmt.Sprintf("pgbouncer-%d.log", n)), cred)
+	}
+	return t, nil
+}
