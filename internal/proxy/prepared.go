@@ -134,12 +134,6 @@ func (r *stmtRegistry) release(d *stmtDef) {
 	}
 }
 
-// size is the number of definitions.
-func (r *stmtRegistry) size() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.byKey)
-}
 
 // serverStmts is what is prepared on one server connection, most recently
 // used first. Guarded by the connection's mu.
