@@ -134,7 +134,6 @@ func (r *stmtRegistry) release(d *stmtDef) {
 	}
 }
 
-
 // serverStmts is what is prepared on one server connection, most recently
 // used first. Guarded by the connection's mu.
 type serverStmts struct {
