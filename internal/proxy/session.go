@@ -166,7 +166,6 @@ func (l sessionLog) Log(lvl zapcore.Level, msg string, f ...zap.Field) {
 func (l sessionLog) Debug(msg string, f ...zap.Field) { l.Log(zap.DebugLevel, msg, f...) }
 func (l sessionLog) Info(msg string, f ...zap.Field)  { l.Log(zap.InfoLevel, msg, f...) }
 func (l sessionLog) Warn(msg string, f ...zap.Field)  { l.Log(zap.WarnLevel, msg, f...) }
-func (l sessionLog) Error(msg string, f ...zap.Field) { l.Log(zap.ErrorLevel, msg, f...) }
 
 func (s *session) releaseWhenIdle() bool { return s.stateful && s.pinReason.Load() == nil }
 
