@@ -50,6 +50,9 @@ type serverConn struct {
 	ncarry  int
 	drop    bool // the current frame is swallowed
 	readBuf []byte
+	// io reads and writes the connection with raw system calls; nil if the
+	// connection has no file descriptor (then Conn is used).
+	io *wire.ConnReader
 
 	// zRecv counts the ReadyForQuery received (reader only); the responses
 	// to the messages that produce one (Query, FunctionCall, Sync) form
@@ -151,6 +154,9 @@ func newServerConn(dbp *dbPool, c *backend.Conn) *serverConn {
 	}
 	sc.nextSwallow.Store(-1)
 	sc.snapZ.Store(-1)
+	if rio, err := wire.NewConnReader(c.Conn, nil); err == nil {
+		sc.io = rio
+	}
 	for k, v := range c.Params {
 		sc.params[k] = v
 	}
@@ -161,7 +167,7 @@ func newServerConn(dbp *dbPool, c *backend.Conn) *serverConn {
 func (sc *serverConn) readLoop() {
 	buf := sc.readBuf
 	for {
-		n, err := sc.Conn.Read(buf[wire.Headroom:])
+		n, err := sc.read(buf[wire.Headroom:])
 		if n > 0 {
 			if herr := sc.handle(buf, wire.Headroom, wire.Headroom+n); herr != nil {
 				sc.gone(herr)
@@ -173,6 +179,29 @@ func (sc *serverConn) readLoop() {
 			return
 		}
 	}
+}
+
+func (sc *serverConn) read(p []byte) (int, error) {
+	if sc.io != nil {
+		return sc.io.ReadInto(p)
+	}
+	return sc.Conn.Read(p)
+}
+
+// write2 writes a then b (either may be empty) to the server, in one system
+// call when the socket takes both. Only the connection's holder writes.
+func (sc *serverConn) write2(a, b []byte) error {
+	if sc.io != nil {
+		return sc.io.Write2(a, b)
+	}
+	for _, p := range [2][]byte{a, b} {
+		if len(p) > 0 {
+			if _, err := sc.Conn.Write(p); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // handle processes one read: it scans frames, drops those that answer

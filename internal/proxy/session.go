@@ -65,7 +65,6 @@ type session struct {
 	syncsSinceOther int
 	// syncQuery is the parameter sync for a just-attached server.
 	syncQuery []byte
-	wv        [2][]byte
 
 	// Transaction and statement mode (sessionstate.go, prepared.go).
 	stateful    bool // session state is tracked (the mode is not session)
@@ -134,7 +133,8 @@ type session struct {
 	// at the end (a timeout, KILL), for the eviction metric.
 	dropReason atomic.Pointer[string]
 
-	wmu      sync.Mutex // serialises writes to the client
+	wmu      sync.Mutex       // serialises writes to the client
+	cio      *wire.ConnReader // the client connection's raw reads and writes (set by run, under wmu)
 	closed   atomic.Bool
 	sawFatal atomic.Bool // the server sent this client a FATAL error
 	endOnce  sync.Once
@@ -187,6 +187,9 @@ func (s *session) run() {
 		s.end(err)
 		return
 	}
+	s.wmu.Lock()
+	s.cio = rd
+	s.wmu.Unlock()
 	for {
 		// The buffer is borrowed only once data has arrived: an idle
 		// client (even one that stopped inside a header, kept in s.carry)
@@ -688,15 +691,8 @@ func (s *session) flush(data []byte, b batch) bool {
 	}
 	var err error
 	switch {
-	case sync != nil && len(data) > 0:
-		s.wv[0], s.wv[1] = sync, data
-		bufs := net.Buffers(s.wv[:])
-		_, err = bufs.WriteTo(sc.Conn.Conn)
-		s.wv[0], s.wv[1] = nil, nil
-	case sync != nil:
-		_, err = sc.Conn.Write(sync)
-	case len(data) > 0:
-		_, err = sc.Conn.Write(data)
+	case sync != nil || len(data) > 0:
+		err = sc.write2(sync, data)
 	}
 	if err != nil {
 		s.dbp.pool.Discard(sc, evictWriteFailed)
@@ -810,8 +806,13 @@ func (s *session) writeFromServer(p []byte) {
 // writeClient writes to the client; errors end the session through its
 // reader, which sees the closed connection.
 func (s *session) writeClient(p []byte) {
+	var err error
 	s.wmu.Lock()
-	_, err := s.conn.Write(p)
+	if s.cio != nil {
+		err = s.cio.Write(p)
+	} else {
+		_, err = s.conn.Write(p)
+	}
 	s.wmu.Unlock()
 	if err != nil && !s.closed.Load() {
 		s.log.Debug("client write failed", zap.Error(err))

@@ -42,18 +42,30 @@ func (bp *BufferPool) Put(b *[]byte) { bp.p.Put(b) }
 // idle connection therefore holds no buffer, and a read costs the same
 // system calls as net.Conn.Read (one that finds data, one that finds none).
 //
-// A ConnReader is used by one goroutine at a time.
+// It also writes (Write, Write2) with raw system calls in the poller's
+// callback, so that a relay's reads and writes skip the runtime's system
+// call bookkeeping (see rawio_linux.go).
+//
+// Reads are made by one goroutine at a time; writes may come from several
+// goroutines (they are serialized).
 type ConnReader struct {
 	rc   syscall.RawConn
 	pool *BufferPool
-	fn   func(fd uintptr) bool // r.tryRead, bound once: no allocation per read
+	rfn  func(fd uintptr) bool // r.tryRead, bound once: no allocation per read
 	buf  *[]byte
+	into []byte // ReadInto's buffer; nil when reading into a pooled one
 	n    int
 	err  error
+
+	wmu  sync.Mutex            // held for a whole Write2: a, b, werr and iov are its state
+	wfn  func(fd uintptr) bool // r.tryWrite
+	a, b []byte                // what is left to write
+	werr error
+	iov  iovec
 }
 
-// NewConnReader prepares reads of conn, which must be a *net.TCPConn or a
-// *net.UnixConn.
+// NewConnReader prepares reads and writes of conn, which must be a
+// *net.TCPConn or a *net.UnixConn. pool may be nil if only ReadInto is used.
 func NewConnReader(conn net.Conn, pool *BufferPool) (*ConnReader, error) {
 	sc, ok := conn.(syscall.Conn)
 	if !ok {
@@ -64,7 +76,8 @@ func NewConnReader(conn net.Conn, pool *BufferPool) (*ConnReader, error) {
 		return nil, err
 	}
 	r := &ConnReader{rc: rc, pool: pool}
-	r.fn = r.tryRead
+	r.rfn = r.tryRead
+	r.wfn = r.tryWrite
 	return r, nil
 }
 
@@ -73,7 +86,7 @@ func NewConnReader(conn net.Conn, pool *BufferPool) (*ConnReader, error) {
 // stream it returns io.EOF and no buffer. Read deadlines apply.
 func (r *ConnReader) Read() (buf *[]byte, n int, err error) {
 	r.buf, r.n, r.err = nil, 0, nil
-	if err := r.rc.Read(r.fn); err != nil {
+	if err := r.rc.Read(r.rfn); err != nil {
 		return nil, 0, err
 	}
 	buf, n, err = r.buf, r.n, r.err
@@ -81,25 +94,104 @@ func (r *ConnReader) Read() (buf *[]byte, n int, err error) {
 	return buf, n, err
 }
 
+// ReadInto waits for data and reads it into p, as net.Conn.Read does (0 and
+// io.EOF at end of stream).
+func (r *ConnReader) ReadInto(p []byte) (int, error) {
+	r.into, r.n, r.err = p, 0, nil
+	err := r.rc.Read(r.rfn)
+	r.into = nil
+	if err != nil {
+		return 0, err
+	}
+	return r.n, r.err
+}
+
 func (r *ConnReader) tryRead(fd uintptr) bool {
-	b := r.pool.Get()
+	var b *[]byte
+	p := r.into
+	if p == nil {
+		b = r.pool.Get()
+		p = (*b)[Headroom:]
+	}
 	for {
-		n, err := syscall.Read(int(fd), (*b)[Headroom:])
+		n, errno := rawRead(fd, p)
 		switch {
-		case err == syscall.EINTR:
+		case errno == syscall.EINTR:
 			continue
-		case err == syscall.EAGAIN:
-			r.pool.Put(b)
+		case errno == syscall.EAGAIN:
+			r.putBack(b)
 			return false // wait for readability without a buffer
-		case err != nil:
-			r.pool.Put(b)
-			r.err = err
+		case errno != 0:
+			r.putBack(b)
+			r.err = errno
 		case n == 0:
-			r.pool.Put(b)
+			r.putBack(b)
 			r.err = io.EOF
 		default:
 			r.buf, r.n = b, n
 		}
 		return true
 	}
+}
+
+func (r *ConnReader) putBack(b *[]byte) {
+	if b != nil {
+		r.pool.Put(b)
+	}
+}
+
+// Write writes all of p. Write deadlines apply.
+func (r *ConnReader) Write(p []byte) error { return r.Write2(p, nil) }
+
+// Write2 writes a then b, in one system call when the socket takes both.
+func (r *ConnReader) Write2(a, b []byte) error {
+	if len(a) == 0 {
+		a, b = b, nil
+	}
+	if len(a) == 0 {
+		return nil
+	}
+	// The poller's write lock is not enough: it is released only when
+	// tryWrite returns, and the data written may already have been answered
+	// and the connection handed to another writer by then.
+	r.wmu.Lock()
+	r.a, r.b, r.werr = a, b, nil
+	err := r.rc.Write(r.wfn)
+	if err == nil {
+		err = r.werr
+	}
+	r.a, r.b, r.werr = nil, nil, nil
+	r.wmu.Unlock()
+	return err
+}
+
+func (r *ConnReader) tryWrite(fd uintptr) bool {
+	for len(r.a) > 0 {
+		var n int
+		var errno syscall.Errno
+		if len(r.b) > 0 {
+			n, errno = rawWritev(fd, &r.iov, r.a, r.b)
+		} else {
+			n, errno = rawWrite(fd, r.a)
+		}
+		switch {
+		case errno == syscall.EINTR:
+			continue
+		case errno == syscall.EAGAIN:
+			return false // wait for writability
+		case errno != 0:
+			r.werr = errno
+			return true
+		}
+		if n < len(r.a) {
+			r.a = r.a[n:]
+			continue
+		}
+		n -= len(r.a)
+		r.a, r.b = r.b[n:], nil
+		if len(r.a) == 0 {
+			r.a = nil
+		}
+	}
+	return true
 }
