@@ -494,6 +494,77 @@ func (p *Pool[C]) validate(ctx context.Context, c C) error {
 }
 
 func (p *Pool[C]) get(ctx context.Context) (C, bool, error) {
+	w := &waiter[C]{ch: make(chan result[C], 1)}
+	return p.wait(w, ctx.Done(), nil, ctx.Err)
+}
+
+// Waiter is a reusable place in a pool's queue. A client that may wait for
+// connections many times keeps one, so that waiting (GetWith) allocates
+// nothing. A Waiter is used by one checkout at a time.
+type Waiter[C Conn] struct {
+	w     waiter[C]
+	timer *time.Timer
+}
+
+// NewWaiter returns a Waiter.
+func NewWaiter[C Conn]() *Waiter[C] {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return &Waiter[C]{w: waiter[C]{ch: make(chan result[C], 1)}, timer: t}
+}
+
+// errDone is what GetWith returns when its done channel closes.
+var errDone = errors.New("checkout abandoned")
+
+// ErrDone reports whether err says that a GetWith's done channel closed.
+func ErrDone(err error) bool { return errors.Is(err, errDone) }
+
+// GetWith is Get for a caller that keeps a Waiter: it waits at most timeout
+// (0: no limit), or until done closes (the error then satisfies ErrDone),
+// or until CancelWait withdraws it (the error is the one given to
+// CancelWait). Unlike Get, waiting allocates nothing.
+func (p *Pool[C]) GetWith(w *Waiter[C], timeout time.Duration, done <-chan struct{}) (C, error) {
+	var zero C
+	var lastErr error
+	for attempt := 0; attempt < 2; attempt++ {
+		var expired <-chan time.Time
+		if timeout > 0 {
+			w.timer.Reset(timeout)
+			expired = w.timer.C
+		}
+		c, fresh, err := p.wait(&w.w, done, expired, nil)
+		if timeout > 0 {
+			w.timer.Stop()
+		}
+		if err != nil {
+			return zero, err
+		}
+		if fresh || !p.needsValidation(c) {
+			return c, nil
+		}
+		if err := p.validate(context.Background(), c); err != nil {
+			lastErr = err
+			continue
+		}
+		return c, nil
+	}
+	return zero, &ValidationError{Err: lastErr}
+}
+
+// CancelWait withdraws w from the queue: its GetWith returns err. It does
+// nothing if w is not waiting.
+func (p *Pool[C]) CancelWait(w *Waiter[C], err error) {
+	p.mu.Lock()
+	if p.removeWaiterLocked(&w.w) {
+		w.w.ch <- result[C]{err: err}
+	}
+	p.mu.Unlock()
+}
+
+// wait takes an idle connection or queues w until one is handed over, done
+// closes (doneErr says why; errDone if nil) or expired fires (a
+// *CheckoutTimeoutError).
+func (p *Pool[C]) wait(w *waiter[C], done <-chan struct{}, expired <-chan time.Time, doneErr func() error) (C, bool, error) {
 	var zero C
 	start := p.cfg.Now()
 	p.mu.Lock()
@@ -515,33 +586,43 @@ func (p *Pool[C]) get(ctx context.Context) (C, bool, error) {
 		p.mu.Unlock()
 		return zero, false, uerr
 	}
-	w := &waiter[C]{ch: make(chan result[C], 1), since: start}
+	w.since = start
 	p.waiters = append(p.waiters, w)
 	if p.total < p.set().MaxSize && !p.paused {
 		p.startConnectLocked()
 	}
 	p.mu.Unlock()
 
+	timedOut := false
 	select {
 	case r := <-w.ch:
 		return p.received(r, start)
-	case <-ctx.Done():
+	case <-done:
+	case <-expired:
+		timedOut = true
 	}
 	p.mu.Lock()
 	if !p.removeWaiterLocked(w) {
-		// Served between ctx.Done and the lock: take what was handed over.
+		// Served between the wake-up and the lock: take what was handed over.
 		p.mu.Unlock()
 		return p.received(<-w.ch, start)
 	}
 	waited := p.cfg.Now().Sub(start)
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+	var err error
+	if !timedOut {
+		err = errDone
+		if doneErr != nil {
+			err = doneErr()
+		}
+	}
+	if timedOut || errors.Is(err, context.DeadlineExceeded) {
 		p.stats.Timeouts++
 		st := p.statsLocked()
 		p.mu.Unlock()
 		return zero, false, &CheckoutTimeoutError{Waited: waited, Stats: st}
 	}
 	p.mu.Unlock()
-	return zero, false, ctx.Err()
+	return zero, false, err
 }
 
 // unavailableLocked returns the error for a checkout that cannot be served:

@@ -610,3 +610,101 @@ func TestConcurrentFailuresAreOneRound(t *testing.T) {
 		p.Put(first)
 	})
 }
+
+// TestGetWith covers the reusable waiter: a hand-over, the timeout, done,
+// CancelWait, and reuse of the same Waiter after each of them.
+func TestGetWith(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := newPool(&dialer{}, 1, 0)
+		defer p.Close()
+		w := NewWaiter[*fakeConn]()
+		a, err := p.GetWith(w, time.Second, nil) // opens the only connection
+		if err != nil {
+			t.Fatal(err)
+		}
+
+		// Timeout: the pool is exhausted.
+		start := time.Now()
+		_, err = p.GetWith(w, 250*time.Millisecond, nil)
+		var te *CheckoutTimeoutError
+		if !errors.As(err, &te) || time.Since(start) != 250*time.Millisecond {
+			t.Fatalf("timeout: %v after %v", err, time.Since(start))
+		}
+
+		// Hand-over: a Put while waiting serves the waiter.
+		go func() {
+			time.Sleep(100 * time.Millisecond)
+			p.Put(a)
+		}()
+		b, err := p.GetWith(w, time.Second, nil)
+		if err != nil || b != a {
+			t.Fatalf("hand-over: %v %v", b, err)
+		}
+
+		// done closes.
+		done := make(chan struct{})
+		go func() {
+			time.Sleep(100 * time.Millisecond)
+			close(done)
+		}()
+		if _, err := p.GetWith(w, 0, done); !ErrDone(err) {
+			t.Fatalf("done: %v", err)
+		}
+
+		// CancelWait withdraws the waiter with the given error.
+		cause := errors.New("cancelled by the client")
+		go func() {
+			time.Sleep(100 * time.Millisecond)
+			p.CancelWait(w, cause)
+		}()
+		if _, err := p.GetWith(w, time.Second, nil); !errors.Is(err, cause) {
+			t.Fatalf("cancel: %v", err)
+		}
+		p.CancelWait(w, cause) // not waiting: nothing happens
+		if st := p.Stats(); st.Waiting != 0 {
+			t.Fatalf("%d still waiting", st.Waiting)
+		}
+
+		// Still usable afterwards, and the stale cancel above did not stick.
+		p.Put(b)
+		c, err := p.GetWith(w, time.Second, nil)
+		if err != nil || c != a {
+			t.Fatalf("reuse: %v %v", c, err)
+		}
+		p.Put(c)
+	})
+}
+
+// TestGetWithWaitsWithoutAllocating: a checkout that queues and is handed a
+// connection allocates nothing.
+func TestGetWithWaitsWithoutAllocating(t *testing.T) {
+	p := newPool(&dialer{}, 1, 0)
+	defer p.Close()
+	holder, waiter := NewWaiter[*fakeConn](), NewWaiter[*fakeConn]()
+	c, err := p.GetWith(holder, time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan *fakeConn)
+	go func() {
+		for c := range release {
+			for p.Stats().Waiting == 0 {
+				time.Sleep(10 * time.Microsecond)
+			}
+			p.Put(c)
+		}
+	}()
+	allocs := testing.AllocsPerRun(100, func() {
+		release <- c
+		var err error
+		c, err = p.GetWith(waiter, time.Second, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+	})
+	close(release)
+	if allocs > 0 {
+		t.Fatalf("%.1f allocations per queued checkout", allocs)
+	}
+	p.Put(c)
+}

@@ -372,6 +372,7 @@ func (d *dbPool) prepareLogin(ctx context.Context, startup map[string]string) (m
 			v = reported
 		} else {
 			sc.applied[k.name] = k.value
+			sc.paramGen++
 		}
 		d.remember(k, paramResult{value: v})
 		out[k.name] = v

@@ -176,6 +176,25 @@ func setConfigSQL(params []paramKey) string {
 	return b.String()
 }
 
+// paramsKey encodes a client's parameters (names and values, sorted), so
+// that equal keys mean equal parameters. It is never empty.
+func paramsKey(params map[string]string) string {
+	names := make([]string, 0, len(params))
+	for name := range params {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	b.WriteByte(1)
+	for _, name := range names {
+		b.WriteString(name)
+		b.WriteByte(0)
+		b.WriteString(params[name])
+		b.WriteByte(0)
+	}
+	return b.String()
+}
+
 // paramSyncSQL returns the statements that give server connection sc the
 // session parameters of a client, or "" if it has them already. want holds
 // the client's values; a parameter poolerd applied for an earlier client and

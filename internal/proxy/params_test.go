@@ -86,3 +86,50 @@ func TestParamSyncSQL(t *testing.T) {
 		t.Fatalf("tried to set server_version: %s", got)
 	}
 }
+
+// TestSyncParamsRemembersMatchingKey: a connection found in line with one
+// client's parameters is not compared again for a client with the same
+// parameters, until its own parameters change (a ParameterStatus, a sync).
+func TestSyncParamsRemembersMatchingKey(t *testing.T) {
+	sc := &serverConn{
+		params:  map[string]string{"application_name": "app", "TimeZone": "UTC"},
+		applied: map[string]string{"work_mem": "8MB"},
+	}
+	newSession := func() *session {
+		return &session{params: map[string]string{"application_name": "app", "TimeZone": "UTC", "work_mem": "8MB"}}
+	}
+	a, b := newSession(), newSession()
+	if q := a.syncParams(sc); q != nil {
+		t.Fatalf("in line, but got %q", q)
+	}
+	if sc.syncedKey == "" || sc.syncedKey != a.pkey {
+		t.Fatal("the matching key was not remembered")
+	}
+	// Same parameters: no comparison. Prove it by changing the server's
+	// map behind the generation's back: the fast path must not see it.
+	sc.params["TimeZone"] = "hidden"
+	if q := b.syncParams(sc); q != nil {
+		t.Fatalf("same key, but compared: %q", q)
+	}
+	// A ParameterStatus bumps the generation: compared again.
+	sc.paramGen++
+	if q := b.syncParams(sc); q == nil || !strings.Contains(string(q), "TimeZone") {
+		t.Fatalf("after a change: %q", q)
+	}
+	// The sync itself changed the connection: the next client is compared.
+	sc.params["TimeZone"] = "UTC" // the server's ParameterStatus answer
+	sc.paramGen++
+	c := newSession()
+	c.params["application_name"] = "other"
+	if q := c.syncParams(sc); q == nil || !strings.Contains(string(q), "other") {
+		t.Fatalf("different key: %q", q)
+	}
+	// A client's own change (noteParameter) drops its key.
+	a.noteParameter("application_name", "renamed")
+	if a.pkey != "" {
+		t.Fatal("key kept after a parameter change")
+	}
+	if paramsKey(nil) == "" || paramsKey(map[string]string{"a": "b=c"}) == paramsKey(map[string]string{"a=b": "c"}) {
+		t.Fatal("paramsKey is empty or ambiguous")
+	}
+}

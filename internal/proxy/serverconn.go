@@ -118,6 +118,12 @@ type serverConn struct {
 	// (the reader while relaying, the holder between requests).
 	params  map[string]string
 	applied map[string]string
+	// paramGen counts changes of params and applied; syncedKey is the
+	// parameter key (session.pkey) of the last client found in line with
+	// them, at paramGen syncedGen: a client with the same key needs no
+	// comparison at checkout.
+	paramGen, syncedGen uint64
+	syncedKey           string
 
 	closeOnce sync.Once
 }
@@ -295,6 +301,7 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 			case 'S':
 				if name, value, ok := wire.ParseParameterStatus(sc.cur.Body()); ok {
 					sc.params[name] = value
+					sc.paramGen++
 					if own != nil && !sc.drop {
 						own.noteParameter(name, value)
 					}
@@ -672,6 +679,7 @@ func dataRow(body []byte, n int) ([][]byte, bool) {
 // connection beyond the reported parameters.
 func (sc *serverConn) applySnapshotLocked(rows map[string]string) {
 	clear(sc.applied)
+	sc.paramGen++
 	for name, value := range rows {
 		if _, reported := sc.params[name]; !reported {
 			sc.applied[name] = value

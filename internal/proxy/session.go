@@ -15,6 +15,7 @@ import (
 
 	"github.com/poolerd/poolerd/internal/backend"
 	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/internal/pool"
 	"github.com/poolerd/poolerd/internal/sqlscan"
 	"github.com/poolerd/poolerd/internal/wire"
 )
@@ -109,13 +110,21 @@ type session struct {
 	eff                sqlscan.Effects // of the Query or Parse being handled
 
 	// pmu guards params: the values this client's session should have on
-	// any server (startup parameters, then what ParameterStatus told it).
+	// any server (startup parameters, then what ParameterStatus told it),
+	// and pkey, their paramsKey ("" until needed after a change).
 	pmu    sync.Mutex
 	params map[string]string
+	pkey   string
 
 	// waitCancel withdraws a checkout in progress (a cancel request).
 	waitMu     sync.Mutex
-	waitCancel context.CancelCauseFunc
+	waitCancel func(cause error)
+	// waiter is this session's reusable place in its pool's queue (made on
+	// its first wait), cancelWait withdraws it; waiterPool is the pool it
+	// belongs to.
+	waiter     *pool.Waiter[*serverConn]
+	waiterPool *pool.Pool[*serverConn]
+	cancelWait func(cause error)
 
 	// Timeouts and leak detection (watchdog.go); a reload replaces limP.
 	limP  atomic.Pointer[limits]
@@ -758,35 +767,57 @@ func (s *session) checkout() (*serverConn, *wire.Error) {
 	}
 	start := time.Now()
 	s.waitSince.Store(s.srv.nanotime())
-	defer func() {
-		s.waitSince.Store(0)
-		s.dbp.met.checkoutWait.Observe(time.Since(start).Seconds())
-	}()
-	ctx, cancel := context.WithCancelCause(s.srv.ctx)
-	defer cancel(nil)
+	if s.waiter == nil || s.waiterPool != s.dbp.pool {
+		// Made on the first wait and kept: waiting allocates nothing.
+		w, p := pool.NewWaiter[*serverConn](), s.dbp.pool
+		s.waiter, s.waiterPool = w, p
+		s.cancelWait = func(cause error) { p.CancelWait(w, cause) }
+	}
 	s.waitMu.Lock()
-	s.waitCancel = cancel
+	s.waitCancel = s.cancelWait
 	s.waitMu.Unlock()
-	sc, werr := s.dbp.checkoutWait(ctx)
+	sc, err := s.dbp.pool.GetWith(s.waiter, s.dbp.route().Settings.CheckoutTimeout, s.srv.ctx.Done())
 	s.waitMu.Lock()
 	s.waitCancel = nil
 	s.waitMu.Unlock()
-	if werr != nil && errors.Is(context.Cause(ctx), errClientCancel) {
+	s.waitSince.Store(0)
+	s.dbp.met.checkoutWait.Observe(time.Since(start).Seconds())
+	switch {
+	case err == nil:
+		return sc, nil
+	case errors.Is(err, errClientCancel):
 		return nil, &wire.Error{Severity: "ERROR", Code: "57014", Message: "canceling statement due to user request",
 			Detail: "the request was cancelled while it waited for a server connection"}
+	case errors.Is(err, errTerminated), pool.ErrDone(err):
+		return nil, errShuttingDown
 	}
-	return sc, werr
+	return nil, s.dbp.checkoutError(err)
 }
 
 // syncParams returns the query that gives sc this session's parameters,
 // or nil when they already match.
+//
+// Clients of one application usually have the same parameters: a server
+// connection remembers the parameter key of the last client it was found in
+// line with, and a client with that key, if the connection's parameters have
+// not changed since, needs no comparison.
 func (s *session) syncParams(sc *serverConn) []byte {
 	s.pmu.Lock()
+	if s.pkey == "" {
+		s.pkey = paramsKey(s.params)
+	}
+	key := s.pkey
+	if sc.syncedGen == sc.paramGen && sc.syncedKey == key {
+		s.pmu.Unlock()
+		return nil
+	}
 	sql := paramSyncSQL(s.params, sc)
 	s.pmu.Unlock()
 	if sql == "" {
+		sc.syncedKey, sc.syncedGen = key, sc.paramGen
 		return nil
 	}
+	sc.paramGen++
 	return wire.AppendQuery(nil, sql)
 }
 
@@ -795,6 +826,7 @@ func (s *session) syncParams(sc *serverConn) []byte {
 func (s *session) noteParameter(name, value string) {
 	s.pmu.Lock()
 	s.params[name] = value
+	s.pkey = ""
 	s.pmu.Unlock()
 }
 
@@ -982,6 +1014,7 @@ func (s *session) releaseAtEnd(sc *serverConn) {
 		// prepared statement.
 		sc.mu.Lock()
 		clear(sc.applied)
+		sc.paramGen++
 		if sqlscan.Scan(q).DeallocateAll {
 			sc.stmts.clear()
 		}

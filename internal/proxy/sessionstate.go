@@ -698,6 +698,7 @@ func (s *session) settingsSnapshot(sc *serverConn, status byte) {
 	for name, value := range sc.applied {
 		s.params[name] = value
 	}
+	s.pkey = ""
 	s.pmu.Unlock()
 	if status == wire.TxIdle {
 		// Marks made after the snapshot was sent stay.
