@@ -60,11 +60,8 @@ func (srv *Server) serveConn(nc net.Conn) {
 	// The relay runs on a fresh goroutine: the login's deep stack (SCRAM,
 	// configuration lookups) is not kept by an idle client for its whole
 	// life.
-	srv.sessWG.Add(1)
-	go func() {
-		defer srv.sessWG.Done()
-		s.run()
-	}()
+	srv.sessWG.Add(1) // Done when the session ends (run)
+	go s.run(true)
 }
 
 // handshake answers encryption requests, reads the startup message,

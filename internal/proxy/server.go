@@ -60,7 +60,8 @@ type Server struct {
 	dbs       map[string]*dbState   // PAUSE/DISABLE state by database name
 	paused    bool                  // global PAUSE
 	draining  bool                  // SHUTDOWN WAIT_FOR_CLIENTS
-	sessWG    sync.WaitGroup
+	sessWG    sync.WaitGroup        // one per client session, from login to its end
+	parker    *parker               // idle client sessions without a goroutine
 
 	metrics *metrics // nil until Instrument
 	stats   statsState
@@ -96,6 +97,7 @@ func New(cfg *config.Config, log *zap.Logger) *Server {
 		rateMet:     newRateMetrics(),
 		limits:      newConnLimits(),
 	}
+	srv.parker = newParker(srv)
 	_, _ = rand.Read(srv.mockKey[:])
 	srv.conf.Store(cfg)
 	srv.setRates(cfg)
@@ -382,6 +384,7 @@ func (srv *Server) stopAccepting() []*session {
 }
 
 func (srv *Server) closePools() {
+	srv.parker.close()
 	for _, p := range srv.poolList() {
 		p.pool.Close()
 	}

@@ -142,12 +142,18 @@ type session struct {
 	// at the end (a timeout, KILL), for the eviction metric.
 	dropReason atomic.Pointer[string]
 
-	wmu      sync.Mutex       // serialises writes to the client
-	cio      *wire.ConnReader // the client connection's raw reads and writes (set by run, under wmu)
-	closed   atomic.Bool
-	sawFatal atomic.Bool // the server sent this client a FATAL error
-	endOnce  sync.Once
-	endErr   atomic.Pointer[wire.Error]
+	wmu sync.Mutex       // serialises writes to the client
+	cio *wire.ConnReader // the client connection's raw reads and writes (set by run, under wmu; nil while parked)
+	// parked is set while the parker holds the session without a goroutine;
+	// active is set by every read and cleared by the parker's sweeps;
+	// epollReg (under the parker's lock) says the socket is registered
+	// with the parker's epoll instance.
+	parked, active atomic.Bool
+	epollReg       bool
+	closed         atomic.Bool
+	sawFatal       atomic.Bool // the server sent this client a FATAL error
+	endOnce        sync.Once
+	endErr         atomic.Pointer[wire.Error]
 }
 
 // sessionLog logs with the session's fields, added per line: a zap child
@@ -189,28 +195,59 @@ func (s *session) limits() *limits {
 	return noLimits
 }
 
-// run relays client messages until the client leaves.
-func (s *session) run() {
-	rd, err := wire.NewConnReader(s.conn, s.srv.bufs)
-	if err != nil {
-		s.end(err)
+// run relays client messages on the session's goroutine until the client
+// leaves (then it ends the session) or the session parks (then the
+// goroutine ends and the parker starts a new one, with resume, when the
+// client sends again). fresh is true right after login: the session parks
+// at once, before its first read.
+func (s *session) run(fresh bool) {
+	if s.relay(fresh) {
 		return
 	}
+	s.srv.sessWG.Done()
+}
+
+// resume runs a parked session again.
+func (s *session) resume() { s.run(false) }
+
+// relay is run's loop; it returns true if the session parked.
+func (s *session) relay(fresh bool) (parked bool) {
 	s.wmu.Lock()
-	s.cio = rd
+	rd := s.cio
+	if rd == nil {
+		var err error
+		if rd, err = wire.NewConnReader(s.conn, s.srv.bufs); err != nil {
+			s.wmu.Unlock()
+			s.end(err)
+			return false
+		}
+		s.cio = rd
+	}
 	s.wmu.Unlock()
+	if fresh && s.tryPark() {
+		return true
+	}
 	for {
 		// The buffer is borrowed only once data has arrived: an idle
 		// client (even one that stopped inside a header, kept in s.carry)
 		// holds none.
 		bp, n, err := rd.Read()
 		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				// The only read deadline of a session is the parker's
+				// sweep saying it has been idle (see parker.sweep).
+				if s.tryPark() {
+					return true
+				}
+				continue
+			}
 			if errors.Is(err, io.EOF) {
 				err = nil
 			}
 			s.end(err)
-			return
+			return false
 		}
+		s.active.Store(true)
 		if s.limits().clientIdle != 0 {
 			s.noteActive(s.srv.nanotime())
 		}
@@ -218,9 +255,34 @@ func (s *session) run() {
 		s.srv.bufs.Put(bp)
 		if quit {
 			s.end(nil)
-			return
+			return false
 		}
 	}
+}
+
+// parkable reports whether the session could be parked: an idle client
+// session holding no server connection.
+func (s *session) parkable() bool {
+	return !s.admin && !s.parked.Load() && !s.closed.Load() && s.server.Load() == nil && s.waitSince.Load() == 0
+}
+
+// tryPark parks the session if it is parkable. It returns true if it did:
+// the goroutine must then return without touching the session.
+func (s *session) tryPark() bool {
+	_ = s.conn.SetReadDeadline(time.Time{})
+	if !s.parkable() {
+		return false
+	}
+	return s.srv.parker.park(s)
+}
+
+// restoreIO gives back the reader/writer park took, if it could not park.
+func (s *session) restoreIO(rd *wire.ConnReader) {
+	s.wmu.Lock()
+	if s.cio == nil {
+		s.cio = rd
+	}
+	s.wmu.Unlock()
 }
 
 // batch accumulates what one read contributes to the server.
@@ -865,6 +927,7 @@ func (s *session) fail(werr *wire.Error) {
 	_ = s.conn.SetWriteDeadline(time.Now().Add(time.Second))
 	s.writeClient(werr.Append(nil))
 	_ = s.conn.Close()
+	s.srv.parker.wake(s) // a parked session needs its goroutine to end
 }
 
 // terminate ends the session from another goroutine (shutdown, server

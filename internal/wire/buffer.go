@@ -81,6 +81,10 @@ func NewConnReader(conn net.Conn, pool *BufferPool) (*ConnReader, error) {
 	return r, nil
 }
 
+// Control calls f with the connection's file descriptor, which stays open
+// during the call (see syscall.RawConn).
+func (r *ConnReader) Control(f func(fd uintptr)) error { return r.rc.Control(f) }
+
 // Read waits for data and returns a borrowed buffer holding n bytes at
 // [Headroom:Headroom+n]. The caller returns the buffer with Put. At end of
 // stream it returns io.EOF and no buffer. Read deadlines apply.

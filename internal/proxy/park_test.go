@@ -1,0 +1,95 @@
+//go:build linux
+
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"runtime"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// parkedCount is how many sessions the parker holds.
+func (p *parker) parkedCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.parked)
+}
+
+// waitFor polls cond for up to limit.
+func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", limit, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestIdleClientsPark: idle clients hold no goroutine. They park right after
+// login, wake up for a query, park again after a sweep interval without
+// traffic, end when they hang up while parked, and get the shutdown error
+// while parked; the parker's goroutines stop with the server.
+func TestIdleClientsPark(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t, goleak.IgnoreCurrent()) }) // runs last
+	fb := startFakeBackend(t, 16)
+	rl := startRelay(t, fb, 2)
+	const n = 200
+	before := runtime.NumGoroutine()
+	clients := make([]*benchClient, n)
+	for i := range clients {
+		clients[i] = dialBench(t, rl.addr, simpleRequest)
+	}
+	p := rl.srv.parker
+	waitFor(t, 5*time.Second, "all clients parked after login", func() bool { return p.parkedCount() == n })
+	if g := runtime.NumGoroutine() - before; g > n/4 {
+		t.Fatalf("%d idle clients hold %d goroutines", n, g)
+	}
+
+	// A query wakes a client up; it parks again after a sweep or two.
+	for i, c := range clients {
+		if err := c.roundTrip(); err != nil {
+			t.Fatalf("client %d after parking: %v", i, err)
+		}
+	}
+	if p.parkedCount() == n {
+		t.Fatal("no client was woken by its query")
+	}
+	waitFor(t, 3*parkSweep+time.Second, "clients parked again after a sweep", func() bool { return p.parkedCount() == n })
+	for i, c := range clients[:10] {
+		for range 3 {
+			if err := c.roundTrip(); err != nil {
+				t.Fatalf("client %d after parking twice: %v", i, err)
+			}
+		}
+	}
+
+	// Clients hanging up while parked end their sessions.
+	for _, c := range clients[n/2:] {
+		c.close()
+	}
+	waitFor(t, 5*time.Second, "sessions of the clients that left to end", func() bool {
+		return rl.srv.clientSessions() == n/2
+	})
+
+	// Shutdown terminates the parked ones, which get the error.
+	waitFor(t, 3*parkSweep+time.Second, "remaining clients parked", func() bool { return p.parkedCount() == n/2 })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := rl.srv.Shutdown(ctx); err != nil {
+		t.Fatalf("shutdown with parked clients: %v", err)
+	}
+	for i, c := range clients[:n/2] {
+		_ = c.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		buf := make([]byte, 512)
+		k, _ := c.conn.Read(buf)
+		if !bytes.Contains(buf[:k], []byte("57P01")) {
+			t.Fatalf("parked client %d got %q at shutdown, want a 57P01 error", i, buf[:k])
+		}
+	}
+}
