@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -30,6 +31,20 @@ var version = "dev"
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// defaultGCPercent is poolerd's GOGC unless the environment sets one. The
+// relay allocates nothing per message, so collections come from logins
+// and are cheap; at Go's default of 100 the heap may grow to twice what is
+// live before one, which for tens of thousands of idle clients is most of
+// poolerd's memory (docs/operations.md, "Memory").
+const defaultGCPercent = 50
+
+// tuneGC applies defaultGCPercent when GOGC is not set.
+func tuneGC(getenv func(string) string) {
+	if getenv("GOGC") == "" {
+		debug.SetGCPercent(defaultGCPercent)
+	}
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -55,6 +70,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, "configuration is valid")
 		return 0
 	}
+	tuneGC(os.Getenv)
 	log, level, err := newLogger(cfg, stderr)
 	if err != nil {
 		fmt.Fprintln(stderr, "poolerd:", err)

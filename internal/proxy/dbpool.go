@@ -52,6 +52,10 @@ type dbPool struct {
 	// learned maps a startup parameter (name, raw value) to the value the
 	// server reports for it, or to the error setting it gave.
 	learned map[paramKey]paramResult
+	// paramSets are parameter maps shared by this pool's clients that have
+	// the same parameters (by paramsKey), copied by a client before it
+	// changes one, with their key; at most maxParamSets.
+	paramSets map[string]paramSet
 	// clientKey is the latest SCRAM ClientKey recovered from a client of
 	// this user, for SCRAM pass-through when only a verifier is configured.
 	clientKey []byte
@@ -69,6 +73,36 @@ type dbPool struct {
 	clients atomic.Int64
 	// retired: the database left the configuration (see Server.retire).
 	retired, closing atomic.Bool
+}
+
+// maxParamSets bounds dbPool.paramSets: clients beyond that many distinct
+// parameter sets keep their own maps.
+const maxParamSets = 64
+
+// paramSet is a shared parameter map and its paramsKey.
+type paramSet struct {
+	key    string
+	params map[string]string
+}
+
+// shareParams returns the pool's shared set equal to params (whose
+// paramsKey is key), making params the shared one if there is none yet;
+// ok is false if too many distinct sets are shared already.
+func (d *dbPool) shareParams(key string, params map[string]string) (set paramSet, ok bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if set, ok := d.paramSets[key]; ok {
+		return set, true
+	}
+	if len(d.paramSets) >= maxParamSets {
+		return paramSet{}, false
+	}
+	if d.paramSets == nil {
+		d.paramSets = map[string]paramSet{}
+	}
+	set = paramSet{key: key, params: params}
+	d.paramSets[key] = set
+	return set, true
 }
 
 type paramKey struct{ name, value string }

@@ -231,6 +231,13 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 		}
 	}
 	maps.Copy(s.params, reported)
+	// Clients of one application have the same parameters: they share one
+	// map (copied before a change, see ownParams), which an idle client
+	// would otherwise hold alone.
+	s.pkey = paramsKey(s.params)
+	if set, ok := dbp.shareParams(s.pkey, s.params); ok {
+		s.params, s.pkey, s.paramsShared = set.params, set.key, true
+	}
 	if s.srv.shuttingDown() {
 		s.fail(errShuttingDown)
 		return false

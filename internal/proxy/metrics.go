@@ -130,6 +130,7 @@ func newCollector(srv *Server) *collector {
 	c.descs["poolerd_client_connections"] = prometheus.NewDesc("poolerd_client_connections", "Client connections logged in, over all pools and the admin console.", nil, nil)
 	c.descs["poolerd_auth_failures_total"] = prometheus.NewDesc("poolerd_auth_failures_total", "Client logins refused for a wrong password or unknown user (28P01).", nil, nil)
 	c.descs["poolerd_login_timeouts_total"] = prometheus.NewDesc("poolerd_login_timeouts_total", "Clients dropped by client_login_timeout.", nil, nil)
+	c.descs["poolerd_parked_clients"] = prometheus.NewDesc("poolerd_parked_clients", "Idle client sessions held without a goroutine (see docs/architecture.md).", nil, nil)
 	c.descs["poolerd_ready"] = prometheus.NewDesc("poolerd_ready", "1 when poolerd is ready to serve clients (as /readyz), else 0.", nil, nil)
 	return c
 }
@@ -150,6 +151,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.descs[name], prometheus.CounterValue, v, labels...)
 	}
 	gauge("poolerd_client_connections", float64(c.srv.ClientCount()))
+	gauge("poolerd_parked_clients", float64(c.srv.parker.parkedCount()))
 	counter("poolerd_login_timeouts_total", float64(c.srv.LoginTimeouts()))
 	counter("poolerd_auth_failures_total", float64(c.srv.authFailures.Load()))
 	ready, _ := c.srv.Ready()

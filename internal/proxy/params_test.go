@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/poolerd/poolerd/internal/pool"
 )
@@ -131,5 +132,45 @@ func TestSyncParamsRemembersMatchingKey(t *testing.T) {
 	}
 	if paramsKey(nil) == "" || paramsKey(map[string]string{"a": "b=c"}) == paramsKey(map[string]string{"a=b": "c"}) {
 		t.Fatal("paramsKey is empty or ambiguous")
+	}
+}
+
+// TestSharedParamsCopiedOnWrite: clients with the same parameters share one
+// map; a change made for one client copies it first, so the others keep
+// theirs.
+func TestSharedParamsCopiedOnWrite(t *testing.T) {
+	d := &dbPool{}
+	login := func(app string) *session {
+		s := &session{params: map[string]string{"application_name": app, "TimeZone": "UTC"}}
+		s.pkey = paramsKey(s.params)
+		if set, ok := d.shareParams(s.pkey, s.params); ok {
+			s.params, s.pkey, s.paramsShared = set.params, set.key, true
+		}
+		return s
+	}
+	a, b := login("app"), login("app")
+	if reflect.ValueOf(a.params).UnsafePointer() != reflect.ValueOf(b.params).UnsafePointer() {
+		t.Fatal("equal parameters are not shared")
+	}
+	if unsafe.StringData(a.pkey) != unsafe.StringData(b.pkey) {
+		t.Fatal("equal parameter keys are not shared")
+	}
+	b.noteParameter("TimeZone", "UTC") // unchanged: no copy
+	if !b.paramsShared {
+		t.Fatal("an unchanged parameter copied the map")
+	}
+	b.noteParameter("TimeZone", "Europe/Paris")
+	if a.params["TimeZone"] != "UTC" || b.params["TimeZone"] != "Europe/Paris" || b.paramsShared {
+		t.Fatalf("after one client's change: a %v, b %v", a.params, b.params)
+	}
+	b.noteParameter("extra_float_digits", "") // a new parameter, even empty, is recorded
+	if _, ok := b.params["extra_float_digits"]; !ok {
+		t.Fatal("a new empty parameter was not recorded")
+	}
+	for i := range maxParamSets {
+		login(strings.Repeat("x", i+1))
+	}
+	if s := login("one too many"); s.paramsShared {
+		t.Fatalf("more than %d parameter sets shared", maxParamSets)
 	}
 }

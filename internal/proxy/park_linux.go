@@ -216,6 +216,13 @@ func (p *parker) sweep() {
 	}
 }
 
+// parkedCount is how many sessions are parked.
+func (p *parker) parkedCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.parked)
+}
+
 // close stops the parker once every session has ended.
 func (p *parker) close() {
 	p.mu.Lock()

@@ -13,3 +13,5 @@ func (*parker) park(*session) bool { return false }
 func (*parker) wake(*session) {}
 
 func (*parker) close() {}
+
+func (*parker) parkedCount() int { return 0 }

@@ -12,13 +12,6 @@ import (
 	"go.uber.org/goleak"
 )
 
-// parkedCount is how many sessions the parker holds.
-func (p *parker) parkedCount() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.parked)
-}
-
 // waitFor polls cond for up to limit.
 func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
 	t.Helper()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"sync"
@@ -115,6 +116,9 @@ type session struct {
 	pmu    sync.Mutex
 	params map[string]string
 	pkey   string
+	// paramsShared: params is a map shared with other sessions (never
+	// changed: ownParams copies it first).
+	paramsShared bool
 
 	// waitCancel withdraws a checkout in progress (a cancel request).
 	waitMu     sync.Mutex
@@ -130,7 +134,7 @@ type session struct {
 	limP  atomic.Pointer[limits]
 	wd    watchdog
 	qmu   sync.Mutex
-	qtext [maxQueryText]byte
+	qtext *[maxQueryText]byte
 	qlen  int
 
 	// rates are the rate-limit rules that apply to the session (a reload
@@ -205,6 +209,15 @@ func (s *session) run(fresh bool) {
 		return
 	}
 	s.srv.sessWG.Done()
+}
+
+// ownParams makes s.params the session's own map before a change (pmu
+// held).
+func (s *session) ownParams() {
+	if s.paramsShared {
+		s.params = maps.Clone(s.params)
+		s.paramsShared = false
+	}
 }
 
 // resume runs a parked session again.
@@ -887,8 +900,11 @@ func (s *session) syncParams(sc *serverConn) []byte {
 // answers this client: the client's session now has that value.
 func (s *session) noteParameter(name, value string) {
 	s.pmu.Lock()
-	s.params[name] = value
-	s.pkey = ""
+	if v, ok := s.params[name]; !ok || v != value {
+		s.ownParams()
+		s.params[name] = value
+		s.pkey = ""
+	}
 	s.pmu.Unlock()
 }
 

@@ -687,6 +687,7 @@ func (s *session) pinned() bool { return s.pinReason.Load() != nil }
 // settings. Called by the reader with sc.mu held.
 func (s *session) settingsSnapshot(sc *serverConn, status byte) {
 	s.pmu.Lock()
+	s.ownParams()
 	for name := range s.params {
 		if _, reported := sc.params[name]; reported {
 			continue

@@ -408,6 +408,9 @@ func (s *session) noteQuery(typ byte, body []byte) {
 		n++
 	}
 	s.qmu.Lock()
+	if s.qtext == nil {
+		s.qtext = new([maxQueryText]byte) // on the first query: idle clients do without
+	}
 	s.qlen = copy(s.qtext[:], body[:n])
 	s.qmu.Unlock()
 }
@@ -415,5 +418,8 @@ func (s *session) noteQuery(typ byte, body []byte) {
 func (s *session) queryText() string {
 	s.qmu.Lock()
 	defer s.qmu.Unlock()
+	if s.qtext == nil {
+		return ""
+	}
 	return string(s.qtext[:s.qlen])
 }

@@ -388,6 +388,7 @@ func TestObsStatsUnderLoad(t *testing.T) {
 		{"poolerd_server_connections", []string{"database=app", "state=active"}, 3},
 		{"poolerd_server_connections", []string{"database=app", "state=idle"}, 0},
 		{"poolerd_client_connections", nil, 6},
+		{"poolerd_parked_clients", nil, 1}, // obidle: logged in, sent nothing
 		{"poolerd_ready", nil, 1},
 	} {
 		if v, ok := m.get(c.name, c.kv...); !ok || v != c.value {
@@ -495,6 +496,7 @@ func TestObsMetricsPromtool(t *testing.T) {
 		"poolerd_server_connections":            "gauge",
 		"poolerd_clients":                       "gauge",
 		"poolerd_client_connections":            "gauge",
+		"poolerd_parked_clients":                "gauge",
 		"poolerd_waiting_clients":               "gauge",
 		"poolerd_checkout_wait_seconds":         "histogram",
 		"poolerd_checkouts_total":               "counter",
