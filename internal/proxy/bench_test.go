@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"net"
 	"runtime"
@@ -360,11 +359,7 @@ func dialIdle(tb testing.TB, addr string) net.Conn {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	startup := binary.BigEndian.AppendUint32(nil, 0)
-	startup = binary.BigEndian.AppendUint32(startup, wire.CodeProtocol30)
-	startup = append(startup, "user\x00bench\x00database\x00bench\x00application_name\x00bench\x00\x00"...)
-	binary.BigEndian.PutUint32(startup, uint32(len(startup)))
-	if _, err := conn.Write(startup); err != nil {
+	if _, err := conn.Write(startupPacket("application_name", "bench")); err != nil {
 		tb.Fatal(err)
 	}
 	var buf [1024]byte

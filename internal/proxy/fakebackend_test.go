@@ -332,6 +332,19 @@ func fbMsg(dst []byte, typ byte, body string) []byte {
 	return append(dst, body...)
 }
 
+// startupPacket is a protocol 3.0 startup message for user and database
+// bench, with the given extra parameters (name, value pairs).
+func startupPacket(params ...string) []byte {
+	startup := binary.BigEndian.AppendUint32(nil, 0)
+	startup = binary.BigEndian.AppendUint32(startup, wire.CodeProtocol30)
+	for _, p := range append([]string{"user", "bench", "database", "bench"}, params...) {
+		startup = append(append(startup, p...), 0)
+	}
+	startup = append(startup, 0)
+	binary.BigEndian.PutUint32(startup, uint32(len(startup)))
+	return startup
+}
+
 // dialBench connects to addr and logs in as bench to database bench.
 func dialBench(tb testing.TB, addr string, request []byte) *benchClient {
 	tb.Helper()
@@ -342,11 +355,7 @@ func dialBench(tb testing.TB, addr string, request []byte) *benchClient {
 	_ = conn.(*net.TCPConn).SetNoDelay(true)
 	c := &benchClient{conn: conn, request: request, buf: make([]byte, 64<<10)}
 	tb.Cleanup(c.close)
-	startup := binary.BigEndian.AppendUint32(nil, 0)
-	startup = binary.BigEndian.AppendUint32(startup, wire.CodeProtocol30)
-	startup = append(startup, "user\x00bench\x00database\x00bench\x00\x00"...)
-	binary.BigEndian.PutUint32(startup, uint32(len(startup)))
-	if _, err := conn.Write(startup); err != nil {
+	if _, err := conn.Write(startupPacket()); err != nil {
 		tb.Fatal(err)
 	}
 	if err := c.readUntilReady(); err != nil {
