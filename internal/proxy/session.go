@@ -260,7 +260,9 @@ func (s *session) relay(fresh bool) (parked bool) {
 			s.end(err)
 			return false
 		}
-		s.active.Store(true)
+		if !s.active.Load() { // a load is cheaper than a store per read
+			s.active.Store(true)
+		}
 		if s.limits().clientIdle != 0 {
 			s.noteActive(s.srv.nanotime())
 		}
