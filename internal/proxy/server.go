@@ -73,6 +73,12 @@ type Server struct {
 	setLevel    func(string) error
 	shutdownReq chan string
 	ver         atomic.Pointer[string]
+
+	// onFrame, set only by tests before Serve, is called on a client
+	// session's goroutine for each frame header it reads, before the frame
+	// is routed: tests use it to fail a server exactly between poolerd
+	// reading a message and forwarding it.
+	onFrame func(s *session, typ byte)
 }
 
 type poolKey struct{ database, user string }

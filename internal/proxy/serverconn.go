@@ -84,6 +84,11 @@ type serverConn struct {
 	// timeoutCancel: poolerd cancelled the running query for query_timeout;
 	// the server's 57014 reply is rewritten to say so.
 	timeoutCancel atomic.Bool
+	// draining: the owner left mid-request and the connection is about to
+	// be closed once the cancel request for its query has been delivered;
+	// what the server still sends is dropped, not taken for a protocol
+	// surprise (which would close the backend before the cancel reaches it).
+	draining atomic.Bool
 	replacing     bool // reader only: the current ErrorResponse is being rewritten
 
 	mu       sync.Mutex
@@ -352,14 +357,18 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 		}
 		off += n
 	}
-	if out > start {
-		if own == nil {
-			// Nobody asked: an idle connection got data (a FATAL before
-			// the server closes it, or a protocol surprise).
-			return errors.New("server sent data while idle")
-		}
+	switch {
+	case out == start:
+	case own != nil:
 		own.writeFromServer(buf[start:out])
 		sc.dbp.ctr.sent.Add(uint64(out - start))
+	case sc.draining.Load():
+		// The rest of the answer to a client that left mid-request,
+		// while its cancel request is on the way: dropped.
+	default:
+		// Nobody asked: an idle connection got data (a FATAL before the
+		// server closes it, or a protocol surprise).
+		return errors.New("server sent data while idle")
 	}
 	if rfqs > 0 {
 		sc.AddQueries(uint64(rfqs))
@@ -512,9 +521,21 @@ func (sc *serverConn) cleanLocked() bool {
 		len(sc.swallowQ) == 0 && sc.stq.len() == 0 && len(sc.qundo) == 0 && !sc.cancelling && !sc.midFrame && !sc.broken
 }
 
+// detachLocked gives the connection up from own, clean (released to the
+// pool, or dropped at a transaction boundary): own may attach another one
+// for its next request.
 func (sc *serverConn) detachLocked(own *session) {
 	sc.owner.Store(nil)
 	own.server.CompareAndSwap(sc, nil)
+}
+
+// loseLocked takes the connection from own because it failed while held:
+// own is severed before its server pointer is cleared, so that no request
+// of its, not even one being handled right now, reaches another server
+// connection (see session.attach).
+func (sc *serverConn) loseLocked(own *session) {
+	own.severed.Store(true)
+	sc.detachLocked(own)
 }
 
 func (sc *serverConn) markBroken() {
@@ -529,7 +550,7 @@ func (sc *serverConn) gone(err error) {
 	sc.broken = true
 	own := sc.owner.Load()
 	if own != nil {
-		sc.detachLocked(own)
+		sc.loseLocked(own)
 	}
 	if sc.quiet != nil {
 		close(sc.quiet)

@@ -156,6 +156,11 @@ type session struct {
 	epollReg       bool
 	closed         atomic.Bool
 	sawFatal       atomic.Bool // the server sent this client a FATAL error
+	// severed is set, before the session's server pointer is cleared, when
+	// the server connection it held was lost (closed, hung, failed) rather
+	// than released clean: from then on nothing the client sends reaches
+	// any server, and the session ends (see attach).
+	severed atomic.Bool
 	endOnce        sync.Once
 	endErr         atomic.Pointer[wire.Error]
 }
@@ -347,6 +352,16 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 			}
 			if t == 'X' {
 				s.flush(data(), b)
+				return true
+			}
+			if h := s.srv.onFrame; h != nil {
+				h(s, t)
+			}
+			if s.severed.Load() {
+				// The server connection this client's transaction or
+				// pipeline ran on is gone: nothing of this read may reach
+				// another one (see attach).
+				s.fail(errServerLost)
 				return true
 			}
 			s.dropFrame = false
@@ -607,6 +622,9 @@ func (s *session) refuse(werr *wire.Error) {
 func (s *session) txStatus() byte {
 	sc := s.server.Load()
 	if sc == nil {
+		if s.severed.Load() {
+			return wire.TxFailed // whatever it was in is gone
+		}
 		return wire.TxIdle
 	}
 	sc.mu.Lock()
@@ -711,7 +729,9 @@ func (s *session) flush(data []byte, b batch) bool {
 	s.unsynced = b.unsynced
 	sc := s.server.Load()
 	if sc == nil {
-		return true
+		// Lost while this read was handled: what it holds is dropped, and
+		// the session ends.
+		return !s.severed.Load()
 	}
 	sync := s.syncQuery
 	s.syncQuery = nil
@@ -791,7 +811,21 @@ func (s *session) flush(data []byte, b batch) bool {
 // attach checks out a server connection and makes it this session's. The
 // query that brings the server's session parameters in line with the
 // client's is kept for flush, which sends it ahead of the client's bytes.
+//
+// This is the only place a session gets a server connection, and so the
+// place where atomicity is enforced: a session attaches only when it holds
+// none and the last one it held was given up clean (ReadyForQuery idle,
+// nothing owed, nothing unsynced, nothing half sent). Once a client is
+// inside a transaction block or has requests in flight, everything it sends
+// goes to the server connection it holds, or to none: a connection lost in
+// that state (server EOF or FATAL, server_response_timeout, a failed write)
+// severs the session first, and a severed session never attaches again; its
+// client gets the server's FATAL or 08006 and the session ends, as a direct
+// connection to a backend that died would.
 func (s *session) attach() *wire.Error {
+	if s.severed.Load() {
+		return errServerLost
+	}
 	if s.srv.shuttingDown() {
 		return errShuttingDown
 	}
@@ -799,6 +833,10 @@ func (s *session) attach() *wire.Error {
 		sc, werr := s.checkout()
 		if werr != nil {
 			return werr
+		}
+		if s.severed.Load() {
+			s.dbp.checkin(sc)
+			return errServerLost
 		}
 		if s.closed.Load() || s.endErr.Load() != nil {
 			// Terminated while queued (shutdown, a timeout): its request
@@ -937,13 +975,19 @@ func (s *session) fail(werr *wire.Error) {
 	if s.dbp != nil {
 		s.dbp.ctr.countError(werr.Code)
 	}
-	s.endErr.CompareAndSwap(nil, werr)
+	// One final message per session: a second fail (the server's reader
+	// and the client's goroutine can both find the session over) only
+	// closes. A client that already has the server's own FATAL gets
+	// nothing more.
+	first := s.endErr.CompareAndSwap(nil, werr)
 	// The client's place under the connection limits is free before it
 	// reads the refusal, so that an immediate reconnect is not refused too.
 	s.releaseClientSlot()
 	s.srv.trackLogin(s.conn, false)
-	_ = s.conn.SetWriteDeadline(time.Now().Add(time.Second))
-	s.writeClient(werr.Append(nil))
+	if first && !s.sawFatal.Load() {
+		_ = s.conn.SetWriteDeadline(time.Now().Add(time.Second))
+		s.writeClient(werr.Append(nil))
+	}
 	_ = s.conn.Close()
 	s.srv.parker.wake(s) // a parked session needs its goroutine to end
 }
@@ -985,23 +1029,27 @@ func (s *session) setDropReason(reason string) { s.dropReason.Store(&reason) }
 // errTerminated is the cause given to a checkout of a terminated session.
 var errTerminated = errors.New("session terminated")
 
-// serverLost is called when the held server connection failed.
+// errServerLost ends a session whose server connection was lost while
+// held: its transaction, pipeline or session state went with it.
+var errServerLost = &wire.Error{Severity: "FATAL", Code: "08006", Message: "server connection lost",
+	Detail: "the PostgreSQL backend serving this session closed its connection or failed; its open transaction, if any, was rolled back",
+	Hint:   "reconnect and retry the transaction; if this repeats, check the PostgreSQL server log"}
+
+// serverLost is called when the held server connection failed. The session
+// is severed before anything else, so that a request the client goroutine
+// is handling right now cannot take another server (see attach), and ends:
+// the client gets 08006, unless it already has the server's own FATAL, in
+// which case the connection is only closed.
 func (s *session) serverLost(sc *serverConn, err error) {
+	s.severed.Store(true)
 	s.server.CompareAndSwap(sc, nil)
 	if s.closed.Load() {
 		return
 	}
 	s.log.Warn("server connection lost while in use", zap.Uint64("conn_id", sc.ID()), zap.Error(err))
-	if s.sawFatal.Load() {
-		// The client already has the server's own FATAL message.
-		_ = s.conn.Close()
-		return
-	}
 	// The client's session state on the server is gone, as after a backend
 	// crash: end the client connection the way PostgreSQL would.
-	s.terminate(&wire.Error{Severity: "FATAL", Code: "08006", Message: "server connection lost",
-		Detail: "the PostgreSQL backend serving this session closed its connection or failed",
-		Hint:   "reconnect; if this repeats, check the PostgreSQL server log"})
+	s.terminate(errServerLost)
 }
 
 // end cleans up after the client has gone: the server connection goes back
@@ -1052,6 +1100,11 @@ func (s *session) releaseAtEnd(sc *serverConn) {
 	}
 	clean := sc.cleanLocked()
 	busy := sc.pending > 0
+	if busy {
+		// The rest of the answer has nobody to go to: the reader drops it
+		// until the connection is closed below.
+		sc.draining.Store(true)
+	}
 	sc.detachLocked(s)
 	sc.mu.Unlock()
 	if !clean {
@@ -1059,7 +1112,10 @@ func (s *session) releaseAtEnd(sc *serverConn) {
 		if busy {
 			reason = evictClientLeftBusy
 			// Stop the running query so its locks go at once; closing
-			// the socket alone is noticed only when the query ends.
+			// the socket alone is noticed only when the query ends. The
+			// connection stays open until the cancel request has been
+			// delivered: closed first, the backend may exit before the
+			// cancel arrives, and PostgreSQL logs it as unmatched.
 			s.srv.cancelBackend(sc)
 		}
 		if r := s.dropReason.Load(); r != nil {

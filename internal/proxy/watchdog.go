@@ -349,7 +349,7 @@ func (s *session) dropServer(sc *serverConn) {
 		return
 	}
 	sc.broken = true
-	sc.detachLocked(s)
+	sc.loseLocked(s)
 	sc.mu.Unlock()
 	s.dbp.pool.Discard(sc, evictHung)
 }
