@@ -88,8 +88,8 @@ type serverConn struct {
 	// be closed once the cancel request for its query has been delivered;
 	// what the server still sends is dropped, not taken for a protocol
 	// surprise (which would close the backend before the cancel reaches it).
-	draining atomic.Bool
-	replacing     bool // reader only: the current ErrorResponse is being rewritten
+	draining  atomic.Bool
+	replacing bool // reader only: the current ErrorResponse is being rewritten
 
 	mu       sync.Mutex
 	pending  int   // ReadyForQuery owed

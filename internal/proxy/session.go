@@ -161,8 +161,8 @@ type session struct {
 	// than released clean: from then on nothing the client sends reaches
 	// any server, and the session ends (see attach).
 	severed atomic.Bool
-	endOnce        sync.Once
-	endErr         atomic.Pointer[wire.Error]
+	endOnce sync.Once
+	endErr  atomic.Pointer[wire.Error]
 }
 
 // sessionLog logs with the session's fields, added per line: a zap child
