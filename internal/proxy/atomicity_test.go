@@ -60,6 +60,7 @@ func TestServerDiesBetweenReadAndForward(t *testing.T) {
 	// transaction kills its backend.
 	var armed atomic.Int32
 	var killed atomic.Int32
+	var hung atomic.Bool // drop the server as hung instead of killing its backend
 	srv.onFrame = func(s *session, typ byte) {
 		if armed.Load() != int32(typ) {
 			return
@@ -69,7 +70,11 @@ func TestServerDiesBetweenReadAndForward(t *testing.T) {
 			return
 		}
 		armed.Store(0)
-		if _, err := super.Exec(context.Background(), "SELECT pg_terminate_backend($1)", int32(sc.PID)); err != nil {
+		if hung.Load() {
+			// What the watchdog does when server_response_timeout
+			// expires, up to the moment it would tell the client.
+			s.dropServer(sc)
+		} else if _, err := super.Exec(context.Background(), "SELECT pg_terminate_backend($1)", int32(sc.PID)); err != nil {
 			t.Errorf("pg_terminate_backend: %v", err)
 			return
 		}
@@ -155,6 +160,14 @@ func TestServerDiesBetweenReadAndForward(t *testing.T) {
 		armed.Store('P')
 		err := c.ExecParams(ctx, "INSERT INTO ledger VALUES ($1)", [][]byte{[]byte("extended")}, nil, nil, nil).Read().Err
 		check(t, "extended", err)
+	})
+	t.Run("server_response_timeout", func(t *testing.T) {
+		c := connect(t)
+		hung.Store(true)
+		defer hung.Store(false)
+		armed.Store('Q')
+		_, err := c.Exec(ctx, "INSERT INTO ledger VALUES ('hung')").ReadAll()
+		check(t, "hung", err)
 	})
 	t.Run("pipeline", func(t *testing.T) {
 		c := connect(t)

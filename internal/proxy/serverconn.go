@@ -342,7 +342,13 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 				if sev == "FATAL" || sev == "PANIC" {
 					sc.markBroken()
 					if own != nil && !sc.drop {
+						// The client will take its session for over (it
+						// may read this only after sending its next
+						// request): nothing more of its may run, here or
+						// on another connection. Set before the frame is
+						// written to the client.
 						own.sawFatal.Store(true)
+						own.severed.Store(true)
 					}
 				}
 			}
