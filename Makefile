@@ -14,6 +14,8 @@ ARGS    ?=
 # Extra flags for `make bench` (go run ./test/bench -h lists them),
 # e.g. make bench BENCH_ARGS="-quick" or BENCH_ARGS="-T 30 -rounds 5".
 BENCH_ARGS ?=
+# How long `make soak` runs the transfer stress test, e.g. make soak SOAK_DURATION=1h.
+SOAK_DURATION ?= 10m
 
 .DEFAULT_GOAL := help
 
@@ -42,6 +44,10 @@ test: ## what CI runs: go vet, gofmt check, go test -race (needs PostgreSQL, see
 .PHONY: bench
 bench: ## poolerd vs PgBouncer vs direct PostgreSQL (~25 min, not in CI); writes docs/benchmarks-latest.md
 	$(GO) run ./test/bench -out docs/benchmarks-latest.md $(BENCH_ARGS)
+
+.PHONY: soak
+soak: ## bank transfers under backend kills and PostgreSQL restarts for SOAK_DURATION (default 10m, not in CI)
+	POOLERD_STRESS_DURATION=$(SOAK_DURATION) $(GO) test -race -count=1 -timeout 0 -run '^TestAtomicityStress$$' -v ./test/integration/
 
 .PHONY: run
 run: build ## start a throwaway PostgreSQL in .run/ and poolerd in front of it (Ctrl-C stops both)
