@@ -337,7 +337,8 @@ func errServerUnavailable(err error) *wire.Error {
 }
 
 var errShuttingDown = &wire.Error{Severity: "FATAL", Code: "57P01",
-	Message: "terminating connection because poolerd is shutting down",
+	Message: "terminating connection due to administrator command",
+	Detail:  "poolerd is shutting down",
 	Hint:    "reconnect; another poolerd instance or the restarted one will serve you"}
 
 // prepareLogin makes sure the pool knows its server's default parameters

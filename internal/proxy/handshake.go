@@ -98,6 +98,10 @@ func (s *session) handshake(cfg *config.Config) bool {
 
 func (s *session) loginFailed(err error) {
 	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() && s.srv.shuttingDown() {
+		s.fail(errShuttingDown) // woken by stopAccepting
+		return
+	}
 	if errors.As(err, &ne) && ne.Timeout() {
 		s.srv.loginTimeouts.Add(1)
 		s.fail(errLoginTimeout)

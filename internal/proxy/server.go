@@ -41,7 +41,10 @@ type Server struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	shutting      atomic.Bool
+	shutting atomic.Bool
+	// idleEnd: clients are ended with 57P01 at their next idle point
+	// (SIGTERM's Shutdown, SHUTDOWN WAIT_FOR_CLIENTS's Drain).
+	idleEnd       atomic.Bool
 	loginTimeouts atomic.Uint64
 	authFailures  atomic.Uint64
 	started       time.Time     // origin of the sessions' clock (nanotime)
@@ -134,6 +137,10 @@ func (srv *Server) cfg() *config.Config { return srv.conf.Load() }
 func (srv *Server) Config() *config.Config { return srv.conf.Load() }
 
 func (srv *Server) shuttingDown() bool { return srv.shutting.Load() }
+
+// endAtIdle reports whether a client must be ended with 57P01 as soon as it
+// is idle: outside a transaction, with nothing in flight.
+func (srv *Server) endAtIdle() bool { return srv.idleEnd.Load() }
 
 // Ready reports whether poolerd should receive clients: it listens, is not
 // shutting down, and every configured pool is usable (healthy, degraded or
@@ -267,10 +274,15 @@ func isTemporary(err error) bool {
 	return errors.As(err, &t) && t.Temporary()
 }
 
-// Shutdown stops accepting, ends idle clients with 57P01, lets clients in a
-// transaction finish it, and when ctx ends closes whatever remains.
+// Shutdown stops accepting, ends idle clients with 57P01 at once, lets every
+// request and transaction in flight finish and deliver its result (a request
+// already read from a client but not yet forwarded included), ends each of
+// those clients with 57P01 at its next idle point, and when ctx ends closes
+// whatever remains with the same message.
 func (srv *Server) Shutdown(ctx context.Context) error {
-	for _, s := range srv.stopAccepting() {
+	sessions := srv.stopAccepting()
+	srv.idleEnd.Store(true)
+	for _, s := range sessions {
 		s.terminateIfIdle()
 	}
 	done := make(chan struct{})
@@ -293,10 +305,12 @@ func (srv *Server) Shutdown(ctx context.Context) error {
 	return err
 }
 
-// Drain stops accepting and waits until every client has left on its own
-// (SHUTDOWN WAIT_FOR_CLIENTS): connected clients keep working meanwhile;
-// admin console sessions do not hold it up. When ctx ends first, the rest
-// are closed. Then the pools are closed.
+// Drain stops accepting and waits until every client has left
+// (SHUTDOWN WAIT_FOR_CLIENTS): idle clients are left alone, but a client
+// that becomes active is ended with 57P01 at its next idle point, after the
+// answer to its request (never mid-transaction), so the wait ends while
+// applications keep their pools busy. Admin console sessions do not hold it
+// up. When ctx ends first, the rest are closed. Then the pools are closed.
 func (srv *Server) Drain(ctx context.Context) error {
 	srv.mu.Lock()
 	srv.draining = true
@@ -304,6 +318,7 @@ func (srv *Server) Drain(ctx context.Context) error {
 		_ = ln.Close()
 	}
 	srv.mu.Unlock()
+	srv.idleEnd.Store(true)
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
 	var err error
@@ -380,7 +395,9 @@ func (srv *Server) stopAccepting() []*session {
 		_ = ln.Close()
 	}
 	for nc := range srv.logins {
-		_ = nc.Close()
+		// Wakes a login waiting for the client, which then gets 57P01
+		// (loginFailed); one doing other work gets it when done.
+		_ = nc.SetReadDeadline(time.Now())
 	}
 	sessions := make([]*session, 0, len(srv.sessions))
 	for _, s := range srv.sessions {
@@ -542,18 +559,40 @@ func (srv *Server) ClientCount() int {
 	return len(srv.sessions)
 }
 
-// terminateIfIdle ends the session now if it is outside a transaction; a
-// session in a transaction ends when the transaction does (settle).
+// terminateIfIdle ends the session with 57P01 now if it is idle: outside a
+// transaction, with no request in flight (one read from the client but not
+// yet forwarded counts). A busy session ends at its next idle point: when
+// its server is released or found clean (settle), or after the read it is
+// handling (session.relay).
+//
+// The session is claimed (its end error set) under the lock that orders it
+// with the session's own goroutine: attachMu when it holds no server (attach
+// stores one under it, after checking for an end), the server's mu when it
+// holds one (beginBatch marks the server busy under it, then checks for an
+// end). Either the goroutine sees the claim and forwards nothing more, or
+// the claim sees the session busy and waits for its next idle point.
 func (s *session) terminateIfIdle() {
-	sc := s.server.Load()
-	if sc == nil {
-		s.terminate(errShuttingDown)
+	if s.inRead.Load() {
 		return
 	}
-	sc.mu.Lock()
-	idle := sc.owner.Load() != s || sc.cleanLocked()
-	sc.mu.Unlock()
-	if idle {
-		s.terminate(errShuttingDown)
+	s.finalMu.Lock()
+	defer s.finalMu.Unlock()
+	claimed := false
+	s.attachMu.Lock()
+	sc := s.server.Load()
+	if sc == nil {
+		claimed = s.endErr.CompareAndSwap(nil, errShuttingDown)
+	}
+	s.attachMu.Unlock()
+	if sc != nil {
+		sc.mu.Lock()
+		if sc.owner.Load() != s || sc.cleanLocked() {
+			claimed = s.endErr.CompareAndSwap(nil, errShuttingDown)
+		}
+		sc.mu.Unlock()
+	}
+	if claimed {
+		s.withdrawWait(errTerminated)
+		s.finishLocked(errShuttingDown, true)
 	}
 }

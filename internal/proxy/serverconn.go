@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -501,11 +502,11 @@ func (sc *serverConn) settleLocked(rfqs int, status byte) {
 	if release {
 		sc.detachLocked(own)
 	}
-	shutdownIdle := own != nil && !release && sc.cleanLocked() && own.srv.shuttingDown()
+	shutdownIdle := own != nil && !release && sc.cleanLocked() && own.srv.endAtIdle()
 	sc.mu.Unlock()
 	if release {
 		sc.dbp.checkin(sc)
-		if own.srv.shuttingDown() {
+		if own.srv.endAtIdle() {
 			own.terminate(errShuttingDown)
 		}
 	} else if shutdownIdle {
@@ -566,6 +567,8 @@ func (sc *serverConn) gone(err error) {
 	sc.dbp.pool.Discard(sc, evictServerClosed)
 	if own != nil {
 		own.serverLost(sc, err)
+	} else if errors.Is(err, net.ErrClosed) {
+		sc.log.Debug("idle server connection closed by poolerd", zap.Uint64("conn_id", sc.ID()))
 	} else {
 		sc.log.Debug("idle server connection closed", zap.Uint64("conn_id", sc.ID()), zap.Error(err))
 	}

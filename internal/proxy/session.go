@@ -120,6 +120,13 @@ type session struct {
 	// changed: ownParams copies it first).
 	paramsShared bool
 
+	// attachMu orders attaching a server with a shutdown's decision that
+	// the session is idle (terminateIfIdle).
+	attachMu sync.Mutex
+	// finalMu is held from setting endErr until the final message is
+	// written: whoever closes the client connection (a second fail, end)
+	// takes it first, so the message is not lost to an early close.
+	finalMu sync.Mutex
 	// waitCancel withdraws a checkout in progress (a cancel request).
 	waitMu     sync.Mutex
 	waitCancel func(cause error)
@@ -153,9 +160,13 @@ type session struct {
 	// epollReg (under the parker's lock) says the socket is registered
 	// with the parker's epoll instance.
 	parked, active atomic.Bool
-	epollReg       bool
-	closed         atomic.Bool
-	sawFatal       atomic.Bool // the server sent this client a FATAL error
+	// inRead is set while the session handles what it read from the
+	// client: a request read but not yet forwarded is in flight, and a
+	// shutdown lets it run (terminateIfIdle).
+	inRead   atomic.Bool
+	epollReg bool
+	closed   atomic.Bool
+	sawFatal atomic.Bool // the server sent this client a FATAL error
 	// severed is set, before the session's server pointer is cleared, when
 	// the server connection it held was lost (closed, hung, failed) rather
 	// than released clean: from then on nothing the client sends reaches
@@ -271,11 +282,18 @@ func (s *session) relay(fresh bool) (parked bool) {
 		if s.limits().clientIdle != 0 {
 			s.noteActive(s.srv.nanotime())
 		}
+		s.inRead.Store(true)
 		quit := s.fromClient(*bp, wire.Headroom, wire.Headroom+n)
+		s.inRead.Store(false)
 		s.srv.bufs.Put(bp)
 		if quit {
 			s.end(nil)
 			return false
+		}
+		if s.srv.endAtIdle() {
+			// Shutting down: this read may have left the session idle
+			// (answered locally, or already answered and released).
+			s.terminateIfIdle()
 		}
 	}
 }
@@ -319,7 +337,10 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 		copy(buf[start:], s.carry[:s.ncarry])
 		s.ncarry = 0
 	}
-	s.beginBatch()
+	if !s.beginBatch() {
+		s.endBatch()
+		return true
+	}
 	s.reads++
 	out, off := start, start
 	b := batch{unsynced: s.unsynced}
@@ -707,16 +728,25 @@ func (s *session) abortTx(sc *serverConn) {
 
 // beginBatch keeps the held server from being released while this read is
 // being processed, so that all of it goes to one server.
-func (s *session) beginBatch() {
+//
+// It reports false if the session has been ended meanwhile (see
+// terminateIfIdle): nothing of the read may be forwarded then.
+func (s *session) beginBatch() bool {
 	sc := s.server.Load()
 	if sc == nil {
-		return
+		return s.endErr.Load() == nil
 	}
 	sc.mu.Lock()
-	if sc.owner.Load() == s {
-		sc.busy = true
+	defer sc.mu.Unlock()
+	if sc.owner.Load() != s {
+		return s.endErr.Load() == nil
 	}
-	sc.mu.Unlock()
+	sc.busy = true
+	if s.endErr.Load() != nil {
+		sc.busy = false // nothing will be sent: the connection stays clean
+		return false
+	}
+	return true
 }
 
 // flush ends a batch: it records what the server will owe, then writes the
@@ -826,7 +856,9 @@ func (s *session) attach() *wire.Error {
 	if s.severed.Load() {
 		return errServerLost
 	}
-	if s.srv.shuttingDown() {
+	// During a shutdown a request already read runs (the session is ended
+	// at its next idle point); a session already ended does not attach.
+	if s.endErr.Load() != nil {
 		return errShuttingDown
 	}
 	for attempt := 0; ; attempt++ {
@@ -838,15 +870,18 @@ func (s *session) attach() *wire.Error {
 			s.dbp.checkin(sc)
 			return errServerLost
 		}
+		s.attachMu.Lock()
 		if s.closed.Load() || s.endErr.Load() != nil {
 			// Terminated while queued (shutdown, a timeout): its request
 			// must not reach the server.
+			s.attachMu.Unlock()
 			s.dbp.checkin(sc)
 			return errShuttingDown
 		}
 		sc.mu.Lock()
 		if sc.broken {
 			sc.mu.Unlock()
+			s.attachMu.Unlock()
 			s.dbp.pool.Discard(sc, evictBroken)
 			if attempt < 2 {
 				continue
@@ -858,6 +893,7 @@ func (s *session) attach() *wire.Error {
 		sc.unsynced = false
 		sc.mu.Unlock()
 		s.server.Store(sc)
+		s.attachMu.Unlock()
 		s.syncQuery = s.syncParams(sc)
 		if s.syncQuery != nil && s.tracked {
 			sc.mu.Lock()
@@ -971,15 +1007,23 @@ func (s *session) writeClient(p []byte) {
 }
 
 // fail sends a final error and closes the client connection.
+//
+// One final message per session: the first caller to set the session's end
+// error sends it; a later fail (the server's reader and the client's
+// goroutine can both find the session over) only closes. A client that
+// already has the server's own FATAL gets nothing more.
 func (s *session) fail(werr *wire.Error) {
-	if s.dbp != nil {
+	s.finalMu.Lock()
+	defer s.finalMu.Unlock()
+	s.finishLocked(werr, s.endErr.CompareAndSwap(nil, werr))
+}
+
+// finishLocked is fail once the end error is decided (finalMu held): first
+// says whether this caller set it, and so sends werr.
+func (s *session) finishLocked(werr *wire.Error, first bool) {
+	if s.dbp != nil && first {
 		s.dbp.ctr.countError(werr.Code)
 	}
-	// One final message per session: a second fail (the server's reader
-	// and the client's goroutine can both find the session over) only
-	// closes. A client that already has the server's own FATAL gets
-	// nothing more.
-	first := s.endErr.CompareAndSwap(nil, werr)
 	// The client's place under the connection limits is free before it
 	// reads the refusal, so that an immediate reconnect is not refused too.
 	s.releaseClientSlot()
@@ -999,12 +1043,17 @@ func (s *session) terminate(werr *wire.Error) {
 	if s.closed.Load() {
 		return
 	}
+	s.withdrawWait(errTerminated) // a queued request must not run later
+	s.fail(werr)
+}
+
+// withdrawWait withdraws the session's checkout in progress, if any.
+func (s *session) withdrawWait(cause error) {
 	s.waitMu.Lock()
 	if s.waitCancel != nil {
-		s.waitCancel(errTerminated) // a queued request must not run later
+		s.waitCancel(cause)
 	}
 	s.waitMu.Unlock()
-	s.fail(werr)
 }
 
 // releaseClientSlot gives back the session's place under the client
@@ -1059,7 +1108,9 @@ func (s *session) end(err error) {
 	s.endOnce.Do(func() {
 		s.closed.Store(true)
 		s.stopWatch()
+		s.finalMu.Lock() // a final message being written goes out first
 		_ = s.conn.Close()
+		s.finalMu.Unlock()
 		s.srv.forget(s)
 		s.releaseClientSlot()
 		if s.dbp != nil {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -214,5 +216,135 @@ func TestShutdownDeadline(t *testing.T) {
 	})
 	if n := p.srv.ClientCount(); n != 0 {
 		t.Errorf("%d clients left after Shutdown", n)
+	}
+}
+
+// TestShutdownPgbenchMidRun is SIGTERM under load (what main does on SIGTERM
+// is Shutdown): pgbench -S -c 16, Shutdown after a second or two, five
+// times. Every pgbench client ends, and each ends with the 57P01 message,
+// none cut without it; a client inside pg_sleep(2) gets its row; the log
+// has no "use of closed network connection" (a session cut mid-request).
+func TestShutdownPgbenchMidRun(t *testing.T) {
+	pgbench := needTool(t, "pgbench")
+	const runs, clients = 5, 16
+	db := atomDB(t, 1, 0)
+	dir := t.TempDir()
+	init := startPoolerd(t, func(c *config.Config) {
+		c.Upstream = pg.DSN(pgtest.RoleApp, pgtest.Password, db)
+	})
+	init.runTool(t, 60*time.Second, db, dir, pgbench, "-i", "-s", "1", "-q")
+
+	aborted := regexp.MustCompile(`(?m)^pgbench: error: client \d+ .*aborted.*$`)
+	withoutMsg := 0
+	for run := range runs {
+		p := startPoolerd(t, func(c *config.Config) {
+			c.Upstream = pg.DSN(pgtest.RoleApp, pgtest.Password, db)
+			c.PoolMode = config.PoolTransaction
+			c.MaxSize = 8
+			c.ShutdownTimeout = 30 * time.Second
+			c.LogLevel = "debug"
+		})
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		cmd := p.toolCmd(t, ctx, db, dir, pgbench, "-S", "-n", "-c", fmt.Sprint(clients), "-j", "1", "-T", "30") // one thread: stderr lines not interleaved
+		var stdout, stderr strings.Builder
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		sleeper := p.connect(t, "default_query_exec_mode=simple_protocol")
+		type row struct {
+			v   int
+			err error
+		}
+		slept := make(chan row, 1)
+		time.Sleep(time.Duration(1000+run*200) * time.Millisecond)
+		go func() {
+			var r row
+			r.err = sleeper.QueryRow(ctx, "SELECT 42 FROM pg_sleep(2)").Scan(&r.v)
+			slept <- r
+		}()
+		time.Sleep(300 * time.Millisecond)
+		sctx, scancel := context.WithTimeout(context.Background(), 30*time.Second)
+		start := time.Now()
+		if err := p.srv.Shutdown(sctx); err != nil {
+			t.Errorf("run %d: Shutdown: %v", run, err)
+		}
+		took := time.Since(start)
+		scancel()
+		if r := <-slept; r.err != nil || r.v != 42 {
+			t.Errorf("run %d: the client inside pg_sleep(2) got %d, %v; want its row", run, r.v, r.err)
+		}
+		_ = cmd.Wait() // pgbench exits 2 when clients are aborted
+		cancel()
+		pgxQueryFails(t, sleeper)
+		// A client gets the message as the answer to the request it is
+		// sending, or, when it is between requests, as libpq's unsolicited
+		// notice followed by "perhaps the backend died" on its next
+		// request: either way, one message per client.
+		msgs := strings.Count(stderr.String(), "FATAL:  terminating connection ")
+		lines := aborted.FindAllString(stderr.String(), -1)
+		if len(lines) != clients {
+			t.Errorf("run %d: %d pgbench clients reported aborted, want all %d:\n%s", run, len(lines), clients, stderr.String())
+		}
+		if msgs < len(lines) {
+			withoutMsg += len(lines) - msgs
+			t.Errorf("run %d: %d clients ended, %d 57P01 messages:\n%s", run, len(lines), msgs, stderr.String())
+		}
+		if strings.Contains(p.logs.String(), "use of closed network connection") {
+			t.Errorf("run %d: a session was cut mid-request (\"use of closed network connection\" in the log)", run)
+		}
+		t.Logf("run %d: Shutdown took %s; %d clients ended, %d 57P01 messages", run, took.Round(time.Millisecond), len(lines), msgs)
+	}
+	t.Logf("%d runs: %d clients ended without the 57P01 message", runs, withoutMsg)
+}
+
+// TestShutdownWaitForClients: SHUTDOWN WAIT_FOR_CLIENTS (Drain) leaves idle
+// clients alone but ends a client that becomes active with 57P01 after the
+// answer to its request, so the wait ends while applications stay busy.
+func TestShutdownWaitForClients(t *testing.T) {
+	t.Parallel()
+	p := startPoolerd(t, func(c *config.Config) { c.PoolMode = config.PoolTransaction })
+	ctx := ctxTimeout(t, 30*time.Second)
+	a := p.connect(t, "default_query_exec_mode=simple_protocol")
+	b := p.connect(t, "default_query_exec_mode=exec")
+	idle := dialFE(t, p.addr)
+	idle.login(pgtest.RoleApp, pgtest.Password)
+	eventually(t, 5*time.Second, "three clients", func() bool { return p.srv.ClientCount() == 3 })
+
+	done := make(chan error, 1)
+	go func() {
+		dctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		done <- p.srv.Drain(dctx)
+	}()
+	eventually(t, 5*time.Second, "the drain to start", func() bool { ok, _ := p.srv.Ready(); return !ok })
+	expectRefused(t, p.addr)
+
+	// Active clients get their answer, then 57P01.
+	for _, step := range []struct {
+		c     *pgx.Conn
+		after time.Duration
+	}{{a, 600 * time.Millisecond}, {b, 2 * time.Second}} {
+		time.Sleep(step.after)
+		var v int
+		if err := step.c.QueryRow(ctx, "SELECT 7").Scan(&v); err != nil || v != 7 {
+			t.Fatalf("a query during WAIT_FOR_CLIENTS: %d, %v; want its answer", v, err)
+		}
+		pgxQueryFails(t, step.c)
+	}
+	// The idle client is left alone until it leaves.
+	select {
+	case err := <-done:
+		t.Fatalf("Drain returned (%v) while an idle client is connected", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	idle.nc.Close()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Drain: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Drain did not return after the last client left")
 	}
 }
