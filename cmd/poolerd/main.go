@@ -207,6 +207,16 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 		srv.Close()
 		return err
 	case sig := <-sigs:
+		if sig == syscall.SIGINT {
+			// The fast stop, as PostgreSQL's own SIGINT: every client gets
+			// 57P01 now and open transactions roll back with their
+			// server connections.
+			log.Info("SIGINT: fast stop; every client is ended now, open transactions roll back")
+			srv.Close()
+			stopHTTP(hs)
+			log.Info("poolerd stopped")
+			return nil
+		}
 		log.Info("shutting down: no new clients; transactions in progress may finish",
 			zap.String("signal", sig.String()), zap.Duration("shutdown_timeout", srv.Config().ShutdownTimeout))
 	case mode := <-srv.ShutdownRequests():
