@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -71,8 +72,18 @@ func killBackends(ctx context.Context, super *pgx.Conn, db string) (int, error) 
 // dies": clients inside BEGIN; UPDATE have their backends terminated while
 // each sends an INSERT within a few milliseconds of the kill, and nobody
 // sends COMMIT. No INSERT may be committed (before the fix, 15 of 160 were).
+//
+// POOLERD_KILLRACE_ROUNDS sets the rounds (default 20, 8 tries each).
 func TestAtomicityKillRace(t *testing.T) {
-	const clients, rounds = 8, 20
+	const clients = 8
+	rounds := 20
+	if v := os.Getenv("POOLERD_KILLRACE_ROUNDS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("POOLERD_KILLRACE_ROUNDS=%q: want a positive number", v)
+		}
+		rounds = n
+	}
 	db := atomDB(t, clients, 1000)
 	p := startPoolerd(t, func(c *config.Config) {
 		c.Upstream = pg.DSN(pgtest.RoleApp, pgtest.Password, db)
@@ -80,7 +91,7 @@ func TestAtomicityKillRace(t *testing.T) {
 		c.MaxSize = clients
 		c.LogLevel = "info"
 	})
-	ctx := ctxTimeout(t, 3*time.Minute)
+	ctx := ctxTimeout(t, 3*time.Minute+time.Duration(rounds)*2*time.Second)
 	super, err := pgx.Connect(ctx, pg.SuperDSN(db))
 	if err != nil {
 		t.Fatal(err)
