@@ -1,0 +1,158 @@
+package docscheck
+
+import (
+	"regexp"
+	"strings"
+	"unicode/utf8"
+)
+
+// A pattern is text in which some stretches stand for "anything": a format
+// verb in a Go string, a placeholder (X, N, …) in a documented quote. Two
+// patterns match when some text fits both.
+type pattern []rune
+
+// wild stands for any text, empty included.
+const wild rune = -1
+
+// fmtVerb is a fmt verb with its flags, width and precision.
+var fmtVerb = regexp.MustCompile(`%[-+# 0]*(\*|[0-9]+)?(\.(\*|[0-9]+))?[a-zA-Z]`)
+
+// fromCode turns a Go string (a format string or a literal) into a pattern:
+// every verb is a wildcard, %% a percent sign.
+func fromCode(s string) pattern {
+	var p pattern
+	for len(s) > 0 {
+		if strings.HasPrefix(s, "%%") {
+			p = append(p, '%')
+			s = s[2:]
+			continue
+		}
+		if loc := fmtVerb.FindStringIndex(s); loc != nil && loc[0] == 0 {
+			p = p.addWild()
+			s = s[loc[1]:]
+			continue
+		}
+		r, n := utf8.DecodeRuneInString(s)
+		p = append(p, r)
+		s = s[n:]
+	}
+	return p
+}
+
+// placeholders the docs write for a value: whole words only.
+var placeholders = map[string]bool{
+	"X": true, "N": true, "D": true, "NAME": true, "KEY": true, "DB": true, "USER": true,
+	"STATE": true, "BUCKET": true, "VERSION": true, "FILE": true,
+}
+
+// docPlaceholder matches what a documented quote writes for "some value":
+// an ellipsis, <something>, [optional part], or an upper-case placeholder
+// word.
+var docPlaceholder = regexp.MustCompile(`…|\.\.\.|<[^<>]*>|\[[^\[\]]*\]|\b[A-Z]+\b`)
+
+// fromDoc turns a documented quote into a pattern.
+func fromDoc(s string) pattern {
+	var p pattern
+	for len(s) > 0 {
+		loc := docPlaceholder.FindStringIndex(s)
+		if loc == nil {
+			p = append(p, []rune(s)...)
+			break
+		}
+		m := s[loc[0]:loc[1]]
+		if m[0] >= 'A' && m[0] <= 'Z' && !placeholders[m] {
+			// An upper-case word that is text (ERROR, SIGHUP, PAUSE).
+			p = append(p, []rune(s[:loc[1]])...)
+			s = s[loc[1]:]
+			continue
+		}
+		p = append(p, []rune(s[:loc[0]])...)
+		p = p.addWild()
+		s = s[loc[1]:]
+	}
+	return p
+}
+
+func (p pattern) addWild() pattern {
+	if len(p) > 0 && p[len(p)-1] == wild {
+		return p
+	}
+	return append(p, wild)
+}
+
+// String shows a pattern with * for its wildcards.
+func (p pattern) String() string {
+	var b strings.Builder
+	for _, r := range p {
+		if r == wild {
+			b.WriteString("*")
+		} else {
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// matches reports whether some text fits both patterns.
+func matches(a, b pattern) bool { return align(a, b) >= 0 }
+
+// align returns, over the ways some text fits both patterns, the most
+// characters that a and b both have as literal text at the same place; -1
+// when no text fits both. A documented quote that fits a Go string only
+// because the string's verbs swallow most of it is not that string.
+func align(a, b pattern) int {
+	// Cheap rejection: the literal starts and ends must agree.
+	for i := 0; i < len(a) && i < len(b) && a[i] != wild && b[i] != wild; i++ {
+		if a[i] != b[i] {
+			return -1
+		}
+	}
+	for i, j := len(a)-1, len(b)-1; i >= 0 && j >= 0 && a[i] != wild && b[j] != wild; i, j = i-1, j-1 {
+		if a[i] != b[j] {
+			return -1
+		}
+	}
+	// best[j]: over the ways a[:i] and b[:j] fit the same text, the most
+	// aligned literal characters; -1 if they cannot.
+	n, m := len(a), len(b)
+	best := make([]int, m+1)
+	next := make([]int, m+1)
+	for j := range best {
+		best[j] = -1
+	}
+	best[0] = 0
+	for j := 1; j <= m && b[j-1] == wild; j++ {
+		best[j] = 0
+	}
+	for i := 1; i <= n; i++ {
+		for j := 0; j <= m; j++ {
+			v := -1
+			switch {
+			case a[i-1] == wild:
+				// The wildcard takes nothing, or b[j-1] too.
+				v = best[j]
+				if j > 0 {
+					v = max(v, next[j-1])
+				}
+			case j > 0 && b[j-1] == wild:
+				v = max(next[j-1], best[j])
+			case j > 0 && a[i-1] == b[j-1] && best[j-1] >= 0:
+				v = best[j-1] + 1
+			}
+			next[j] = v
+		}
+		best, next = next, best
+	}
+	return best[m]
+}
+
+// literals counts the literal characters of p.
+func literals(p pattern) int {
+	n := 0
+	for _, r := range p {
+		if r != wild {
+			n++
+		}
+	}
+	return n
+}

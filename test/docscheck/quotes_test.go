@@ -1,0 +1,69 @@
+package docscheck
+
+import (
+	"testing"
+)
+
+// notPoolerds are quotes in the docs that are not poolerd's own messages
+// and so are not in its code: keep this list short, and say whose each one
+// is.
+var notPoolerds = map[string]string{
+	"the database system is starting up": "PostgreSQL's (57P03)",
+	"too many clients":                   "PostgreSQL's 53300, shortened",
+	"sorry, too many clients already":    "PostgreSQL's (53300)",
+}
+
+// TestQuotedMessagesExistInCode: every error or log message the docs quote
+// is a string poolerd's code can produce.
+func TestQuotedMessagesExistInCode(t *testing.T) {
+	code := codeStrings(t)
+	n := 0
+	for _, f := range docFiles(t) {
+		for _, q := range quotes(t, f) {
+			msg := message(q.text)
+			if msg == "" || notPoolerds[msg] != "" {
+				continue
+			}
+			n++
+			if !inCode(code, msg) {
+				t.Errorf("%s:%d: %q (%s) is not a message in poolerd's code (cmd/, internal/): fix the doc or the code, or, if it is not poolerd's message, add it to notPoolerds", q.file, q.line, q.text, q.why)
+			}
+		}
+	}
+	if n < 100 {
+		t.Errorf("only %d quotes checked: the extraction rules have stopped finding the docs' messages", n)
+	}
+	t.Logf("%d quotes checked", n)
+}
+
+// inCode reports whether msg is one of code's strings, or the beginning of
+// one (a doc may name a message by its start, `08006 upstream unavailable`).
+// Some text must fit both, and the fit must rest on literal text, not on
+// the code's verbs swallowing the quote: either 3/4 of msg's literal text
+// lines up with the code's, or all of a code string's literal text (at
+// least 8 characters) lines up with msg (an example of a format string
+// whose verbs hold long values, such as a Go error).
+func inCode(code []pattern, msg string) bool {
+	_, ok := bestMatch(code, msg)
+	return ok
+}
+
+func bestMatch(code []pattern, msg string) (pattern, bool) {
+	p := fromDoc(msg).addWild()
+	need := (3*literals(p) + 3) / 4
+	var best pattern
+	bestN := -1
+	for _, c := range code {
+		n := align(c, p)
+		if n < 0 {
+			continue
+		}
+		if lc := literals(c); n == lc && lc >= 8 {
+			return c, true
+		}
+		if n > bestN {
+			best, bestN = c, n
+		}
+	}
+	return best, bestN >= need
+}
