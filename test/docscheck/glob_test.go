@@ -3,6 +3,7 @@ package docscheck
 import (
 	"regexp"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -46,9 +47,10 @@ var placeholders = map[string]bool{
 }
 
 // docPlaceholder matches what a documented quote writes for "some value":
-// an ellipsis, <something>, [optional part], or an upper-case placeholder
-// word.
-var docPlaceholder = regexp.MustCompile(`…|\.\.\.|<[^<>]*>|\[[^\[\]]*\]|\b[A-Z]+\b`)
+// an ellipsis, <something>, [optional part], an upper-case placeholder
+// word, or an example value: a quoted name, a number, duration or address
+// (what a format verb prints).
+var docPlaceholder = regexp.MustCompile(`…|\.\.\.|<[^<>]*>|\[[^\[\]]*\]|\b[A-Z]+\b|"[^"]*"|\b[0-9][0-9.:]*(?:ms|µs|us|ns|s|m|h|KB|MB|GB|%)?\b`)
 
 // fromDoc turns a documented quote into a pattern.
 func fromDoc(s string) pattern {
@@ -60,7 +62,7 @@ func fromDoc(s string) pattern {
 			break
 		}
 		m := s[loc[0]:loc[1]]
-		if m[0] >= 'A' && m[0] <= 'Z' && !placeholders[m] {
+		if (m[0] >= 'A' && m[0] <= 'Z' && !placeholders[m]) || m == `""` {
 			// An upper-case word that is text (ERROR, SIGHUP, PAUSE).
 			p = append(p, []rune(s[:loc[1]])...)
 			s = s[loc[1]:]
@@ -155,4 +157,24 @@ func literals(p pattern) int {
 		}
 	}
 	return n
+}
+
+// cuts returns p and the beginnings of p that end at a natural break (a
+// documented quote may name a message by its start): before a wildcard,
+// before , ; : . ( or ', or before a space that is not followed by a
+// letter. "upstream unavailable" is a beginning of "upstream unavailable,
+// next retry in %s"; "server accepts connections again; retrying" is not
+// one of "…; retrying now".
+func cuts(p pattern) []pattern {
+	out := []pattern{p}
+	for k := 1; k < len(p); k++ {
+		switch r := p[k]; {
+		case r == wild, strings.ContainsRune(",;:.('", r):
+		case r == ' ' && (k+1 == len(p) || p[k+1] == wild || !unicode.IsLetter(p[k+1])):
+		default:
+			continue
+		}
+		out = append(out, p[:k])
+	}
+	return out
 }

@@ -103,6 +103,9 @@ func quotes(t *testing.T, file string) []quote {
 				addQ(line, span, "`CODE message`")
 			case i > 0 && strings.TrimSpace(gap) == "" && sevCode.MatchString(text[locs[i-1][2]:locs[i-1][3]]):
 				addQ(line, span, "after `SEVERITY CODE`")
+			case logged && levels[span] && strings.TrimSpace(gap) == "at":
+				// "logs `poolerd stopped` at `error` with `…`"
+				continue
 			case levels[span] && logLevel.MatchString(gap):
 				afterLevel = true
 				continue
