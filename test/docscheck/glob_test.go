@@ -12,8 +12,15 @@ import (
 // patterns match when some text fits both.
 type pattern []rune
 
-// wild stands for any text, empty included.
-const wild rune = -1
+// Wildcards: wild stands for any text, empty included (a format verb, or
+// an ellipsis in a quote); value for one value a quote gives as an example
+// or a placeholder (30s, "app", X): a format verb, or text without a space.
+const (
+	wild  rune = -1
+	value rune = -2
+)
+
+func isWild(r rune) bool { return r < 0 }
 
 // fmtVerb is a fmt verb with its flags, width and precision.
 var fmtVerb = regexp.MustCompile(`%[-+# 0]*(\*|[0-9]+)?(\.(\*|[0-9]+))?[a-zA-Z]`)
@@ -69,26 +76,41 @@ func fromDoc(s string) pattern {
 			continue
 		}
 		p = append(p, []rune(s[:loc[0]])...)
-		p = p.addWild()
+		if m == "…" || m == "..." || m[0] == '<' || m[0] == '[' {
+			p = p.addWild()
+		} else {
+			p = p.addValue()
+		}
 		s = s[loc[1]:]
 	}
 	return p
 }
 
 func (p pattern) addWild() pattern {
-	if len(p) > 0 && p[len(p)-1] == wild {
+	if len(p) > 0 && isWild(p[len(p)-1]) {
+		p[len(p)-1] = wild
 		return p
 	}
 	return append(p, wild)
+}
+
+func (p pattern) addValue() pattern {
+	if len(p) > 0 && p[len(p)-1] == wild {
+		return p
+	}
+	return append(p, value)
 }
 
 // String shows a pattern with * for its wildcards.
 func (p pattern) String() string {
 	var b strings.Builder
 	for _, r := range p {
-		if r == wild {
+		switch r {
+		case wild:
 			b.WriteString("*")
-		} else {
+		case value:
+			b.WriteString("?")
+		default:
 			b.WriteRune(r)
 		}
 	}
@@ -104,16 +126,18 @@ func matches(a, b pattern) bool { return align(a, b) >= 0 }
 // because the string's verbs swallow most of it is not that string.
 func align(a, b pattern) int {
 	// Cheap rejection: the literal starts and ends must agree.
-	for i := 0; i < len(a) && i < len(b) && a[i] != wild && b[i] != wild; i++ {
+	for i := 0; i < len(a) && i < len(b) && !isWild(a[i]) && !isWild(b[i]); i++ {
 		if a[i] != b[i] {
 			return -1
 		}
 	}
-	for i, j := len(a)-1, len(b)-1; i >= 0 && j >= 0 && a[i] != wild && b[j] != wild; i, j = i-1, j-1 {
+	for i, j := len(a)-1, len(b)-1; i >= 0 && j >= 0 && !isWild(a[i]) && !isWild(b[j]); i, j = i-1, j-1 {
 		if a[i] != b[j] {
 			return -1
 		}
 	}
+	// takes reports whether wildcard w may take in r as well.
+	takes := func(w, r rune) bool { return w == wild || isWild(r) || r != ' ' }
 	// best[j]: over the ways a[:i] and b[:j] fit the same text, the most
 	// aligned literal characters; -1 if they cannot.
 	n, m := len(a), len(b)
@@ -123,23 +147,26 @@ func align(a, b pattern) int {
 		best[j] = -1
 	}
 	best[0] = 0
-	for j := 1; j <= m && b[j-1] == wild; j++ {
+	for j := 1; j <= m && isWild(b[j-1]); j++ {
 		best[j] = 0
 	}
 	for i := 1; i <= n; i++ {
 		for j := 0; j <= m; j++ {
 			v := -1
-			switch {
-			case a[i-1] == wild:
-				// The wildcard takes nothing, or b[j-1] too.
-				v = best[j]
-				if j > 0 {
-					v = max(v, next[j-1])
+			if isWild(a[i-1]) {
+				v = best[j] // a's wildcard ends here
+				if j > 0 && takes(a[i-1], b[j-1]) {
+					v = max(v, next[j-1]) // it takes b[j-1] too
 				}
-			case j > 0 && b[j-1] == wild:
-				v = max(next[j-1], best[j])
-			case j > 0 && a[i-1] == b[j-1] && best[j-1] >= 0:
-				v = best[j-1] + 1
+			}
+			if j > 0 && isWild(b[j-1]) {
+				v = max(v, next[j-1]) // b's wildcard ends here
+				if takes(b[j-1], a[i-1]) {
+					v = max(v, best[j]) // it takes a[i-1] too
+				}
+			}
+			if j > 0 && !isWild(a[i-1]) && !isWild(b[j-1]) && a[i-1] == b[j-1] && best[j-1] >= 0 {
+				v = max(v, best[j-1]+1)
 			}
 			next[j] = v
 		}
@@ -152,7 +179,7 @@ func align(a, b pattern) int {
 func literals(p pattern) int {
 	n := 0
 	for _, r := range p {
-		if r != wild {
+		if !isWild(r) {
 			n++
 		}
 	}
@@ -169,8 +196,8 @@ func cuts(p pattern) []pattern {
 	out := []pattern{p}
 	for k := 1; k < len(p); k++ {
 		switch r := p[k]; {
-		case r == wild, strings.ContainsRune(",;:.('", r):
-		case r == ' ' && (k+1 == len(p) || p[k+1] == wild || !unicode.IsLetter(p[k+1])):
+		case isWild(r), strings.ContainsRune(",;:.('", r):
+		case r == ' ' && (k+1 == len(p) || isWild(p[k+1]) || !unicode.IsLetter(p[k+1])):
 		default:
 			continue
 		}

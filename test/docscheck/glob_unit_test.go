@@ -31,3 +31,21 @@ func TestMatches(t *testing.T) {
 		}
 	}
 }
+
+func TestValuePlaceholders(t *testing.T) {
+	for _, c := range []struct {
+		code, doc string
+		want      bool
+	}{
+		{"pool %s/%s is paused", "pool DB/USER paused", false},
+		{"pool %s/%s is paused", "pool DB/USER is paused", true},
+		{"the server did not answer the cancel request within 5s", "the server did not answer the cancel request within 5s", true},
+		{"database %q does not exist", `database "app" does not exist`, true},
+		{"database %q does not exist", `database "…" does not exist`, true},
+		{"canceling statement due to query_timeout (%s)", "canceling statement due to query_timeout (5m0s)", true},
+	} {
+		if got := matches(fromCode(c.code), fromDoc(c.doc)); got != c.want {
+			t.Errorf("matches(%q, %q) = %v, want %v", c.code, c.doc, got, c.want)
+		}
+	}
+}

@@ -149,7 +149,7 @@ func concat(e *ast.BinaryExpr, consts map[string]*string) (pattern, bool) {
 	// Collapse wildcards that became adjacent.
 	var q pattern
 	for _, r := range p {
-		if r == wild {
+		if isWild(r) {
 			q = q.addWild()
 		} else {
 			q = append(q, r)

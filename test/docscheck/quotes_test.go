@@ -64,10 +64,11 @@ func TestQuotedMessagesExistInCode(t *testing.T) {
 // inCode reports whether msg is one of code's strings, or the beginning of
 // one that ends at a natural break (see cuts). Some text must fit both, and
 // the fit must rest on literal text, not on the code's verbs swallowing the
-// quote: either 3/4 of msg's literal text lines up with the code's, or all
+// quote: either 2/3 of msg's literal text lines up with the code's, or all
 // of a code string's literal text, at least 20 characters, lines up with
 // msg (an example of a format string whose verbs hold long values, such as
-// a Go error).
+// a Go error), and the quote starts with a value where the string starts
+// with a verb.
 func inCode(code [][]pattern, msg string) bool {
 	_, ok := bestMatch(code, msg)
 	return ok
@@ -75,7 +76,7 @@ func inCode(code [][]pattern, msg string) bool {
 
 func bestMatch(code [][]pattern, msg string) (pattern, bool) {
 	p := fromDoc(msg)
-	need := (3*literals(p) + 3) / 4
+	need := (2*literals(p) + 2) / 3
 	var best pattern
 	bestN := -1
 	for _, cs := range code {
@@ -84,7 +85,10 @@ func bestMatch(code [][]pattern, msg string) (pattern, bool) {
 			if n < 0 {
 				continue
 			}
-			if lc := literals(c); n == lc && lc >= 20 {
+			// A code string that starts with a verb only vouches for a
+			// quote that starts with a value too.
+			anchored := !isWild(c[0]) || isWild(p[0])
+			if lc := literals(c); n == lc && lc >= 20 && anchored {
 				return c, true
 			}
 			if n > bestN {
