@@ -88,7 +88,10 @@ rate_limits:
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin, "--config", file)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH")} // no POOLERD_* from the environment
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), // no POOLERD_* from the environment
+		// A probe listener (a key being added) must not take a fixed
+		// port; until the key exists, the variable is ignored.
+		"POOLERD_HTTP_PROBE_LISTEN=" + docsFreeAddr(t)}
 	cmd.Stderr = d.logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -336,14 +339,21 @@ func docCells(row string) []string {
 	return append(out, strings.TrimSpace(cur.String()))
 }
 
-// TestDocsMetricTables: every poolerd_* family the real binary exposes is
+// TestDocsMatchDaemon starts the real binary once and checks the docs
+// against it: the metric tables and the SHOW columns.
+func TestDocsMatchDaemon(t *testing.T) {
+	t.Parallel()
+	d := startDocsDaemon(t)
+	t.Run("ShowColumns", func(t *testing.T) { testDocsShowColumns(t, d) })
+	t.Run("MetricTables", func(t *testing.T) { testDocsMetricTables(t, d) })
+}
+
+// testDocsMetricTables: every poolerd_* family the real binary exposes is
 // in a metric table of docs/observability.md, with its type and label
 // names; every family documented there is exposed; label values that the
 // table lists are the only ones exposed. The Go runtime and process
 // families the page mentions are there too.
-func TestDocsMetricTables(t *testing.T) {
-	t.Parallel()
-	d := startDocsDaemon(t)
+func testDocsMetricTables(t *testing.T, d *docsDaemon) {
 	d.makeEvents(t)
 	doc := documentedMetrics(t)
 	var fams map[string]*exposedFamily
@@ -515,14 +525,12 @@ func documentedCounts(t *testing.T) map[string]int {
 	return out
 }
 
-// TestDocsShowColumns: each SHOW command's columns, as the admin console of
+// testDocsShowColumns: each SHOW command's columns, as the admin console of
 // the real binary sends them, are the list in
 // docs/admin-console-reference.md §2 (PgBouncer's, then poolerd's
 // additions) and the count docs/observability.md gives. A command the
 // console does not implement must be listed as such in observability.md.
-func TestDocsShowColumns(t *testing.T) {
-	t.Parallel()
-	d := startDocsDaemon(t)
+func testDocsShowColumns(t *testing.T, d *docsDaemon) {
 	adm := d.connect(t, "pgbouncer")
 	d.connect(t, pgtest.DBApp) // a client and a pool, so that every SHOW has rows
 	obs, err := os.ReadFile("../../docs/observability.md")
