@@ -998,6 +998,13 @@ func (p *Pool[C]) dial() (C, error) {
 	return p.cfg.Connect(ctx)
 }
 
+// retryInLocked is how long until the next connect attempt is due, for the
+// logs: never negative (an attempt that is overdue is due now, or already
+// in flight), rounded to the millisecond.
+func (p *Pool[C]) retryInLocked() time.Duration {
+	return max(p.nextAttempt.Sub(p.cfg.Now()), 0).Round(time.Millisecond)
+}
+
 // backoff is the pause after n failures in a row, with ±20 % jitter.
 func (p *Pool[C]) backoff(n int) time.Duration {
 	d := p.set().BackoffBase
@@ -1019,7 +1026,7 @@ func (p *Pool[C]) connectFailedLocked(err error, attempt int) {
 		// the server went away): the same round, not a reason to back off
 		// further.
 		p.log.Warn("server connect failed", zap.Int("attempt", p.failures), zap.Bool("same_round", true),
-			zap.Duration("next_retry_in", p.nextAttempt.Sub(p.cfg.Now()).Round(time.Millisecond)), zap.Error(err))
+			zap.Duration("next_retry_in", p.retryInLocked()), zap.Error(err))
 		p.evalLocked("connect failed: " + err.Error())
 		return
 	}
@@ -1113,8 +1120,8 @@ func (p *Pool[C]) setStateLocked(next State, reason string) {
 	p.broadcastLocked()
 	fields := []zap.Field{zap.Stringer("from", prev), zap.Stringer("to", next), zap.String("reason", reason),
 		zap.Int("open", p.total-p.opening), zap.Int("max_size", p.set().MaxSize)}
-	if p.failures > 0 {
-		fields = append(fields, zap.Duration("next_retry_in", p.nextAttempt.Sub(p.cfg.Now()).Round(time.Millisecond)))
+	if p.failures > 0 && next != ShuttingDown && next != Terminated {
+		fields = append(fields, zap.Duration("next_retry_in", p.retryInLocked()))
 	}
 	if next == Unhealthy || next == Degraded {
 		p.log.Warn("pool health changed", fields...)

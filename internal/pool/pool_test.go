@@ -8,6 +8,9 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 type fakeConn struct {
@@ -707,4 +710,41 @@ func TestGetWithWaitsWithoutAllocating(t *testing.T) {
 		t.Fatalf("%.1f allocations per queued checkout", allocs)
 	}
 	p.Put(c)
+}
+
+// A pool closed (retired by a reload, or at shutdown) while its connects
+// fail, after the next attempt was due, must not log a negative
+// next_retry_in (issue 22): the retry is due now, or not at all.
+func TestNextRetryInNeverNegative(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		core, logs := observer.New(zap.DebugLevel)
+		// Each attempt fails after 5s: the next one is due 1s later, and is
+		// in flight (so overdue from the pool's point of view) for 5s.
+		d := &dialer{fail: errors.New("down"), delay: 5 * time.Second}
+		cfg := baseConfig(d, 5, 0)
+		cfg.Warm = true
+		cfg.Logger = zap.New(core)
+		cfg.ConnectTimeout = time.Minute
+		p := New(cfg, new(atomic.Uint64))
+		time.Sleep(8 * time.Second) // attempt 2 started at 6s, still in flight
+		synctest.Wait()
+		p.Close()
+		time.Sleep(10 * time.Second) // the attempt in flight ends
+		synctest.Wait()
+		seen := 0
+		for _, e := range logs.All() {
+			for _, f := range e.Context {
+				if f.Key != "next_retry_in" {
+					continue
+				}
+				seen++
+				if d := time.Duration(f.Integer); d < 0 {
+					t.Errorf("%q logged next_retry_in %s", e.Message, d)
+				}
+			}
+		}
+		if seen == 0 {
+			t.Fatal("no next_retry_in logged at all")
+		}
+	})
 }
