@@ -405,3 +405,26 @@ func TestRefusalNotReset(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseStartup: any startup body is parsed or refused with 08P01,
+// never a panic, and what is accepted stays within the parameter limit.
+func FuzzParseStartup(f *testing.F) {
+	f.Add(rawStartup(wire.CodeProtocol30, "user", "app", "database", "app")[4:])
+	f.Add([]byte{0, 3, 0, 0, 0})
+	f.Add([]byte{0, 3, 0, 0, 'u', 0, 'v', 0})
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if len(body) < 4 {
+			return // ReadStartup never returns a body this short
+		}
+		_, params, werr := parseStartup(body)
+		if werr != nil {
+			if werr.Code != "08P01" || werr.Hint == "" {
+				t.Fatalf("refusal %v", werr)
+			}
+			return
+		}
+		if len(params) > maxStartupParams {
+			t.Fatalf("%d parameters accepted", len(params))
+		}
+	})
+}
