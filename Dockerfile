@@ -6,6 +6,7 @@
 #   docker build --build-arg VERSION=$(git describe --tags --always --dirty) -t poolerd .
 #   docker run --rm -p 6432:6432 -p 9930:9930 \
 #     -e POOLERD_LISTEN=0.0.0.0:6432 \
+#     -e POOLERD_HTTP_LISTEN=0.0.0.0:9930 \
 #     -e POOLERD_UPSTREAM=postgres://app:secret@db.example.internal:5432/app \
 #     poolerd
 #
@@ -16,12 +17,16 @@
 # poolerd's default listen address is 127.0.0.1:6432, which inside a
 # container only serves the same network namespace: right for a Kubernetes
 # sidecar (the app container shares it), but a standalone container must set
-# POOLERD_LISTEN=0.0.0.0:6432. The image deliberately sets no POOLERD_*
-# variables itself: environment variables win over the --config file, so a
-# baked-in one would silently override a mounted configuration.
+# POOLERD_LISTEN=0.0.0.0:6432. The HTTP server's default, 127.0.0.1:9930, is
+# the same: set POOLERD_HTTP_LISTEN=0.0.0.0:9930 (as above, and as
+# deploy/kubernetes/sidecar.yaml and deploy/compose do) so that Prometheus
+# and the kubelet's probes, which come in on the container's address, reach
+# it. The image deliberately sets no POOLERD_* variables itself: environment
+# variables win over the --config file, so a baked-in one would silently
+# override a mounted configuration.
 #
 # Health: the image has no shell or curl, so it has no HEALTHCHECK. Probe
-# poolerd's HTTP server (http_listen, default 0.0.0.0:9930) from outside:
+# poolerd's HTTP server (http_listen, 0.0.0.0:9930 as above) from outside:
 # GET /readyz (200 only while poolerd accepts clients; use it for readiness
 # and load balancers) and GET /healthz (liveness). See
 # deploy/kubernetes/sidecar.yaml.
@@ -48,6 +53,7 @@ RUN --mount=type=cache,target=/go/pkg/mod \
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/poolerd /poolerd
 USER nonroot:nonroot
-# 6432: PostgreSQL clients. 9930: /healthz, /readyz, /metrics.
+# 6432: PostgreSQL clients. 9930: /healthz, /readyz, /metrics (with
+# POOLERD_HTTP_LISTEN=0.0.0.0:9930); 9931 is the usual http_probe_listen.
 EXPOSE 6432 9930
 ENTRYPOINT ["/poolerd"]

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/crypto/bcrypt"
+
 	"github.com/poolerd/poolerd/internal/config"
 )
 
@@ -147,4 +149,36 @@ func topLevelKeys(t *testing.T, name string) map[string]bool {
 		t.Fatal(err)
 	}
 	return keys
+}
+
+// TestWebConfigExample: configs/web-config.yml is a valid Prometheus web
+// configuration for poolerd, and its hash is that of the password its
+// comment gives.
+func TestWebConfigExample(t *testing.T) {
+	t.Chdir("..")
+	for _, k := range config.Keys() {
+		t.Setenv(k.Env(), "")
+		os.Unsetenv(k.Env())
+	}
+	const file = "configs/web-config.yml"
+	loader, err := config.NewLoader([]string{"--upstream", "postgres://app:secret@127.0.0.1:5432/app",
+		"--http-web-config-file", file}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := loader.Load(); err != nil {
+		t.Fatalf("%s is not valid: %v", file, err)
+	}
+	text, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, hash, ok := strings.Cut(string(text), "\n  prometheus: ")
+	if !ok || !strings.Contains(string(text), `password is "change-me"`) {
+		t.Fatalf("%s: no prometheus user, or its password is not documented", file)
+	}
+	hash, _, _ = strings.Cut(hash, "\n")
+	if err := bcrypt.CompareHashAndPassword([]byte(hash), []byte("change-me")); err != nil {
+		t.Fatalf("%s: the hash is not that of the documented password: %v", file, err)
+	}
 }

@@ -148,18 +148,29 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 			ConstLabels: prometheus.Labels{"version": version, "goversion": runtime.Version()},
 		}, func() float64 { return 1 }),
 	)
-	var hs *health.Server
-	if cfg.HTTPListen != "" {
-		hln, err := net.Listen("tcp", cfg.HTTPListen)
+	var hs []*health.Server
+	for _, h := range []struct {
+		addr, key string
+		opts      health.Options
+	}{
+		{cfg.HTTPListen, "http_listen / POOLERD_HTTP_LISTEN", health.Options{Ready: srv, Gatherer: reg,
+			Report: func() any { return srv.HealthReport() }, Pprof: cfg.HTTPPprof, WebConfigFile: cfg.HTTPWebConfigFile, Log: log}},
+		{cfg.HTTPProbeListen, "http_probe_listen / POOLERD_HTTP_PROBE_LISTEN", health.Options{Ready: srv, ProbesOnly: true, Log: log}},
+	} {
+		if h.addr == "" {
+			continue
+		}
+		hln, err := net.Listen("tcp", h.addr)
 		if err != nil {
 			ln.Close()
-			return fmt.Errorf("listen on %s (http_listen / POOLERD_HTTP_LISTEN): %w", cfg.HTTPListen, err)
+			stopHTTP(hs)
+			return fmt.Errorf("listen on %s (%s): %w", h.addr, h.key, err)
 		}
-		hs = health.New(health.Options{Ready: srv, Gatherer: reg, Report: func() any { return srv.HealthReport() },
-			Pprof: cfg.HTTPPprof, Log: log})
+		s := health.New(h.opts)
+		hs = append(hs, s)
 		go func() {
-			if err := hs.Serve(hln); err != nil {
-				log.Error("HTTP server stopped", zap.Error(err))
+			if err := s.Serve(hln); err != nil {
+				log.Error("HTTP server stopped", zap.String("address", h.addr), zap.Error(err))
 			}
 		}()
 	}
@@ -264,13 +275,12 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 	return nil
 }
 
-func stopHTTP(hs *health.Server) {
-	if hs == nil {
-		return
-	}
+func stopHTTP(hs []*health.Server) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	_ = hs.Shutdown(ctx)
+	for _, s := range hs {
+		_ = s.Shutdown(ctx)
+	}
 }
 
 // logSummary logs the effective configuration, without secrets.
@@ -279,6 +289,8 @@ func logSummary(cfg *config.Config, log *zap.Logger) {
 		zap.String("version", version),
 		zap.String("listen", cfg.Listen),
 		zap.String("http_listen", cfg.HTTPListen),
+		zap.String("http_probe_listen", cfg.HTTPProbeListen),
+		zap.String("http_web_config_file", cfg.HTTPWebConfigFile),
 		zap.String("pool_mode", cfg.PoolMode),
 		zap.Int("max_size", cfg.MaxSize),
 		zap.Int("min_size", cfg.MinSize),

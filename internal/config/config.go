@@ -45,6 +45,14 @@ type Config struct {
 	Listen string `mapstructure:"listen"`
 	// HTTPListen is the address of the HTTP server (health, metrics); empty disables it.
 	HTTPListen string `mapstructure:"http_listen"`
+	// HTTPProbeListen, when set, is a second HTTP address serving only
+	// /healthz and /readyz, never behind HTTPWebConfigFile's basic auth or
+	// TLS: for the kubelet's probes, which cannot easily send credentials.
+	HTTPProbeListen string `mapstructure:"http_probe_listen"`
+	// HTTPWebConfigFile is a Prometheus web configuration file (TLS and
+	// basic auth, as every Prometheus exporter takes it) applied to
+	// HTTPListen; empty serves plain HTTP without authentication.
+	HTTPWebConfigFile string `mapstructure:"http_web_config_file"`
 	// Upstream is the sidecar shorthand: a postgres:// URL whose host is the
 	// upstream server for every database name a client asks for, and whose
 	// user and password are both what poolerd logs in with and what clients
@@ -302,7 +310,7 @@ type Overrides struct {
 func Defaults() Config {
 	return Config{
 		Listen:     "127.0.0.1:6432",
-		HTTPListen: "0.0.0.0:9930",
+		HTTPListen: "127.0.0.1:9930",
 		AuthType:   AuthSCRAM,
 		PoolSettings: PoolSettings{
 			PoolMode:               PoolTransaction,

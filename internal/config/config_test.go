@@ -75,9 +75,15 @@ func TestEveryKeyHasAnEnvVar(t *testing.T) {
 					"pool_mode": "session", "server_reset_query": "SELECT 2", "log_format": "json", "log_level": "warn",
 					"startup_mode": "fail-fast", "validation_query": "SELECT 2",
 					"rate_limit_backend": "redis", "redis_url": "redis://h:1/0", "on_redis_error": "deny",
-					"session_state": "refuse"}[k.Name]
+					"session_state": "refuse", "http_probe_listen": "127.0.0.1:7002"}[k.Name]
 				if k.Name == "rate_limit_backend" {
 					t.Setenv("POOLERD_REDIS_URL", "redis://h:1/0")
+				}
+				if k.Name == "http_web_config_file" {
+					val = filepath.Join(t.TempDir(), "web.yml")
+					if err := os.WriteFile(val, []byte("basic_auth_users: {}\n"), 0o600); err != nil {
+						t.Fatal(err)
+					}
 				}
 			case int:
 				val = "2"

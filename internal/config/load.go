@@ -37,6 +37,8 @@ func Keys() []Key {
 	return []Key{
 		{Name: "listen", Flag: "listen", Help: "address clients connect to (host:port)"},
 		{Name: "http_listen", Flag: "http-listen", Help: "address of the HTTP health and metrics server; empty disables it"},
+		{Name: "http_web_config_file", Flag: "http-web-config-file", Help: "Prometheus web configuration file (TLS, basic auth) for http_listen; empty serves plain HTTP without auth"},
+		{Name: "http_probe_listen", Flag: "http-probe-listen", Help: "extra address serving only /healthz and /readyz, without auth or TLS; empty serves them on http_listen only"},
 		{Name: "upstream", Flag: "upstream", Help: "sidecar shorthand: postgres://user:password@host:port/db of the upstream server"},
 		{Name: "auth_type", Flag: "auth-type", Help: "client authentication: scram-sha-256, md5 or trust"},
 		{Name: "auth_file", Flag: "auth-file", Help: "PgBouncer-format userlist file with client secrets"},

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/exporter-toolkit/web"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/poolerd/poolerd/internal/auth"
@@ -97,7 +98,22 @@ func (c *Config) Validate() error {
 	}
 	if c.HTTPListen != "" {
 		if _, _, err := net.SplitHostPort(c.HTTPListen); err != nil {
-			bad("http_listen %q is not host:port (POOLERD_HTTP_LISTEN / --http-listen), e.g. 0.0.0.0:9930; empty disables HTTP", c.HTTPListen)
+			bad("http_listen %q is not host:port (POOLERD_HTTP_LISTEN / --http-listen), e.g. 127.0.0.1:9930; empty disables HTTP", c.HTTPListen)
+		}
+	}
+	if c.HTTPProbeListen != "" {
+		if _, _, err := net.SplitHostPort(c.HTTPProbeListen); err != nil {
+			bad("http_probe_listen %q is not host:port (POOLERD_HTTP_PROBE_LISTEN / --http-probe-listen), e.g. 0.0.0.0:9931; empty serves the probes on http_listen only", c.HTTPProbeListen)
+		} else if c.HTTPProbeListen == c.HTTPListen {
+			bad("http_probe_listen %q is the same address as http_listen: give the probes their own port, or leave http_probe_listen empty", c.HTTPProbeListen)
+		}
+	}
+	if c.HTTPWebConfigFile != "" {
+		// The same check every Prometheus exporter makes at startup: the
+		// YAML, the bcrypt hashes, and the certificate and key (loaded).
+		if err := web.Validate(c.HTTPWebConfigFile); err != nil {
+			bad("http_web_config_file %s (POOLERD_HTTP_WEB_CONFIG_FILE / --http-web-config-file) is not a valid Prometheus web configuration: %v (see configs/web-config.yml)",
+				c.HTTPWebConfigFile, strings.TrimSpace(err.Error()))
 		}
 	}
 	switch c.AuthType {

@@ -1,12 +1,14 @@
 // Package health serves poolerd's HTTP endpoints: liveness (/healthz),
 // readiness (/readyz), the health report (/stats), Prometheus metrics
-// (/metrics) and, when enabled, /debug/pprof/.
+// (/metrics) and, when enabled, /debug/pprof/; behind TLS and basic auth
+// when given a Prometheus web configuration file.
 package health
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/exporter-toolkit/web"
 	"go.uber.org/zap"
 )
 
@@ -34,17 +37,31 @@ type Options struct {
 	Report func() any
 	// Pprof serves /debug/pprof/.
 	Pprof bool
+	// WebConfigFile is a Prometheus web configuration file (TLS, basic
+	// auth) applied to every endpoint, as exporter-toolkit's web package
+	// reads it: the file is read again for every request and every TLS
+	// handshake. Empty serves plain HTTP without authentication.
+	WebConfigFile string
+	// ProbesOnly serves /healthz and /readyz and nothing else (for
+	// http_probe_listen).
+	ProbesOnly bool
 	// Log receives server errors.
 	Log *zap.Logger
 }
 
 // Server is the HTTP server.
 type Server struct {
-	http *http.Server
+	http    *http.Server
+	webFile string
+	log     *zap.Logger
 }
 
 // New builds the HTTP server.
 func New(o Options) *Server {
+	log := o.Log
+	if log == nil {
+		log = zap.NewNop()
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "alive"})
@@ -56,12 +73,17 @@ func New(o Options) *Server {
 		}
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
+	srv := &Server{http: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ErrorLog: zap.NewStdLog(log)},
+		webFile: o.WebConfigFile, log: log}
+	if o.ProbesOnly {
+		return srv
+	}
 	if o.Report != nil {
 		mux.HandleFunc("GET /stats", func(w http.ResponseWriter, _ *http.Request) {
 			writeJSON(w, http.StatusOK, o.Report())
 		})
 	}
-	mux.Handle("GET /metrics", promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{ErrorLog: zap.NewStdLog(o.Log)}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{ErrorLog: zap.NewStdLog(log)}))
 	if o.Pprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
@@ -69,12 +91,22 @@ func New(o Options) *Server {
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
-	return &Server{http: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}}
+	return srv
 }
 
-// Serve serves on ln until Shutdown.
+// Serve serves on ln until Shutdown: with the web configuration file, as
+// every Prometheus exporter does (exporter-toolkit's web.Serve: TLS when
+// the file configures it, basic auth when it lists users).
 func (s *Server) Serve(ln net.Listener) error {
-	err := s.http.Serve(ln)
+	var err error
+	if s.webFile == "" {
+		err = s.http.Serve(ln)
+	} else {
+		file := s.webFile
+		addrs := []string{ln.Addr().String()}
+		err = web.Serve(ln, s.http, &web.FlagConfig{WebConfigFile: &file, WebListenAddresses: &addrs},
+			slog.New(zapHandler{log: s.log.Named("http")}))
+	}
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}

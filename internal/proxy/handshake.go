@@ -21,9 +21,6 @@ import (
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
-// maxAuthBody caps a client's password and SASL messages.
-const maxAuthBody = 8 << 10
-
 // serveConn runs one client connection from its first byte to its last.
 func (srv *Server) serveConn(nc net.Conn) {
 	if tc, ok := nc.(*net.TCPConn); ok {
@@ -34,6 +31,7 @@ func (srv *Server) serveConn(nc net.Conn) {
 	cfg := srv.cfg()
 	s := &session{srv: srv, conn: nc, id: srv.connIDs.Add(1), addr: nc.RemoteAddr().String(), connectedAt: time.Now()}
 	s.log = sessionLog{s}
+	s.handshaking.Store(true)
 	if t := cfg.ClientLoginTimeout; t > 0 {
 		s.loginDeadline = time.Now().Add(t)
 		_ = nc.SetDeadline(s.loginDeadline)
@@ -46,7 +44,11 @@ func (srv *Server) serveConn(nc net.Conn) {
 	srv.trackLogin(nc, false)
 	if !ok {
 		s.releaseClientSlot()
-		_ = nc.Close()
+		if s.endErr.Load() != nil {
+			lingerClose(nc) // refused: let the client read why
+		} else {
+			_ = nc.Close()
+		}
 		return
 	}
 	if err := nc.SetDeadline(time.Time{}); err != nil {
@@ -68,6 +70,7 @@ func (srv *Server) serveConn(nc net.Conn) {
 // authenticates the client and sends the session's welcome. It returns
 // false if the connection is done (cancel request, refusal, timeout).
 func (s *session) handshake(cfg *config.Config) bool {
+	var sslDone, gssDone bool
 	for {
 		body, err := wire.ReadStartup(s.conn)
 		if err != nil {
@@ -77,6 +80,23 @@ func (s *session) handshake(cfg *config.Config) bool {
 		code := binary.BigEndian.Uint32(body)
 		switch {
 		case code == wire.CodeSSL || code == wire.CodeGSSENC:
+			name, done := "SSLRequest", &sslDone
+			if code == wire.CodeGSSENC {
+				name, done = "GSSENCRequest", &gssDone
+			}
+			if len(body) != 4 {
+				s.refuseLogin(loginViolation(fmt.Sprintf("invalid %s length %d: it is 8", name, len(body)+4),
+					"the client sent a malformed encryption request; check the driver"))
+				return false
+			}
+			// Each request is answered once, as PostgreSQL does: a client
+			// repeating one would otherwise loop until the login timeout.
+			if *done {
+				s.refuseLogin(loginViolation("duplicate "+name+": encryption was already negotiated on this connection",
+					"a client sends SSLRequest and GSSENCRequest at most once each, before its startup message; check the driver"))
+				return false
+			}
+			*done = true
 			// No TLS or GSS encryption yet: 'N' tells the client to go on
 			// in plain text (or give up, if it requires encryption).
 			if _, err := s.conn.Write([]byte{'N'}); err != nil {
@@ -88,7 +108,7 @@ func (s *session) handshake(cfg *config.Config) bool {
 		case code>>16 == 3:
 			return s.startup(cfg, body)
 		default:
-			s.fail(&wire.Error{Severity: "FATAL", Code: "0A000",
+			s.refuseLogin(&wire.Error{Severity: "FATAL", Code: "0A000",
 				Message: fmt.Sprintf("unsupported frontend protocol %d.%d: server supports 3.0 to 3.0", code>>16, code&0xffff),
 				Hint:    "use a client that speaks PostgreSQL protocol version 3"})
 			return false
@@ -96,32 +116,38 @@ func (s *session) handshake(cfg *config.Config) bool {
 	}
 }
 
+// loginFailed ends a login that failed with err: a refusal (a *wire.Error,
+// or an impossible startup length) is sent and logged, a timeout is the
+// login timeout, and a client that went away is only logged at debug.
 func (s *session) loginFailed(err error) {
 	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() && s.srv.shuttingDown() {
+	var werr *wire.Error
+	var le *wire.StartupLengthError
+	switch {
+	case errors.As(err, &ne) && ne.Timeout() && s.srv.shuttingDown():
 		s.fail(errShuttingDown) // woken by stopAccepting
-		return
-	}
-	if errors.As(err, &ne) && ne.Timeout() {
+	case errors.As(err, &ne) && ne.Timeout():
 		s.srv.loginTimeouts.Add(1)
 		s.fail(errLoginTimeout)
 		s.log.Info("client login timed out")
-		return
+	case errors.As(err, &werr):
+		s.refuseLogin(werr)
+	case errors.As(err, &le):
+		s.refuseLogin(startupLengthRefusal(le))
+	default:
+		s.log.Debug("client handshake failed", zap.Error(err))
 	}
-	s.log.Debug("client handshake failed", zap.Error(err))
 }
 
 func (s *session) startup(cfg *config.Config, body []byte) bool {
-	var sm pgproto3.StartupMessage
-	if err := sm.Decode(body); err != nil {
-		s.fail(&wire.Error{Severity: "FATAL", Code: "08P01", Message: "invalid startup packet: " + err.Error(),
-			Hint: "the client sent a malformed startup message; check the driver"})
+	version, raw, werr := parseStartup(body)
+	if werr != nil {
+		s.refuseLogin(werr)
 		return false
 	}
-	raw := sm.Parameters
 	s.user = raw["user"]
 	if s.user == "" {
-		s.fail(&wire.Error{Severity: "FATAL", Code: "28000", Message: "no PostgreSQL user name specified in startup packet",
+		s.refuseLogin(&wire.Error{Severity: "FATAL", Code: "28000", Message: "no PostgreSQL user name specified in startup packet",
 			Hint: "set the user in the connection settings"})
 		return false
 	}
@@ -131,11 +157,14 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	}
 	s.logged.Store(true) // log lines name the database and user from now on
 	params, werr := startupParams(raw)
+	if werr == nil && len(params) > maxStartupParams {
+		werr = tooManyParams(len(params))
+	}
 	if werr != nil {
-		s.fail(werr)
+		s.refuseLogin(werr)
 		return false
 	}
-	if nego := negotiation(sm.ProtocolVersion, raw); nego != nil {
+	if nego := negotiation(version, raw); nego != nil {
 		if _, err := s.conn.Write(nego); err != nil {
 			return false
 		}
@@ -144,8 +173,7 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	// authentication work, so that a login storm costs little.
 	if !isAdminDB(s.database) {
 		if werr := s.srv.admitClient(s.database, s.user); werr != nil {
-			s.fail(werr)
-			s.log.Info("client login refused", zap.String("sqlstate", werr.Code), zap.String("reason", werr.Message))
+			s.refuseLogin(werr)
 			return false
 		}
 		s.admitted.Store(true)
@@ -159,8 +187,7 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 			werr := s.srv.checkRate(ctx, s.log, rates, connectionsBucket, "FATAL")
 			cancel()
 			if werr != nil {
-				s.fail(werr)
-				s.log.Info("client login refused", zap.String("sqlstate", werr.Code), zap.String("reason", werr.Message))
+				s.refuseLogin(werr)
 				return false
 			}
 			s.rates.Store(&rates)
@@ -175,21 +202,20 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 		return s.adminLogin()
 	}
 	if _, disabled := s.srv.dbFlags(s.database); disabled {
-		s.fail(&wire.Error{Severity: "FATAL", Code: "08P01", Message: fmt.Sprintf("database %q is disabled", s.database),
+		s.refuseLogin(&wire.Error{Severity: "FATAL", Code: "08P01", Message: fmt.Sprintf("database %q is disabled", s.database),
 			Hint: "an administrator ran DISABLE on it; ENABLE on the admin console lets clients in again"})
-		s.log.Info("client login refused: database disabled")
 		return false
 	}
 	route, err := cfg.Route(s.database, s.user)
 	if err != nil {
-		s.fail(&wire.Error{Severity: "FATAL", Code: "3D000", Message: fmt.Sprintf("database %q does not exist", s.database),
+		s.refuseLogin(&wire.Error{Severity: "FATAL", Code: "3D000", Message: fmt.Sprintf("database %q does not exist", s.database),
 			Hint: "add it to databases in the poolerd configuration, or set upstream to serve every database name"})
-		s.log.Info("client login refused: unknown database")
 		return false
 	}
 	dbp, err := s.srv.getPool(s.database, s.user)
 	if err != nil {
-		s.fail(&wire.Error{Severity: "FATAL", Code: "3D000", Message: fmt.Sprintf("database %q does not exist", s.database)})
+		s.refuseLogin(&wire.Error{Severity: "FATAL", Code: "3D000", Message: fmt.Sprintf("database %q does not exist", s.database),
+			Hint: "add it to databases in the poolerd configuration, or set upstream to serve every database name"})
 		return false
 	}
 	s.dbp = dbp
@@ -221,8 +247,7 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 		werr = errLoginTimeout
 	}
 	if werr != nil {
-		s.fail(werr)
-		s.log.Info("client login refused", zap.String("sqlstate", werr.Code), zap.String("reason", werr.Message))
+		s.refuseLogin(werr)
 		return false
 	}
 	// The session's parameters: the server's defaults for those kept per
@@ -319,10 +344,6 @@ func (s *session) authenticate(cfg *config.Config) bool {
 	}
 	if err != nil {
 		s.loginFailed(err)
-		var pe *wire.Error
-		if errors.As(err, &pe) {
-			s.fail(pe)
-		}
 		return false
 	}
 	if !ok {
@@ -351,12 +372,9 @@ func (s *session) authSCRAM(secret auth.Secret, known bool) (bool, error) {
 	if _, err := s.conn.Write(msg); err != nil {
 		return false, err
 	}
-	typ, body, err := wire.ReadMessage(s.conn, maxAuthBody)
+	body, err := s.readAuthMessage("SASLInitialResponse")
 	if err != nil {
 		return false, err
-	}
-	if typ != 'p' {
-		return false, protocolViolation("expected SASLInitialResponse, got message type " + quoteByte(typ))
 	}
 	var init pgproto3.SASLInitialResponse
 	if err := init.Decode(body); err != nil {
@@ -371,12 +389,9 @@ func (s *session) authSCRAM(secret auth.Secret, known bool) (bool, error) {
 	if _, err := s.conn.Write(msg); err != nil {
 		return false, err
 	}
-	typ, body, err = wire.ReadMessage(s.conn, maxAuthBody)
+	body, err = s.readAuthMessage("SASLResponse")
 	if err != nil {
 		return false, err
-	}
-	if typ != 'p' {
-		return false, protocolViolation("expected SASLResponse, got message type " + quoteByte(typ))
 	}
 	final, err := exch.HandleClientFinal(body)
 	if errors.Is(err, auth.ErrPasswordMismatch) || (err == nil && mock) {
@@ -403,12 +418,12 @@ func (s *session) authMD5(secret auth.Secret, known bool) (bool, error) {
 	if _, err := s.conn.Write(msg); err != nil {
 		return false, err
 	}
-	typ, body, err := wire.ReadMessage(s.conn, maxAuthBody)
+	body, err := s.readAuthMessage("PasswordMessage")
 	if err != nil {
 		return false, err
 	}
-	if typ != 'p' || len(body) == 0 || body[len(body)-1] != 0 {
-		return false, protocolViolation("expected a password message")
+	if len(body) == 0 || body[len(body)-1] != 0 {
+		return false, protocolViolation("malformed PasswordMessage: not a NUL-terminated string")
 	}
 	if !known {
 		return false, nil

@@ -112,11 +112,16 @@ func parseOptions(s string) (map[string]string, error) {
 		case strings.HasPrefix(w, "--"):
 			assign = w[2:]
 		default:
-			return nil, fmt.Errorf("options: switch %q is not supported", w)
+			// The messages quote at most a switch's two characters: they
+			// are logged, and the rest of options may carry any value.
+			if len(w) >= 2 && w[0] == '-' {
+				return nil, fmt.Errorf("options: switch %q is not supported: only -c name=value and --name=value are", w[:2])
+			}
+			return nil, fmt.Errorf("options: word %d is not a switch: only -c name=value and --name=value are accepted", i+1)
 		}
 		name, value, ok := strings.Cut(assign, "=")
 		if !ok || name == "" {
-			return nil, fmt.Errorf("options: %q is not name=value", assign)
+			return nil, fmt.Errorf("options: word %d is not name=value", i+1)
 		}
 		out[strings.ReplaceAll(name, "-", "_")] = value
 	}

@@ -15,7 +15,7 @@ import (
 // listening sockets and how the process was set up.
 func restartRequired(key string) bool {
 	switch key {
-	case "listen", "http_listen", "http_pprof", "log_format":
+	case "listen", "http_listen", "http_probe_listen", "http_web_config_file", "http_pprof", "log_format":
 		return true
 	}
 	return false

@@ -425,6 +425,9 @@ func (srv *Server) closePools() {
 
 // register gives a session its BackendKeyData and makes it cancellable.
 func (srv *Server) register(s *session) {
+	// From now on other goroutines (shutdown, KILL_CLIENT) may end the
+	// session: fail closes the connection itself again.
+	s.handshaking.Store(false)
 	var b [8]byte
 	srv.mu.Lock()
 	defer srv.mu.Unlock()

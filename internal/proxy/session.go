@@ -174,6 +174,10 @@ type session struct {
 	severed atomic.Bool
 	endOnce sync.Once
 	endErr  atomic.Pointer[wire.Error]
+	// handshaking is set while the session logs in on serveConn's
+	// goroutine, until register: fail then leaves the close to serveConn,
+	// which lingers so that the client reads its refusal (lingerClose).
+	handshaking atomic.Bool
 }
 
 // sessionLog logs with the session's fields, added per line: a zap child
@@ -1032,7 +1036,9 @@ func (s *session) finishLocked(werr *wire.Error, first bool) {
 		_ = s.conn.SetWriteDeadline(time.Now().Add(time.Second))
 		s.writeClient(werr.Append(nil))
 	}
-	_ = s.conn.Close()
+	if !s.handshaking.Load() {
+		_ = s.conn.Close() // a login's connection is closed by serveConn
+	}
 	s.srv.parker.wake(s) // a parked session needs its goroutine to end
 }
 

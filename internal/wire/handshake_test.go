@@ -3,6 +3,7 @@ package wire
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"io"
 	"testing"
 	"testing/iotest"
@@ -22,8 +23,10 @@ func TestReadStartupExactAndCapped(t *testing.T) {
 		t.Fatalf("ReadStartup read past the packet: rest %q", rest)
 	}
 	for _, l := range []uint32{0, 7, MaxStartupLen + 1, 1 << 31} {
-		if _, err := ReadStartup(bytes.NewReader(binary.BigEndian.AppendUint32(nil, l))); err == nil {
-			t.Errorf("length %d accepted", l)
+		_, err := ReadStartup(bytes.NewReader(binary.BigEndian.AppendUint32(nil, l)))
+		var le *StartupLengthError
+		if !errors.As(err, &le) || le.Len != int(int32(l)) {
+			t.Errorf("length %d: want a StartupLengthError, got %v", l, err)
 		}
 	}
 }

@@ -319,6 +319,8 @@ func TestProtocolNegotiateVersion(t *testing.T) {
 	}{
 		{"3.2 with _pq_.foo", pgproto3.ProtocolVersion32, []string{"_pq_.foo=bar"}, []string{"_pq_.foo"}},
 		{"3.2 without options", pgproto3.ProtocolVersion32, nil, nil},
+		{"3.1 without options", 3<<16 | 1, nil, nil},
+		{"3.9 with _pq_.x", 3<<16 | 9, []string{"_pq_.x=1"}, []string{"_pq_.x"}},
 		{"3.0 with options", pgproto3.ProtocolVersion30, []string{"_pq_.b=1", "_pq_.a=2"}, []string{"_pq_.a", "_pq_.b"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -486,11 +488,12 @@ func TestProtocolOversizedStartupPacket(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		length uint32
+		msg    string
 	}{
-		{"over 10000", 20000},
-		{"huge", 0x7fffffff},
-		{"negative", 0xfffffff0},
-		{"below 8", 4},
+		{"over 10000", 20000, "startup packet too large: 20000 bytes, limit 10000"},
+		{"huge", 0x7fffffff, "startup packet too large: 2147483647 bytes, limit 10000"},
+		{"negative", 0xfffffff0, "invalid startup packet length -16: the minimum is 8"},
+		{"below 8", 4, "invalid startup packet length 4: the minimum is 8"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := dialFE(t, p.addr)
@@ -500,8 +503,10 @@ func TestProtocolOversizedStartupPacket(t *testing.T) {
 			if _, err := c.nc.Write(b); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 				t.Logf("write: %v (connection already closed)", err)
 			}
-			for _, e := range c.expectClosed(3 * time.Second) {
-				t.Logf("poolerd said: %s %s %s", e.Severity, e.Code, e.Message)
+			// A refusal naming the limit, then a graceful close (the
+			// unread rest of the packet does not turn it into a reset).
+			if e := c.expectFatal("08P01"); e.Message != tc.msg || e.Hint == "" {
+				t.Errorf("got %q (hint %q), want %q and a hint", e.Message, e.Hint, tc.msg)
 			}
 		})
 	}
