@@ -56,9 +56,17 @@ func (s *session) refuseLogin(werr *wire.Error) {
 func lingerClose(nc net.Conn) {
 	type closeWriter interface{ CloseWrite() error }
 	if cw, ok := nc.(closeWriter); ok && cw.CloseWrite() == nil {
-		if nc.SetReadDeadline(time.Now().Add(lingerTime)) == nil {
-			_, _ = io.CopyN(io.Discard, nc, lingerMax)
-		}
+		drainClose(nc)
+		return
+	}
+	_ = nc.Close()
+}
+
+// drainClose is the second half of lingerClose, for a connection that has
+// sent FIN already.
+func drainClose(nc net.Conn) {
+	if nc.SetReadDeadline(time.Now().Add(lingerTime)) == nil {
+		_, _ = io.CopyN(io.Discard, nc, lingerMax)
 	}
 	_ = nc.Close()
 }

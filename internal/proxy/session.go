@@ -267,8 +267,13 @@ func (s *session) relay(fresh bool) (parked bool) {
 		bp, n, err := rd.Read()
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
-				// The only read deadline of a session is the parker's
-				// sweep saying it has been idle (see parker.sweep).
+				if s.endErr.Load() != nil {
+					// Ended by another goroutine (finishLocked).
+					s.end(nil)
+					return false
+				}
+				// Otherwise the parker's sweep says the session has
+				// been idle (see parker.sweep).
 				if s.tryPark() {
 					return true
 				}
@@ -305,7 +310,7 @@ func (s *session) relay(fresh bool) (parked bool) {
 // parkable reports whether the session could be parked: an idle client
 // session holding no server connection.
 func (s *session) parkable() bool {
-	return !s.admin && !s.parked.Load() && !s.closed.Load() && s.server.Load() == nil && s.waitSince.Load() == 0
+	return !s.admin && !s.parked.Load() && !s.closed.Load() && s.endErr.Load() == nil && s.server.Load() == nil && s.waitSince.Load() == 0
 }
 
 // tryPark parks the session if it is parkable. It returns true if it did:
@@ -1032,14 +1037,31 @@ func (s *session) finishLocked(werr *wire.Error, first bool) {
 	// reads the refusal, so that an immediate reconnect is not refused too.
 	s.releaseClientSlot()
 	s.srv.trackLogin(s.conn, false)
+	// Bounds the final write, and a writer blocked on a client that
+	// does not read.
+	_ = s.conn.SetWriteDeadline(time.Now().Add(time.Second))
 	if first && !s.sawFatal.Load() {
-		_ = s.conn.SetWriteDeadline(time.Now().Add(time.Second))
 		s.writeClient(werr.Append(nil))
 	}
-	if !s.handshaking.Load() {
-		_ = s.conn.Close() // a login's connection is closed by serveConn
+	if !s.handshaking.Load() { // a login's connection is closed by serveConn
+		// FIN after the final message, not a close: a client whose
+		// next request is still unread would get a reset that can
+		// destroy the message before it reads it (see lingerClose).
+		// The read deadline wakes the session's goroutine, whose end
+		// closes the connection after a linger.
+		halfClose(s.conn)
+		_ = s.conn.SetReadDeadline(time.Now())
 	}
 	s.srv.parker.wake(s) // a parked session needs its goroutine to end
+}
+
+// halfClose sends FIN (no more data from poolerd) and leaves the read side
+// open; a connection that cannot half-close is closed.
+func halfClose(nc net.Conn) {
+	type closeWriter interface{ CloseWrite() error }
+	if cw, ok := nc.(closeWriter); !ok || cw.CloseWrite() != nil {
+		_ = nc.Close()
+	}
 }
 
 // terminate ends the session from another goroutine (shutdown, server
@@ -1115,8 +1137,16 @@ func (s *session) end(err error) {
 		s.closed.Store(true)
 		s.stopWatch()
 		s.finalMu.Lock() // a final message being written goes out first
-		_ = s.conn.Close()
+		linger := s.endErr.Load() != nil
+		if !linger {
+			_ = s.conn.Close()
+		}
 		s.finalMu.Unlock()
+		if linger {
+			// The client was sent a final message: let it read that
+			// rather than a reset (finishLocked).
+			go drainClose(s.conn)
+		}
 		s.srv.forget(s)
 		s.releaseClientSlot()
 		if s.dbp != nil {

@@ -1,0 +1,94 @@
+package integration
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/test/pgtest"
+)
+
+// TestServerResetMessageReachesClient: when the network to PostgreSQL resets
+// server connections in the middle of clients' transactions, every client
+// whose session ends reads poolerd's FATAL before the connection closes,
+// and the stream it reads stays well formed. The client reads the raw
+// protocol: libpq-based clients may not report a FATAL that arrives in the
+// same packet as the ReadyForQuery before it (they find it only after
+// sending their next query, and report the close instead).
+func TestServerResetMessageReachesClient(t *testing.T) {
+	fp := toStartProxy(t)
+	p := toStartViaProxy(t, fp, func(c *config.Config) {
+		c.PoolMode = config.PoolTransaction
+		c.MaxSize = 8
+	})
+	const clients = 4
+	stop := make(chan struct{})
+	var mu sync.Mutex
+	var ends, withMsg int
+	var bad []string
+	var wg sync.WaitGroup
+	for range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				c := dialFE(t, p.addr)
+				c.startup(pgtest.RoleApp)
+				c.authenticate(pgtest.Password)
+				var last pgproto3.BackendMessage
+				var err error
+			session:
+				for _, q := range []string{"BEGIN", "SELECT pg_sleep(0.05)", "SELECT 1", "COMMIT"} {
+					c.fe.Send(&pgproto3.Query{String: q})
+					if err = c.fe.Flush(); err != nil {
+						break
+					}
+					for {
+						var m pgproto3.BackendMessage
+						if m, err = c.fe.Receive(); err != nil {
+							break session
+						}
+						last = m
+						if _, ok := m.(*pgproto3.ReadyForQuery); ok {
+							break
+						}
+					}
+				}
+				_ = c.nc.Close()
+				if err == nil {
+					continue
+				}
+				mu.Lock()
+				ends++
+				if e, ok := last.(*pgproto3.ErrorResponse); ok && e.Severity == "FATAL" {
+					withMsg++
+				} else if len(bad) < 5 {
+					bad = append(bad, fmt.Sprintf("session ended after %T without a FATAL: %v", last, err))
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	for range 100 {
+		time.Sleep(70 * time.Millisecond)
+		fp.ResetAll()
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("%d sessions ended by a reset, %d with a FATAL", ends, withMsg)
+	for _, b := range bad {
+		t.Error(b)
+	}
+	if ends == 0 {
+		t.Fatal("no session was ended by a reset")
+	}
+}

@@ -1,0 +1,230 @@
+package soak
+
+import (
+	"context"
+	"fmt"
+	"html"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// sample is poolerd's resource use at one moment, from its /metrics.
+type sample struct {
+	at         time.Duration // since the start of the soak
+	label      string
+	goroutines int
+	fds        int
+	rss        int64
+	clients    int
+}
+
+func (m sample) rssMiB() float64 { return float64(m.rss) / (1 << 20) }
+
+// sampleNow scrapes /metrics.
+func (s *soak) sampleNow(label string) sample {
+	m := sample{at: time.Since(s.start), label: label}
+	resp, err := http.Get("http://" + s.httpAddr + "/metrics")
+	if err != nil {
+		s.t.Errorf("scrape /metrics: %v", err)
+		return m
+	}
+	defer resp.Body.Close()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		s.t.Errorf("parse /metrics: %v", err)
+		return m
+	}
+	val := func(name string) float64 {
+		f, ok := fams[name]
+		if !ok {
+			return 0
+		}
+		sum := 0.0
+		for _, x := range f.GetMetric() {
+			switch {
+			case x.GetGauge() != nil:
+				sum += x.GetGauge().GetValue()
+			case x.GetCounter() != nil:
+				sum += x.GetCounter().GetValue()
+			case x.GetUntyped() != nil:
+				sum += x.GetUntyped().GetValue()
+			}
+		}
+		return sum
+	}
+	m.goroutines = int(val("go_goroutines"))
+	m.fds = int(val("process_open_fds"))
+	m.rss = int64(val("process_resident_memory_bytes"))
+	m.clients = int(val("poolerd_clients"))
+	return m
+}
+
+// sampleLoop samples every sampleEvery until run ends.
+func (s *soak) sampleLoop(run context.Context) {
+	tick := time.NewTicker(s.sc.sampleEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-run.Done():
+			return
+		case <-tick.C:
+		}
+		m := s.sampleNow("")
+		s.smMu.Lock()
+		s.samples = append(s.samples, m)
+		s.smMu.Unlock()
+	}
+}
+
+// settle waits, after the load, until goroutines and open files are back
+// within the slack of the baseline (idle_timeout closes the server
+// connections the load opened), for at most a minute, and returns the last
+// sample.
+func (s *soak) settle(base sample) sample {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		m := s.sampleNow("after")
+		s.smMu.Lock()
+		s.samples = append(s.samples, m)
+		s.smMu.Unlock()
+		if (m.goroutines <= base.goroutines+goroutineSlack && m.fds <= base.fds+fdSlack && m.rss <= base.rss+rssSlack) ||
+			time.Now().After(deadline) {
+			s.logf("after the load: %d goroutines, %d open files, RSS %.1f MiB", m.goroutines, m.fds, m.rssMiB())
+			return m
+		}
+		time.Sleep(2 * time.Second)
+	}
+}
+
+// report logs the summary and, with SOAK_REPORT, writes it as Markdown with
+// an SVG plot beside it.
+func (s *soak) report(base, end sample) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Soak report\n\n")
+	fmt.Fprintf(&b, "Produced by `%s` on %s (%s); seed %d; load %s.\n\n", command(s.sc), time.Now().UTC().Format("2006-01-02"), s.sc.name, s.seed, s.sc.dur)
+	fmt.Fprintf(&b, "| result | value |\n|---|---|\n")
+	l := func(name string, v any) { fmt.Fprintf(&b, "| %s | %v |\n", name, v) }
+	for _, x := range []struct {
+		name string
+		l    *ledger
+	}{{"pgx transfers (acked / failed / unknown)", s.transfers}, {"psycopg transactions", s.pyLog}, {"psql transactions", s.psqlLog}} {
+		c, _, _ := x.l.check(nil)
+		l(x.name, fmt.Sprintf("%d / %d / %d", c[acked], c[failed], c[unknown]))
+	}
+	l("pgbench runs / clients aborted by faults", fmt.Sprintf("%d / %d", s.pgbenchRuns.Load(), s.pgbenchAborts.Load()))
+	l("COPY in / out", fmt.Sprintf("%.0f MiB / %.0f MiB", float64(s.copyIn.Load())/(1<<20), float64(s.copyOut.Load())/(1<<20)))
+	l("notifications sent / received (session mode)", fmt.Sprintf("%d / %d", s.notifySent.Load(), s.notifyGot.Load()))
+	l("idle client logins", s.idleLogins.Load())
+	s.errs.mu.Lock()
+	codes := make([]string, 0, len(s.errs.bySQL))
+	for c, n := range s.errs.bySQL {
+		codes = append(codes, fmt.Sprintf("%s ×%d", c, n))
+	}
+	sort.Strings(codes)
+	l("client errors with a SQLSTATE", strings.Join(codes, ", "))
+	l("client errors without an ErrorResponse / hung clients / dirty server connections", fmt.Sprintf("%d / %d / %d", s.errs.dropped, s.errs.hung, s.errs.dirty))
+	s.errs.mu.Unlock()
+	l("goroutines (baseline → after)", fmt.Sprintf("%d → %d", base.goroutines, end.goroutines))
+	l("open files (baseline → after)", fmt.Sprintf("%d → %d", base.fds, end.fds))
+	l("RSS (baseline → after)", fmt.Sprintf("%.1f MiB → %.1f MiB", base.rssMiB(), end.rssMiB()))
+	l("failed checks", map[bool]string{true: "some (see the test output)", false: "none"}[s.t.Failed()])
+
+	fmt.Fprintf(&b, "\n## p99 latency per minute (short pgx transfers: BEGIN, 6 statements, COMMIT)\n\n| minute | transfers | p99 |\n|---|---|---|\n")
+	mins, p99, n := s.lat.p99()
+	for i, m := range mins {
+		fmt.Fprintf(&b, "| %d | %d | %s |\n", m+1, n[i], p99[i].Round(100*time.Microsecond))
+	}
+	fmt.Fprintf(&b, "\n## Faults and recovery\n\nRecovery: from the end of the fault to the first successful `SELECT 1` sent through poolerd after it (a probe every 50 ms).\n\n| at | fault | lasted | recovery |\n|---|---|---|---|\n")
+	s.evMu.Lock()
+	for _, ev := range s.events {
+		rec := "never"
+		if ev.recovery >= 0 {
+			rec = ev.recovery.Round(time.Millisecond).String()
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", ev.start.Sub(s.start).Round(time.Second), ev.fault, ev.end.Sub(ev.start).Round(time.Millisecond), rec)
+	}
+	s.evMu.Unlock()
+	text := b.String()
+	s.t.Log("\n" + text)
+	path := os.Getenv("SOAK_REPORT")
+	if path == "" {
+		return
+	}
+	svgPath := strings.TrimSuffix(path, filepath.Ext(path)) + ".svg"
+	text += fmt.Sprintf("\n## Resources over time\n\n![goroutines, open files, RSS and clients of poolerd during the soak](%s)\n", filepath.Base(svgPath))
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		s.t.Errorf("write %s: %v", path, err)
+	}
+	if err := os.WriteFile(svgPath, []byte(s.plot()), 0o644); err != nil {
+		s.t.Errorf("write %s: %v", svgPath, err)
+	}
+}
+
+func command(sc scale) string {
+	if v := os.Getenv("SOAK_MINUTES"); v != "" {
+		return "make soak SOAK_MINUTES=" + v
+	}
+	return "go test -run TestSoak -v ./test/soak/"
+}
+
+// plot draws the samples as four small line charts in one SVG.
+func (s *soak) plot() string {
+	s.smMu.Lock()
+	samples := append([]sample(nil), s.samples...)
+	s.smMu.Unlock()
+	s.evMu.Lock()
+	events := append([]event(nil), s.events...)
+	s.evMu.Unlock()
+	series := []struct {
+		name string
+		v    func(sample) float64
+	}{
+		{"goroutines", func(m sample) float64 { return float64(m.goroutines) }},
+		{"open files", func(m sample) float64 { return float64(m.fds) }},
+		{"RSS (MiB)", func(m sample) float64 { return m.rssMiB() }},
+		{"clients connected", func(m sample) float64 { return float64(m.clients) }},
+	}
+	const w, h, pad, left = 760, 150, 30, 60
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">`+"\n", w, len(series)*(h+pad)+pad)
+	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	if len(samples) == 0 {
+		b.WriteString("</svg>\n")
+		return b.String()
+	}
+	tMax := samples[len(samples)-1].at.Seconds()
+	x := func(sec float64) float64 { return left + (sec/tMax)*float64(w-left-20) }
+	for i, sr := range series {
+		top := float64(pad + i*(h+pad))
+		vMax := 1.0
+		for _, m := range samples {
+			vMax = max(vMax, sr.v(m))
+		}
+		y := func(v float64) float64 { return top + float64(h) - v/vMax*float64(h) }
+		fmt.Fprintf(&b, `<text x="%d" y="%.0f" font-weight="bold">%s</text>`+"\n", left, top-8, html.EscapeString(sr.name))
+		fmt.Fprintf(&b, `<line x1="%d" y1="%.0f" x2="%d" y2="%.0f" stroke="#999"/>`+"\n", left, top+float64(h), w-20, top+float64(h))
+		fmt.Fprintf(&b, `<text x="%d" y="%.0f" text-anchor="end">%.0f</text>`+"\n", left-4, top+8, vMax)
+		fmt.Fprintf(&b, `<text x="%d" y="%.0f" text-anchor="end">0</text>`+"\n", left-4, top+float64(h))
+		for _, ev := range events {
+			ex := x(ev.start.Sub(s.start).Seconds())
+			fmt.Fprintf(&b, `<line x1="%.1f" y1="%.0f" x2="%.1f" y2="%.0f" stroke="#f4b6b6"><title>%s</title></line>`+"\n", ex, top, ex, top+float64(h), ev.fault)
+		}
+		var pts []string
+		for _, m := range samples {
+			pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(m.at.Seconds()), y(sr.v(m))))
+		}
+		fmt.Fprintf(&b, `<polyline fill="none" stroke="#1f77b4" stroke-width="1.5" points="%s"/>`+"\n", strings.Join(pts, " "))
+	}
+	last := float64(pad + len(series)*(h+pad))
+	fmt.Fprintf(&b, `<text x="%d" y="%.0f">seconds since start: 0 … %.0f; red lines: faults</text>`+"\n", left, last-8, tMax)
+	b.WriteString("</svg>\n")
+	return b.String()
+}
