@@ -9,6 +9,16 @@
 // (standard, E'...', dollar-quoted), and reads the first words of each statement
 // plus any function names, which is what PostgreSQL's command tags cannot
 // tell (CREATE TABLE does not say TEMP, SELECT does not say it took a lock).
+//
+// Role changes pin (PinRole): every spelling of a session-level SET of role
+// or session_authorization (SET [SESSION] ROLE, SET [SESSION] SESSION
+// AUTHORIZATION, SET [SESSION] role|"role"|session_authorization TO|= ...,
+// any case), and a call of set_config (also quoted, schema-qualified,
+// nested in any expression of any statement) whose first argument is the
+// string constant 'role' or 'session_authorization' and whose third is not
+// the constant true. What text cannot show (a DO block, CALL, set_config
+// with computed arguments) is reported as Settings: the pooler checks the
+// session after it ran.
 package sqlscan
 
 import "strings"
@@ -29,8 +39,9 @@ const (
 type Effects struct {
 	// Statements is the number of statements in the text.
 	Statements int
-	// Settings: the text may change session-level settings (SET, RESET,
-	// set_config, DISCARD ALL, SET SESSION CHARACTERISTICS).
+	// Settings: the text may change session-level settings, or the role,
+	// in a way a pooler must read back from the server (SET, RESET,
+	// set_config, DISCARD ALL, SET SESSION CHARACTERISTICS, DO, CALL).
 	Settings bool
 	// Pin is the first kind of unmovable session state the text creates.
 	Pin string
@@ -98,8 +109,8 @@ func Scan(sql string) Effects {
 			onCommitDrop = true
 		}
 		prev2, prev1 = prev1, t
-		if t.punct == 0 && !t.quoted && len(t.word) >= len("set_config") && (t.word[0]|0x20 == 'p' || t.word[0]|0x20 == 's') {
-			function(&e, t.word)
+		if t.punct == 0 && len(t.word) >= len("set_config") && (t.word[0]|0x20 == 'p' || t.word[0]|0x20 == 's') {
+			function(&e, t, sql)
 		}
 	}
 	endStmt()
@@ -164,8 +175,18 @@ func deallocateName(ws []token) (token, bool) {
 	return n, true
 }
 
-// function notes a name that matters wherever it appears.
-func function(e *Effects, w string) {
+// function notes a name that matters wherever it appears; t is a word of
+// sql.
+func function(e *Effects, t token, sql string) {
+	w := t.word
+	if t.quoted {
+		// A quoted name is case-sensitive: only the built-in's own
+		// spelling calls it.
+		if w == "set_config" {
+			setConfig(e, sql, t.end)
+		}
+		return
+	}
 	for _, f := range [...]string{"pg_advisory_lock", "pg_advisory_lock_shared", "pg_try_advisory_lock", "pg_try_advisory_lock_shared"} {
 		if len(w) == len(f) && strings.EqualFold(w, f) {
 			if e.Pin == "" {
@@ -175,13 +196,107 @@ func function(e *Effects, w string) {
 		}
 	}
 	if len(w) == len("set_config") && strings.EqualFold(w, "set_config") {
-		e.Settings = true
+		setConfig(e, sql, t.end)
 	}
+}
+
+// setConfig notes a set_config whose name ends at sql[at:]: it changes
+// settings, and it pins when it is a call that sets the role or the session
+// authorization for the session (set_config('role', ..., false)). A call
+// whose name or is_local argument is not a constant is left to the
+// pooler's check of the session after it ran (Settings).
+func setConfig(e *Effects, sql string, at int) {
+	e.Settings = true
+	if e.Pin != "" {
+		return
+	}
+	name, local, ok := setConfigArgs(sql, at)
+	if ok && !local && (strings.EqualFold(name, "role") || strings.EqualFold(name, "session_authorization")) {
+		e.Pin = PinRole
+	}
+}
+
+// setConfigArgs reads the arguments of a call set_config(name, value,
+// is_local) starting at sql[at:] (after the function name): ok reports
+// whether name is a string constant (possibly cast), local whether is_local
+// is the constant true.
+func setConfigArgs(sql string, at int) (name string, local, ok bool) {
+	l := lexer{s: sql, i: at, strs: true}
+	if t, _ := l.next(); t.punct != '(' {
+		return "", false, false
+	}
+	arg, depth := 0, 1
+	var first [2]token // the first two tokens of the first argument
+	var third [2]token // ... of the third
+	n, n0 := 0, 0      // tokens of the current argument, of the first
+	for depth > 0 {
+		t, more := l.next()
+		if !more || t.punct == ';' {
+			return "", false, false
+		}
+		switch {
+		case t.punct == '(' || t.punct == '[':
+			depth++
+		case t.punct == ')' || t.punct == ']':
+			depth--
+			if depth == 0 {
+				continue
+			}
+		case t.punct == ',' && depth == 1:
+			if arg == 0 {
+				n0 = n
+			}
+			arg++
+			n = 0
+			continue
+		}
+		switch arg {
+		case 0:
+			if n < len(first) {
+				first[n] = t
+			}
+			n++
+		case 2:
+			if n < len(third) {
+				third[n] = t
+			}
+			n++
+		}
+	}
+	if arg != 2 || !first[0].str {
+		return "", false, false
+	}
+	// 'role' alone, or followed by a cast ('role'::text): a constant.
+	if n0 > 1 && first[1].punct != ':' {
+		return "", false, false
+	}
+	return first[0].word, n == 1 && isTrue(third[0]), true
+}
+
+// isTrue reports whether the tokens of an argument are a constant that
+// PostgreSQL reads as boolean true: true, 'true', 't', 'on', 'yes', '1'
+// (any case, unique prefixes of true and yes).
+func isTrue(t token) bool {
+	if !t.str {
+		return t.is("true")
+	}
+	v := strings.ToLower(strings.TrimSpace(t.word))
+	switch v {
+	case "t", "tr", "tru", "true", "y", "ye", "yes", "on", "1":
+		return true
+	}
+	return false
 }
 
 // is reports whether t is the unquoted keyword w (lower case).
 func (t token) is(w string) bool {
 	return t.punct == 0 && !t.quoted && !t.str && len(t.word) == len(w) && strings.EqualFold(t.word, w)
+}
+
+// isParam reports whether t names the configuration parameter w (lower
+// case), quoted or not: PostgreSQL looks parameter names up ignoring case.
+func (t token) isParam(w string) bool {
+	return t.punct == 0 && !t.str && len(t.word) == len(w) && strings.EqualFold(t.word, w)
 }
 
 func word(ws []token, i int) token {
@@ -202,16 +317,18 @@ func statement(e *Effects, ws []token, onCommitDrop bool) {
 	w0 := word(ws, 0)
 	switch {
 	case w0.is("set"):
+		if setsRole(ws) {
+			pin(PinRole)
+			break
+		}
 		switch w1 := word(ws, 1); {
 		case w1.is("local"), w1.is("transaction"), w1.is("constraints"):
-		case w1.is("role"):
-			pin(PinRole)
-		case w1.is("session") && word(ws, 2).is("authorization"):
-			pin(PinRole)
 		default:
 			e.Settings = true
 		}
-	case w0.is("reset"):
+	case w0.is("reset"), w0.is("do"), w0.is("call"):
+		// RESET ROLE and RESET SESSION AUTHORIZATION go back to the login
+		// role; DO and CALL run code that may change settings or the role.
 		e.Settings = true
 	case w0.is("discard"):
 		if word(ws, 1).is("all") {
@@ -264,6 +381,25 @@ func statement(e *Effects, ws []token, onCommitDrop bool) {
 			e.Deallocates++
 		}
 	}
+}
+
+// setsRole reports whether a SET statement (ws[0] is SET) changes the role
+// or the session authorization for the session: SET [SESSION] ROLE ...,
+// SET [SESSION] SESSION AUTHORIZATION ..., SET [SESSION] role TO|= ... and
+// SET [SESSION] session_authorization TO|= ..., the names quoted or not.
+// SET LOCAL lasts until the end of the transaction and does not count.
+func setsRole(ws []token) bool {
+	i := 1
+	if word(ws, i).is("session") && !word(ws, i+1).is("authorization") && !word(ws, i+1).is("characteristics") {
+		i++
+	}
+	switch w := word(ws, i); {
+	case w.is("session"):
+		return word(ws, i+1).is("authorization")
+	case w.isParam("role"), w.isParam("session_authorization"):
+		return word(ws, i+1).punct != '.' // not a custom option role.x
+	}
+	return false
 }
 
 // lexer yields the tokens of SQL text that matter here: words and
