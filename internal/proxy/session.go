@@ -65,8 +65,13 @@ type session struct {
 	// syncsSinceOther counts Syncs sent since the last message other than
 	// Sync, Flush or CopyData (see count).
 	syncsSinceOther int
-	// syncQuery is the parameter sync for a just-attached server.
+	// syncQuery is what a just-attached server gets ahead of the
+	// client's first bytes, syncReqs Query frames whose answers are
+	// swallowed: RESET ROLE first when syncReset (see roleCheck), then the
+	// parameter sync.
 	syncQuery []byte
+	syncReqs  int
+	syncReset bool
 
 	// Transaction and statement mode (sessionstate.go, prepared.go).
 	stateful    bool // session state is tracked (the mode is not session)
@@ -763,12 +768,8 @@ func (s *session) flush(data []byte, b batch) bool {
 		// the session ends.
 		return !s.severed.Load()
 	}
-	sync := s.syncQuery
-	s.syncQuery = nil
-	syncReqs := 0
-	if sync != nil {
-		syncReqs = 1
-	}
+	sync, syncReqs, reset := s.syncQuery, s.syncReqs, s.syncReset
+	s.syncQuery, s.syncReqs, s.syncReset = nil, 0, false
 	var now, busySince, queryStart int64
 	timed := len(data) > 0
 	if timed {
@@ -793,8 +794,14 @@ func (s *session) flush(data []byte, b batch) bool {
 		busySince, queryStart = sc.busySince, sc.queryStart
 	}
 	sc.pending += b.reqs + syncReqs
-	if sync != nil {
-		sc.swallowGroupLocked(sc.zSent)
+	for i := range syncReqs {
+		sc.swallowGroupLocked(sc.zSent + int64(i))
+	}
+	if reset {
+		sc.resetZ, sc.opErr = sc.zSent, nil
+	}
+	if sync != nil || len(data) > 0 {
+		sc.roleBy = s.id // from here on, only this client's requests ran
 	}
 	base := sc.zSent + int64(syncReqs)
 	for _, op := range s.bops {
@@ -879,7 +886,10 @@ func (s *session) attach() *wire.Error {
 			return errShuttingDown
 		}
 		sc.mu.Lock()
-		if sc.broken {
+		if sc.broken || sc.authOff.Load() {
+			// authOff: another session authorization than the login's,
+			// which RESET ROLE does not undo.
+			sc.broken = true
 			sc.mu.Unlock()
 			s.attachMu.Unlock()
 			s.dbp.pool.Discard(sc, evictBroken)
@@ -891,10 +901,22 @@ func (s *session) attach() *wire.Error {
 		sc.owner.Store(s)
 		sc.busy = true
 		sc.unsynced = false
+		reset := sc.roleBy != 0 && sc.roleBy != s.id
+		if _, ok := sc.applied["role"]; ok && reset {
+			delete(sc.applied, "role") // a startup role: set again after the reset
+			sc.paramGen++
+		}
 		sc.mu.Unlock()
 		s.server.Store(sc)
 		s.attachMu.Unlock()
-		s.syncQuery = s.syncParams(sc)
+		s.syncQuery, s.syncReqs, s.syncReset = s.syncParams(sc), 0, reset
+		if s.syncQuery != nil {
+			s.syncReqs = 1
+		}
+		if reset {
+			s.syncQuery = append(resetRoleQuery[:len(resetRoleQuery):len(resetRoleQuery)], s.syncQuery...)
+			s.syncReqs++
+		}
 		if s.syncQuery != nil && s.tracked {
 			sc.mu.Lock()
 			sc.unnamedBy = nil // a simple query drops the unnamed statement
@@ -1203,8 +1225,12 @@ func (s *session) releaseAtEnd(sc *serverConn) {
 		sc.mu.Lock()
 		clear(sc.applied)
 		sc.paramGen++
-		if sqlscan.Scan(q).DeallocateAll {
+		eff := sqlscan.Scan(q)
+		if eff.DeallocateAll {
 			sc.stmts.clear()
+		}
+		if eff.Unpin && eff.Pin == "" {
+			sc.roleBy = 0 // DISCARD ALL: SET SESSION AUTHORIZATION DEFAULT, RESET ALL
 		}
 		sc.mu.Unlock()
 	}

@@ -17,6 +17,30 @@ import (
 // current server connection: its prepared statements (prepared.go), its
 // settings, and the state that pins it to one server connection.
 
+// roleCheck: no client of a transaction- or statement-mode pool may run
+// as a role that another client set. Three defences, cheapest first:
+//
+//   - The scanner pins every SQL spelling of a session-level role or
+//     session authorization change it can see (sqlscan.PinRole), so the
+//     client keeps its connection, and the connection gets DISCARD ALL when
+//     the client leaves.
+//   - What it cannot see (DO, CALL, set_config with computed arguments,
+//     text longer than maxScan) counts as a settings change: the settings
+//     snapshot at the end of the transaction, which runs anyway, also asks
+//     whether current_user is session_user (snapRoleRow), and pins the
+//     client if not. A ParameterStatus session_authorization or
+//     is_superuser other than the login's, in the client's own answers,
+//     pins it too; a connection whose session_authorization is not the
+//     login's is never handed out (authOff).
+//   - Anything else may have run code that sets the role (a function called
+//     from a SELECT, a trigger, a view): a server connection last used by
+//     another client (serverConn.roleBy) gets RESET ROLE ahead of the next
+//     client's first request, in the same write, its answer swallowed: no
+//     round trip, one small statement on the server per change of hands.
+//
+// resetRoleQuery is that RESET ROLE (never written to).
+var resetRoleQuery = wire.AppendQuery(nil, "RESET ROLE")
+
 // maxHeldQuery is the largest Query poolerd holds until complete in
 // transaction and statement mode, so that it can rewrite or refuse it;
 // longer ones are forwarded as they arrive and scanned up to maxScan.
@@ -435,6 +459,11 @@ func (s *session) scanEffects(t byte, body []byte, canRefuse bool) *wire.Error {
 		body = body[:i]
 	}
 	s.eff = sqlscan.Scan(bytesView(body)) // Scan keeps nothing of its input
+	if s.cur.Truncated() {
+		// Longer than maxScan: what was not read may change settings or
+		// the role (a SET ROLE after a long comment).
+		s.eff.Settings = true
+	}
 	if s.eff.Settings {
 		s.noteCustom(body)
 	}
@@ -662,6 +691,17 @@ func pinWhat(reason string) string {
 		return "SET ROLE / SET SESSION AUTHORIZATION"
 	}
 	return reason
+}
+
+// roleChanged pins a transaction- or statement-mode session whose role or
+// session authorization changed in a way the scanner could not see: a
+// settings snapshot found current_user other than session_user, or the
+// server reported a new session_authorization or is_superuser. Called by
+// the server's reader.
+func (s *session) roleChanged() {
+	if s.stateful {
+		s.pin(sqlscan.PinRole)
+	}
 }
 
 // pin keeps the session on its server connection until it leaves (or
