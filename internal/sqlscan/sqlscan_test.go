@@ -85,6 +85,16 @@ func BenchmarkScan(b *testing.B) {
 	}
 }
 
+// BenchmarkScanSetConfig is the statement row-level-security applications
+// send at the start of each transaction: set_config's arguments are read.
+func BenchmarkScanSetConfig(b *testing.B) {
+	q := "SELECT pg_catalog.set_config('app.tenant', $1, true)"
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = Scan(q)
+	}
+}
+
 func TestDeallocations(t *testing.T) {
 	sql := `DEALLOCATE s1; SELECT 'DEALLOCATE x'; deallocate PREPARE "My""S"; DEALLOCATE ALL; DEALLOCATE MyStmt`
 	got := Deallocations(sql)
