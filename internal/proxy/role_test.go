@@ -8,13 +8,15 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/poolerd/poolerd/internal/wire"
 )
 
-// TestResetRoleOnHandOff: a server connection that changes hands gets
-// RESET ROLE ahead of the new client's request, in the same write (no
-// round trip: the backend reads both at once), and the client never sees
-// its answer; a client that gets back the connection it used last gets
-// nothing extra.
+// TestResetRoleOnHandOff: a server connection on which a client called a
+// function (which may have set the role) gets RESET ROLE ahead of the next
+// other client's request, in the same write (no round trip: the backend
+// reads both at once), and the client never sees its answer. Plain
+// requests, and the same client getting its connection back, cost nothing.
 func TestResetRoleOnHandOff(t *testing.T) {
 	fb := startFakeBackend(t, 16)
 	var mu sync.Mutex
@@ -28,7 +30,7 @@ func TestResetRoleOnHandOff(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		resets++
-		if !bytes.HasPrefix(p[i+len(resetRoleQuery):], simpleRequest) {
+		if !bytes.HasPrefix(p[i+len(resetRoleQuery):], simpleRequest) && !bytes.HasPrefix(p[i+len(resetRoleQuery):], callRequest) {
 			alone++
 		}
 	}
@@ -48,12 +50,17 @@ func TestResetRoleOnHandOff(t *testing.T) {
 	}
 	for i, step := range []struct {
 		c      *benchClient
+		req    []byte
 		resets int
 	}{
-		{c1, 0}, {c1, 0}, // the connection's first client, then the same one
-		{c2, 1}, {c2, 1}, // another client: reset once
-		{c1, 2}, {c2, 3}, {c2, 3},
+		{c1, simpleRequest, 0}, {c2, simpleRequest, 0}, {c1, simpleRequest, 0}, // plain: nothing
+		{c1, callRequest, 0}, {c1, simpleRequest, 0}, // the caller keeps its connection as it is
+		{c2, simpleRequest, 1}, // the next client: reset
+		{c1, simpleRequest, 1}, // c2 called nothing: no reset
+		{c2, callRequest, 1}, {c2, callRequest, 1}, {c1, callRequest, 2}, {c2, simpleRequest, 3},
+		{c2, simpleRequest, 3}, {c1, simpleRequest, 3},
 	} {
+		step.c.request = step.req
 		if err := step.c.roundTrip(); err != nil {
 			t.Fatalf("step %d: %v", i, err)
 		}
@@ -72,3 +79,6 @@ func TestResetRoleOnHandOff(t *testing.T) {
 		_ = c.conn.SetReadDeadline(time.Time{})
 	}
 }
+
+// callRequest calls a function of the application's.
+var callRequest = wire.AppendQuery(nil, "SELECT app.set_tenant('a')")

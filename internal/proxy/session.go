@@ -72,6 +72,9 @@ type session struct {
 	syncQuery []byte
 	syncReqs  int
 	syncReset bool
+	// calls: the batch being assembled may run code that sets the role (a
+	// function call, see roleCheck).
+	calls bool
 
 	// Transaction and statement mode (sessionstate.go, prepared.go).
 	stateful    bool // session state is tracked (the mode is not session)
@@ -112,6 +115,7 @@ type session struct {
 	dirtyGen, cleanGen atomic.Uint64
 	custom             map[string]bool
 	unnamedSettings    bool // the unnamed statement may change settings
+	unnamedCalls       bool // ... or calls a function that may set the role
 	pinReason          atomic.Pointer[string]
 	eff                sqlscan.Effects // of the Query or Parse being handled
 
@@ -607,6 +611,9 @@ func (s *session) count(b *batch, t byte) {
 		}
 	case 'Q', 'F':
 		b.reqs++
+		if t == 'F' {
+			s.calls = true // a function by OID: any function
+		}
 	case 'P', 'B', 'D', 'E', 'C':
 		b.unsynced = true
 	}
@@ -798,10 +805,11 @@ func (s *session) flush(data []byte, b batch) bool {
 		sc.swallowGroupLocked(sc.zSent + int64(i))
 	}
 	if reset {
-		sc.resetZ, sc.opErr = sc.zSent, nil
+		sc.resetZ, sc.opErr, sc.roleBy = sc.zSent, nil, 0
 	}
-	if sync != nil || len(data) > 0 {
-		sc.roleBy = s.id // from here on, only this client's requests ran
+	if s.calls {
+		sc.roleBy = s.id // it may set a role that others must not get
+		s.calls = false
 	}
 	base := sc.zSent + int64(syncReqs)
 	for _, op := range s.bops {

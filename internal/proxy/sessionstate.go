@@ -32,11 +32,19 @@ import (
 //     is_superuser other than the login's, in the client's own answers,
 //     pins it too; a connection whose session_authorization is not the
 //     login's is never handed out (authOff).
-//   - Anything else may have run code that sets the role (a function called
-//     from a SELECT, a trigger, a view): a server connection last used by
-//     another client (serverConn.roleBy) gets RESET ROLE ahead of the next
-//     client's first request, in the same write, its answer swallowed: no
-//     round trip, one small statement on the server per change of hands.
+//   - A function the text calls by name (other than common built-ins,
+//     sqlscan Calls) or by OID (FunctionCall) may run SET ROLE: the server
+//     connection remembers the client (serverConn.roleBy), and the next
+//     other client to get it has RESET ROLE sent ahead of its first
+//     request, in the same write, the answer swallowed: no round trip, one
+//     small statement on the server, and only after such calls. The
+//     client that called the function is not pinned: it may lose that
+//     role at its next transaction, but no one else gets it.
+//
+// Not tracked: a role set by code a statement runs without naming it (a
+// trigger, a rule, a view's or a policy's function, a column default, a
+// user-defined operator or cast), or by a function that shadows a
+// built-in's name.
 //
 // resetRoleQuery is that RESET ROLE (never written to).
 var resetRoleQuery = wire.AppendQuery(nil, "RESET ROLE")
@@ -112,7 +120,7 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 			m.serverParses.Add(1)
 			s.unnamedGen++
 			s.unnamed = appendFrame(s.unnamed[:0], 'P', body)
-			s.unnamedSettings = s.eff.Settings
+			s.unnamedSettings, s.unnamedCalls = s.eff.Settings, s.eff.Calls
 			sc.mu.Lock()
 			sc.unnamedBy, sc.unnamedGen = s, s.unnamedGen
 			sc.mu.Unlock()
@@ -133,6 +141,9 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 		def := s.srv.stmts.acquire(s.searchPath(), rest)
 		if s.eff.Settings {
 			def.settings.Store(true)
+		}
+		if s.eff.Calls {
+			def.calls.Store(true)
 		}
 		s.stmu.Lock()
 		s.stmts[name] = def
@@ -165,6 +176,7 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 			if s.unnamedSettings {
 				s.markSettings()
 			}
+			s.calls = s.calls || s.unnamedCalls
 			if s.ensureUnnamed(sc, zb) {
 				s.emitFrame(t, body)
 			}
@@ -180,6 +192,7 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 		if def.settings.Load() {
 			s.markSettings() // SELECT set_config(...) prepared, run again
 		}
+		s.calls = s.calls || def.calls.Load()
 		s.ensurePrepared(sc, def, zb)
 		s.noteBound(def.name, name)
 		s.emitFrame('B', []byte(portal), nul, []byte(def.name), nul, r2)
@@ -464,6 +477,7 @@ func (s *session) scanEffects(t byte, body []byte, canRefuse bool) *wire.Error {
 		// the role (a SET ROLE after a long comment).
 		s.eff.Settings = true
 	}
+	s.calls = s.calls || s.eff.Calls // a Parse counts as if it ran
 	if s.eff.Settings {
 		s.noteCustom(body)
 	}

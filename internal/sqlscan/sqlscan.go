@@ -18,10 +18,14 @@
 // string constant 'role' or 'session_authorization' and whose third is not
 // the constant true. What text cannot show (a DO block, CALL, set_config
 // with computed arguments) is reported as Settings: the pooler checks the
-// session after it ran.
+// session after it ran. A call of any other function that is not a common
+// built-in is reported as Calls: the function may set the role.
 package sqlscan
 
-import "strings"
+import (
+	"strings"
+	"unsafe"
+)
 
 // Pin reasons: session state a transaction-mode client cannot take to another
 // server connection.
@@ -55,6 +59,10 @@ type Effects struct {
 	// Deallocates counts the DEALLOCATE [PREPARE] name statements (see
 	// Deallocations).
 	Deallocates int
+	// Calls: the text calls a function by name that is not one of the
+	// common built-ins (see builtin), which may change the role (a
+	// function that runs SET ROLE or set_config('role', ...)).
+	Calls bool
 }
 
 // Interesting reports whether the text does anything a pooler must act on.
@@ -81,7 +89,7 @@ func Scan(sql string) Effects {
 	var buf [maxWords]token
 	words = buf[:0]
 	inStmt, onCommitDrop := false, false
-	var prev1, prev2 token
+	var prev [4]token // the statement's last tokens, newest first
 	endStmt := func() {
 		if inStmt {
 			e.Statements++
@@ -89,7 +97,7 @@ func Scan(sql string) Effects {
 		}
 		words = buf[:0]
 		inStmt, onCommitDrop = false, false
-		prev1, prev2 = token{}, token{}
+		prev = [4]token{}
 	}
 	l := lexer{s: sql}
 	for {
@@ -105,10 +113,13 @@ func Scan(sql string) Effects {
 		if len(words) < maxWords {
 			words = append(words, t)
 		}
-		if t.is("drop") && prev1.is("commit") && prev2.is("on") {
+		if t.is("drop") && prev[0].is("commit") && prev[1].is("on") {
 			onCommitDrop = true
 		}
-		prev2, prev1 = prev1, t
+		if t.punct == '(' && prev[0].punct == 0 && !e.Calls && call(prev) {
+			e.Calls = true
+		}
+		prev[3], prev[2], prev[1], prev[0] = prev[2], prev[1], prev[0], t
 		if t.punct == 0 && len(t.word) >= len("set_config") && (t.word[0]|0x20 == 'p' || t.word[0]|0x20 == 's') {
 			function(&e, t, sql)
 		}
@@ -283,6 +294,118 @@ func isTrue(t token) bool {
 	v := strings.ToLower(strings.TrimSpace(t.word))
 	switch v {
 	case "t", "tr", "tru", "true", "y", "ye", "yes", "on", "1":
+		return true
+	}
+	return false
+}
+
+// call reports whether p[0], followed by '(', is a call of a function that
+// may run code the scanner cannot see: not SQL syntax (IN (, VALUES (,
+// varchar(10), INSERT INTO t (cols), CREATE FUNCTION f(args)), not a
+// built-in (unqualified or in pg_catalog). p holds the last tokens, newest
+// first.
+func call(p [4]token) bool {
+	name, ctx, schema := p[0], p[1], token{}
+	if ctx.punct == '.' {
+		schema, ctx = p[2], p[3]
+	}
+	if name.str || ctx.punct == ':' || !ctx.quoted && ctx.punct == 0 && notCallAfter(ctx.word) {
+		return false // ::type(n), a relation's column list, a declaration
+	}
+	var b [32]byte
+	if !name.quoted && syntax(lowerASCII(b[:], name.word)) {
+		return false
+	}
+	if schema.word != "" && !(schema.quoted && schema.word == "pg_catalog" || schema.is("pg_catalog")) {
+		return true
+	}
+	if name.quoted {
+		return !builtin(name.word)
+	}
+	return !builtin(lowerASCII(b[:], name.word))
+}
+
+// lowerASCII returns w in lower case, in b if it fits (else "").
+func lowerASCII(b []byte, w string) string {
+	if len(w) > len(b) {
+		return ""
+	}
+	for i := 0; i < len(w); i++ {
+		c := w[i]
+		if c >= 'A' && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		b[i] = c
+	}
+	return unsafe.String(&b[0], len(w))
+}
+
+// notCallAfter reports whether a name after keyword w (any case) is a
+// relation, type or routine being named, not called: INSERT INTO t (cols),
+// CREATE FUNCTION f(args), CREATE INDEX ON t (cols), USING btree (cols).
+func notCallAfter(w string) bool {
+	var b [16]byte
+	switch lowerASCII(b[:], w) {
+	case "into", "table", "copy", "references", "on", "using", "function", "procedure", "routine",
+		"aggregate", "view", "type", "with", "as", "prepare", "domain", "trigger", "sequence", "index":
+		return true
+	}
+	return false
+}
+
+// syntax reports whether a lower-case word before '(' is SQL syntax or a
+// type with a modifier rather than a function.
+func syntax(w string) bool {
+	switch w {
+	case "in", "exists", "values", "any", "all", "some", "and", "or", "not", "as", "on", "using", "over",
+		"filter", "group", "row", "array", "lateral", "where", "when", "then", "else", "case", "select",
+		"from", "join", "by", "having", "returning", "set", "into", "is", "between", "like", "ilike",
+		"limit", "offset", "distinct", "conflict", "key", "unique", "check", "default", "include",
+		"partition", "range", "list", "hash", "with", "tablesample", "repeatable", "window", "rows",
+		"groups", "grouping", "sets", "cube", "rollup", "only", "recursive", "analyze", "explain",
+		"vacuum", "reindex", "copy", "options", "table", "return", "exclude", "ordinality",
+		"char", "character", "varchar", "varying", "nchar", "national", "numeric", "decimal", "dec",
+		"float", "bit", "time", "timestamp", "interval", "coalesce", "nullif", "greatest", "least",
+		"cast", "extract", "position", "substring", "trim", "overlay", "treat", "normalize", "collation",
+		"xmlelement", "xmlforest", "xmlconcat", "xmlparse", "xmlpi", "xmlroot", "xmlserialize",
+		"xmlexists", "xmlattributes", "current_timestamp", "current_time", "localtime", "localtimestamp":
+		return true
+	}
+	return false
+}
+
+// builtin reports whether a lower-case function name is a common built-in
+// that runs no user code and leaves the role alone (set_config and the
+// advisory locks are handled by name elsewhere). The list only saves work:
+// a built-in missing from it costs a RESET ROLE, never a leak.
+func builtin(w string) bool {
+	switch w {
+	case "count", "sum", "avg", "min", "max", "now", "lower", "upper", "length", "abs", "round",
+		"floor", "ceil", "ceiling", "mod", "trunc", "sqrt", "power", "exp", "ln", "log", "sign", "random",
+		"date_trunc", "date_part", "to_char", "to_timestamp", "to_date", "to_number", "age",
+		"make_interval", "make_date", "make_timestamp", "make_timestamptz", "clock_timestamp",
+		"statement_timestamp", "transaction_timestamp", "timezone",
+		"array_agg", "string_agg", "json_agg", "jsonb_agg", "json_object_agg", "jsonb_object_agg",
+		"bool_and", "bool_or", "every", "row_number", "rank", "dense_rank", "percent_rank", "cume_dist",
+		"ntile", "lag", "lead", "first_value", "last_value", "nth_value",
+		"json_build_object", "jsonb_build_object", "json_build_array", "jsonb_build_array", "to_json",
+		"to_jsonb", "row_to_json", "jsonb_set", "jsonb_insert", "jsonb_strip_nulls", "jsonb_typeof",
+		"jsonb_array_length", "json_array_length", "jsonb_array_elements", "json_array_elements",
+		"jsonb_array_elements_text", "json_array_elements_text", "jsonb_each", "json_each",
+		"jsonb_each_text", "json_each_text", "jsonb_extract_path", "jsonb_extract_path_text",
+		"array_length", "array_to_string", "string_to_array", "array_append", "array_prepend",
+		"array_cat", "array_remove", "array_position", "cardinality", "unnest", "generate_series",
+		"nextval", "currval", "setval", "lastval", "gen_random_uuid", "md5", "encode", "decode",
+		"concat", "concat_ws", "substr", "replace", "split_part", "strpos", "left", "right", "lpad",
+		"rpad", "btrim", "ltrim", "rtrim", "format", "initcap", "reverse", "repeat", "char_length",
+		"character_length", "octet_length", "regexp_replace", "regexp_match", "regexp_matches",
+		"regexp_split_to_array", "starts_with", "quote_ident", "quote_literal", "quote_nullable",
+		"current_setting", "set_config", "pg_typeof", "pg_backend_pid", "pg_sleep", "pg_notify",
+		"txid_current", "pg_current_xact_id", "version",
+		"pg_advisory_lock", "pg_advisory_lock_shared", "pg_try_advisory_lock",
+		"pg_try_advisory_lock_shared", "pg_advisory_xact_lock", "pg_advisory_xact_lock_shared",
+		"pg_try_advisory_xact_lock", "pg_try_advisory_xact_lock_shared", "pg_advisory_unlock",
+		"pg_advisory_unlock_shared", "pg_advisory_unlock_all":
 		return true
 	}
 	return false

@@ -61,7 +61,7 @@ func TestScan(t *testing.T) {
 		{"SELECT 'it''s; LISTEN x'", Effects{Statements: 1}},
 		{"SET a.b = 1; LISTEN x", Effects{Statements: 2, Settings: true, Pin: PinListen}},
 		{"DO $$ BEGIN EXECUTE 'SET ROLE x'; END $$", Effects{Statements: 1, Settings: true}},
-		{"CALL p()", Effects{Statements: 1, Settings: true}},
+		{"CALL p()", Effects{Statements: 1, Settings: true, Calls: true}},
 	}
 	for _, c := range cases {
 		if got := Scan(c.sql); got != c.want {
@@ -79,6 +79,16 @@ func FuzzScan(f *testing.F) {
 
 func BenchmarkScan(b *testing.B) {
 	q := "SELECT abalance FROM pgbench_accounts WHERE aid = $1"
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = Scan(q)
+	}
+}
+
+// BenchmarkScanCalls reads a statement that calls built-ins and a
+// function of the application's.
+func BenchmarkScanCalls(b *testing.B) {
+	q := "SELECT count(*), max(created_at) FROM orders WHERE customer_id = app.current_customer($1)"
 	b.ReportAllocs()
 	for b.Loop() {
 		_ = Scan(q)
@@ -196,6 +206,42 @@ var roleCases = []struct {
 	{"SELECT set_config('role'; SET LOCAL ROLE x", false, true},
 	{"ALTER ROLE app SET role = x", false, false},
 	{"CREATE FUNCTION f() RETURNS int SET role = x AS 'SELECT 1' LANGUAGE sql", false, false},
+}
+
+func TestScanCalls(t *testing.T) {
+	cases := []struct {
+		sql   string
+		calls bool
+	}{
+		{"SELECT abalance FROM pgbench_accounts WHERE aid = $1", false},
+		{"SELECT f()", true},
+		{"select F(1)", true},
+		{`SELECT "MyFunc"(1)`, true},
+		{"SELECT * FROM api.get_user($1)", true},
+		{"SELECT 1 FROM t WHERE x = tenant.set_tenant('a')", true},
+		{"SELECT myschema.count(*) FROM t", true},
+		{"SELECT count(*), max(a), now(), lower(b), coalesce(c, 1) FROM t", false},
+		{"SELECT pg_catalog.now(), \"pg_catalog\".\"lower\"('A')", false},
+		{`SELECT "COUNT"(*) FROM t`, true},
+		{"SELECT set_config('a.b', $1, true)", false},
+		{"INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES ($1, $2, $3, $4, CURRENT_TIMESTAMP)", false},
+		{"INSERT INTO s.t (a) VALUES (1) ON CONFLICT (a) DO NOTHING", false},
+		{"UPDATE t SET a = a + 1 WHERE id IN (1, 2) AND EXISTS (SELECT 1)", false},
+		{"SELECT a::varchar(10), CAST(b AS numeric(5, 2)), c::timestamptz(3) FROM t", false},
+		{"CREATE TABLE t (a varchar(10), b numeric(5,2), PRIMARY KEY (a), CHECK (b > 0))", false},
+		{"CREATE FUNCTION f(a int) RETURNS int LANGUAGE sql AS 'SELECT g(a)'", false},
+		{"CREATE INDEX i ON t USING btree (a)", false},
+		{"WITH x (a) AS (SELECT 1) SELECT * FROM x", false},
+		{"SELECT 'f()', $$ g() $$ -- h()\n", false},
+		{"SELECT row_number() OVER (PARTITION BY a ORDER BY b) FROM t", false},
+		{"CALL p()", true},
+		{"SELECT f(g())", true},
+	}
+	for _, c := range cases {
+		if got := Scan(c.sql).Calls; got != c.calls {
+			t.Errorf("Scan(%q).Calls = %v, want %v", c.sql, got, c.calls)
+		}
+	}
 }
 
 func TestScanRole(t *testing.T) {
