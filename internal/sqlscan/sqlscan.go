@@ -89,7 +89,9 @@ func Scan(sql string) Effects {
 	var buf [maxWords]token
 	words = buf[:0]
 	inStmt, onCommitDrop := false, false
-	var prev [4]token // the statement's last tokens, newest first
+	var ring [4]token // the statement's last tokens: the newest at ring[n&3]
+	n := 0
+	prev := func(k int) *token { return &ring[(n-k)&3] } // k = 0: the newest
 	endStmt := func() {
 		if inStmt {
 			e.Statements++
@@ -97,7 +99,7 @@ func Scan(sql string) Effects {
 		}
 		words = buf[:0]
 		inStmt, onCommitDrop = false, false
-		prev = [4]token{}
+		ring = [4]token{}
 	}
 	l := lexer{s: sql}
 	for {
@@ -113,13 +115,14 @@ func Scan(sql string) Effects {
 		if len(words) < maxWords {
 			words = append(words, t)
 		}
-		if t.is("drop") && prev[0].is("commit") && prev[1].is("on") {
+		if t.is("drop") && prev(0).is("commit") && prev(1).is("on") {
 			onCommitDrop = true
 		}
-		if t.punct == '(' && prev[0].punct == 0 && !e.Calls && call(prev) {
+		if t.punct == '(' && prev(0).punct == 0 && !e.Calls && call(prev(0), prev(1), prev(2), prev(3)) {
 			e.Calls = true
 		}
-		prev[3], prev[2], prev[1], prev[0] = prev[2], prev[1], prev[0], t
+		n++
+		*prev(0) = t
 		if t.punct == 0 && len(t.word) >= len("set_config") && (t.word[0]|0x20 == 'p' || t.word[0]|0x20 == 's') {
 			function(&e, t, sql)
 		}
@@ -218,32 +221,45 @@ func function(e *Effects, t token, sql string) {
 // pooler's check of the session after it ran (Settings).
 func setConfig(e *Effects, sql string, at int) {
 	e.Settings = true
-	if e.Pin != "" {
-		return
-	}
-	name, local, ok := setConfigArgs(sql, at)
-	if ok && !local && (strings.EqualFold(name, "role") || strings.EqualFold(name, "session_authorization")) {
+	if e.Pin == "" && setsRoleConfig(sql, at) {
 		e.Pin = PinRole
 	}
 }
 
-// setConfigArgs reads the arguments of a call set_config(name, value,
-// is_local) starting at sql[at:] (after the function name): ok reports
-// whether name is a string constant (possibly cast), local whether is_local
-// is the constant true.
-func setConfigArgs(sql string, at int) (name string, local, ok bool) {
+// setsRoleConfig reads the arguments of a call set_config(name, value,
+// is_local) starting at sql[at:] (after the function name): it reports
+// whether name is the string constant 'role' or 'session_authorization'
+// (possibly cast) and is_local is not the constant true.
+func setsRoleConfig(sql string, at int) bool {
 	l := lexer{s: sql, i: at, strs: true}
 	if t, _ := l.next(); t.punct != '(' {
-		return "", false, false
+		return false
 	}
-	arg, depth := 0, 1
-	var first [2]token // the first two tokens of the first argument
-	var third [2]token // ... of the third
-	n, n0 := 0, 0      // tokens of the current argument, of the first
+	name, _ := l.next()
+	if !name.str || !strings.EqualFold(name.word, "role") && !strings.EqualFold(name.word, "session_authorization") {
+		return false // most calls stop here: set_config('app.tenant', ...)
+	}
+	if t, _ := l.next(); t.punct == ':' { // 'role'::text
+		if t, _ = l.next(); t.punct != ':' {
+			return false
+		}
+		if t, _ = l.next(); t.punct != 0 || t.str {
+			return false
+		}
+		t, _ = l.next()
+		if t.punct != ',' {
+			return false
+		}
+	} else if t.punct != ',' {
+		return false // 'ro' || 'le', 'ro' 'le', ...
+	}
+	// Skip the value, up to the comma at this depth; read is_local.
+	arg, depth, n := 1, 1, 0
+	var third token
 	for depth > 0 {
 		t, more := l.next()
 		if !more || t.punct == ';' {
-			return "", false, false
+			return false
 		}
 		switch {
 		case t.punct == '(' || t.punct == '[':
@@ -254,34 +270,15 @@ func setConfigArgs(sql string, at int) (name string, local, ok bool) {
 				continue
 			}
 		case t.punct == ',' && depth == 1:
-			if arg == 0 {
-				n0 = n
-			}
 			arg++
-			n = 0
 			continue
 		}
-		switch arg {
-		case 0:
-			if n < len(first) {
-				first[n] = t
-			}
-			n++
-		case 2:
-			if n < len(third) {
-				third[n] = t
-			}
+		if arg == 2 {
+			third = t
 			n++
 		}
 	}
-	if arg != 2 || !first[0].str {
-		return "", false, false
-	}
-	// 'role' alone, or followed by a cast ('role'::text): a constant.
-	if n0 > 1 && first[1].punct != ':' {
-		return "", false, false
-	}
-	return first[0].word, n == 1 && isTrue(third[0]), true
+	return arg == 2 && !(n == 1 && isTrue(third))
 }
 
 // isTrue reports whether the tokens of an argument are a constant that
@@ -299,15 +296,15 @@ func isTrue(t token) bool {
 	return false
 }
 
-// call reports whether p[0], followed by '(', is a call of a function that
+// call reports whether name, followed by '(', is a call of a function that
 // may run code the scanner cannot see: not SQL syntax (IN (, VALUES (,
 // varchar(10), INSERT INTO t (cols), CREATE FUNCTION f(args)), not a
-// built-in (unqualified or in pg_catalog). p holds the last tokens, newest
-// first.
-func call(p [4]token) bool {
-	name, ctx, schema := p[0], p[1], token{}
+// built-in (unqualified or in pg_catalog). p1, p2 and p3 are the tokens
+// before name, nearest first.
+func call(name, p1, p2, p3 *token) bool {
+	ctx, schema := p1, &token{}
 	if ctx.punct == '.' {
-		schema, ctx = p[2], p[3]
+		schema, ctx = p2, p3
 	}
 	if name.str || ctx.punct == ':' || !ctx.quoted && ctx.punct == 0 && notCallAfter(ctx.word) {
 		return false // ::type(n), a relation's column list, a declaration
