@@ -27,6 +27,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/test/pgtest"
@@ -110,11 +111,14 @@ var roleForms = []roleForm{
 	{name: "set_config_quoted_name", sql: `SELECT "set_config"('role', '{r}', false)`, keeps: true},
 	{name: "set_config_nested_upper", sql: "SELECT length(upper(SET_CONFIG('ROLE', '{r}', FALSE)))", keeps: true},
 	{name: "set_config_extended", sql: "SELECT set_config($1, $2, $3)", args: []any{"role", "{r}", false}, keeps: true},
+	{name: "set_config_extended_unnamed", sql: "SELECT set_config($1, $2, $3)", args: []any{pgx.QueryExecModeExec, "role", "{r}", false}, keeps: true},
 	{name: "do_execute_set_role", sql: "DO $$ begin execute 'set role {r}'; end $$", keeps: true},
 	{name: "do_perform_set_config", sql: "DO $$ begin perform set_config('role', '{r}', false); end $$", keeps: true},
 	{name: "call_procedure", sql: "CALL {p}()", keeps: true},
 	{name: "select_function_set_config", sql: "SELECT {fc}()"},
 	{name: "select_function_execute_set_role", sql: "SELECT {fx}()"},
+	{name: "select_function_extended", sql: "SELECT {fc}() + $1::int", args: []any{0}},
+	{name: "select_function_extended_unnamed", sql: "SELECT {fx}() + $1::int", args: []any{pgx.QueryExecModeExec, 0}},
 }
 
 // roleStart starts poolerd with one server connection in mode, with a
@@ -314,5 +318,43 @@ func TestRoleTenants(t *testing.T) {
 		}
 		_ = a.Close(context.Background())
 		_ = b.Close(context.Background())
+	}
+}
+
+// TestRoleFunctionCallMessage: a function that sets the role, called with
+// the protocol's FunctionCall message (by OID, no SQL text), does not reach
+// the next client either.
+func TestRoleFunctionCallMessage(t *testing.T) {
+	fx := roleSetup(t)
+	var oid uint32
+	d := relayDirect(t)
+	if err := d.QueryRow(ctxTimeout(t, 10*time.Second), fx.sql("SELECT '{fx}'::regproc::oid")).Scan(&oid); err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []string{config.PoolTransaction, config.PoolStatement} {
+		t.Run(mode, func(t *testing.T) {
+			p := roleStart(t, mode, nil)
+			a := dialFE(t, p.addr)
+			a.login(pgtest.RoleApp, pgtest.Password)
+			a.send(&pgproto3.FunctionCall{Function: oid, ResultFormatCode: 0})
+			for done := false; !done; {
+				switch m := a.recv().(type) {
+				case *pgproto3.FunctionCallResponse:
+				case *pgproto3.ReadyForQuery:
+					done = true
+				case *pgproto3.ErrorResponse:
+					t.Fatalf("FunctionCall: %s (SQLSTATE %s)", m.Message, m.Code)
+				default:
+					t.Fatalf("unexpected %T after FunctionCall", m)
+				}
+			}
+			if got := a.mustQuery("SELECT current_user::text"); len(got) != 1 || got[0] != fx.role {
+				t.Fatalf("A after its FunctionCall: %q, want %s", got, fx.role)
+			}
+			b := connectDSN(t, p.appDSN())
+			if who, refused := roleWho(t, fx, b); refused || who != "app|app|0" {
+				t.Errorf("B after A's FunctionCall: %q (refused %v), want app|app|0", who, refused)
+			}
+		})
 	}
 }
