@@ -133,13 +133,14 @@ type serverConn struct {
 
 	// Roles (see roleCheck in sessionstate.go). loginAuth and loginSuper
 	// are session_authorization and is_superuser as the server reported
-	// them at login. roleBy is the session whose requests ran on the
-	// connection since its role was last known to be the login's (0: none,
-	// as after login or DISCARD ALL); any other session gets RESET ROLE
-	// ahead of its first request (mu). resetZ is the response group of
-	// that RESET ROLE, -1 when none is in flight (mu). authOff: the
-	// server reported a session_authorization other than the login's;
-	// the connection is not handed to anyone (reader writes).
+	// them at login. roleBy is the id of the session that last called a
+	// function on the connection (which may have set the role) since it
+	// was last known to run as the login role (0: none, as after login,
+	// RESET ROLE or DISCARD ALL); any other session gets RESET ROLE ahead
+	// of its first request (mu). resetZ is the response group of that
+	// RESET ROLE, -1 when none is in flight (mu). authOff: the server
+	// reported a session_authorization other than the login's; the
+	// connection is not handed to anyone (reader writes).
 	loginAuth, loginSuper string
 	roleBy                uint64
 	resetZ                int64

@@ -762,10 +762,10 @@ func (s *session) beginBatch() bool {
 }
 
 // flush ends a batch: it records what the server will owe, then writes the
-// parameter sync (if the server was just attached) and the client's bytes in
-// one system call. A batch that sent nothing may leave the server clean; in
-// transaction mode it is released here. It returns false if the server was
-// lost.
+// RESET ROLE and the parameter sync (if the server was just attached and
+// needs them) and the client's bytes in one system call. A batch that sent
+// nothing may leave the server clean; in transaction mode it is released
+// here. It returns false if the server was lost.
 func (s *session) flush(data []byte, b batch) bool {
 	defer s.endBatch()
 	s.unsynced = b.unsynced
@@ -855,7 +855,9 @@ func (s *session) flush(data []byte, b batch) bool {
 
 // attach checks out a server connection and makes it this session's. The
 // query that brings the server's session parameters in line with the
-// client's is kept for flush, which sends it ahead of the client's bytes.
+// client's, and a RESET ROLE if another client called a function on the
+// connection (see roleCheck), are kept for flush, which sends them ahead of
+// the client's bytes.
 //
 // This is the only place a session gets a server connection, and so the
 // place where atomicity is enforced: a session attaches only when it holds
