@@ -118,7 +118,7 @@ func Scan(sql string) Effects {
 		if t.is("drop") && prev(0).is("commit") && prev(1).is("on") {
 			onCommitDrop = true
 		}
-		if t.punct == '(' && prev(0).punct == 0 && !e.Calls && call(prev(0), prev(1), prev(2), prev(3)) {
+		if t.punct == '(' && prev(0).word != "" && !e.Calls && call(prev(0), prev(1), prev(2), prev(3)) {
 			e.Calls = true
 		}
 		n++
@@ -281,9 +281,9 @@ func setsRoleConfig(sql string, at int) bool {
 	return arg == 2 && !(n == 1 && isTrue(third))
 }
 
-// isTrue reports whether the tokens of an argument are a constant that
-// PostgreSQL reads as boolean true: true, 'true', 't', 'on', 'yes', '1'
-// (any case, unique prefixes of true and yes).
+// isTrue reports whether t is a constant that PostgreSQL reads as boolean
+// true: true, 'true', 't', 'on', 'yes', '1' (any case, unique prefixes of
+// true and yes, surrounding blanks).
 func isTrue(t token) bool {
 	if !t.str {
 		return t.is("true")
@@ -344,7 +344,8 @@ func notCallAfter(w string) bool {
 	var b [16]byte
 	switch lowerASCII(b[:], w) {
 	case "into", "table", "copy", "references", "on", "using", "function", "procedure", "routine",
-		"aggregate", "view", "type", "with", "as", "prepare", "domain", "trigger", "sequence", "index":
+		"aggregate", "view", "type", "with", "as", "prepare", "domain", "trigger", "sequence", "index",
+		"exists":
 		return true
 	}
 	return false
@@ -361,6 +362,7 @@ func syntax(w string) bool {
 		"partition", "range", "list", "hash", "with", "tablesample", "repeatable", "window", "rows",
 		"groups", "grouping", "sets", "cube", "rollup", "only", "recursive", "analyze", "explain",
 		"vacuum", "reindex", "copy", "options", "table", "return", "exclude", "ordinality",
+		"union", "intersect", "except", "identity", "to",
 		"char", "character", "varchar", "varying", "nchar", "national", "numeric", "decimal", "dec",
 		"float", "bit", "time", "timestamp", "interval", "coalesce", "nullif", "greatest", "least",
 		"cast", "extract", "position", "substring", "trim", "overlay", "treat", "normalize", "collation",
