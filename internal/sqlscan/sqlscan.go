@@ -89,9 +89,10 @@ func Scan(sql string) Effects {
 	var buf [maxWords]token
 	words = buf[:0]
 	inStmt, onCommitDrop := false, false
-	var ring [4]token // the statement's last tokens: the newest at ring[n&3]
+	// The statement's last tokens: the newest at ring[n&3], the one before
+	// at ring[(n-1)&3], ...
+	var ring [4]token
 	n := 0
-	prev := func(k int) *token { return &ring[(n-k)&3] } // k = 0: the newest
 	endStmt := func() {
 		if inStmt {
 			e.Statements++
@@ -115,14 +116,14 @@ func Scan(sql string) Effects {
 		if len(words) < maxWords {
 			words = append(words, t)
 		}
-		if t.is("drop") && prev(0).is("commit") && prev(1).is("on") {
+		if t.is("drop") && ring[n&3].is("commit") && ring[(n-1)&3].is("on") {
 			onCommitDrop = true
 		}
-		if t.punct == '(' && prev(0).word != "" && !e.Calls && call(prev(0), prev(1), prev(2), prev(3)) {
+		if t.punct == '(' && ring[n&3].word != "" && !e.Calls && call(&ring[n&3], &ring[(n-1)&3], &ring[(n-2)&3], &ring[(n-3)&3]) {
 			e.Calls = true
 		}
 		n++
-		*prev(0) = t
+		ring[n&3] = t
 		if t.punct == 0 && len(t.word) >= len("set_config") && (t.word[0]|0x20 == 'p' || t.word[0]|0x20 == 's') {
 			function(&e, t, sql)
 		}
