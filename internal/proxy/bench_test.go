@@ -237,6 +237,24 @@ func BenchmarkRelayParallel(b *testing.B) {
 	}
 }
 
+// BenchmarkRelayParallelCalls is BenchmarkRelayParallel with a request
+// that calls a function of the application's (callRequest): such a
+// function may set the role, so a server connection that changes hands
+// gets RESET ROLE ahead of the next client's request (pipelined, answer
+// swallowed). The difference to BenchmarkRelayParallel is its cost.
+func BenchmarkRelayParallelCalls(b *testing.B) {
+	sh := parallelShapes[0]
+	b.Run(fmt.Sprintf("clients=%d/pool=%d/size=128", sh.clients, sh.pool), func(b *testing.B) {
+		fb := startFakeBackend(b, 128)
+		rl := startRelay(b, fb, sh.pool)
+		clients := make([]*benchClient, sh.clients)
+		for i := range clients {
+			clients[i] = dialBench(b, rl.addr, callRequest)
+		}
+		runParallel(b, clients)
+	})
+}
+
 // BenchmarkDirectParallel is the baseline of BenchmarkRelayParallel: the
 // same clients straight to the fake backend (one backend connection each).
 func BenchmarkDirectParallel(b *testing.B) {

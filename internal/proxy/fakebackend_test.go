@@ -46,6 +46,10 @@ type fakeBackend struct {
 	wg     sync.WaitGroup
 	pids   atomic.Uint32
 	errs   atomic.Pointer[error] // first protocol error seen, for the harness test
+	// onRead, if set (under mu) before the first connection, sees the
+	// bytes of each read of a connection after its startup (tests of
+	// what poolerd sends).
+	onRead func(p []byte)
 }
 
 // startFakeBackend listens on a loopback port and serves until the
@@ -146,6 +150,9 @@ func (fb *fakeBackend) serve(c net.Conn) {
 				fb.fail(err)
 			}
 			return
+		}
+		if fb.onRead != nil {
+			fb.onRead(in[w : w+n])
 		}
 		w += n
 		out = out[:0]

@@ -55,8 +55,9 @@ type stmtDef struct {
 	// unused is its place in the registry's list of definitions no client
 	// maps (nil while mapped).
 	unused *list.Element
-	// settings: the statement may change session settings (set_config).
-	settings atomic.Bool
+	// settings: the statement may change session settings (set_config);
+	// calls: it calls a function that may set the role (sqlscan Calls).
+	settings, calls atomic.Bool
 }
 
 // maxUnusedStmts is how many definitions no client maps the registry keeps,

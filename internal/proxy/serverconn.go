@@ -131,6 +131,21 @@ type serverConn struct {
 	paramGen, syncedGen uint64
 	syncedKey           string
 
+	// Roles (see roleCheck in sessionstate.go). loginAuth and loginSuper
+	// are session_authorization and is_superuser as the server reported
+	// them at login. roleBy is the id of the session that last called a
+	// function on the connection (which may have set the role) since it
+	// was last known to run as the login role (0: none, as after login,
+	// RESET ROLE or DISCARD ALL); any other session gets RESET ROLE ahead
+	// of its first request (mu). resetZ is the response group of that
+	// RESET ROLE, -1 when none is in flight (mu). authOff: the server
+	// reported a session_authorization other than the login's; the
+	// connection is not handed to anyone (reader writes).
+	loginAuth, loginSuper string
+	roleBy                uint64
+	resetZ                int64
+	authOff               atomic.Bool
+
 	closeOnce sync.Once
 }
 
@@ -163,6 +178,10 @@ func newServerConn(dbp *dbPool, c *backend.Conn) *serverConn {
 		readBuf:  make([]byte, wire.Headroom+serverReadSize),
 		params:   make(map[string]string, len(c.Params)),
 		applied:  map[string]string{},
+		resetZ:   -1,
+		// Immutable after login.
+		loginAuth:  c.Params["session_authorization"],
+		loginSuper: c.Params["is_superuser"],
 	}
 	sc.nextSwallow.Store(-1)
 	sc.snapZ.Store(-1)
@@ -308,8 +327,15 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 				if name, value, ok := wire.ParseParameterStatus(sc.cur.Body()); ok {
 					sc.params[name] = value
 					sc.paramGen++
+					if name == "session_authorization" {
+						sc.authOff.Store(value != sc.loginAuth)
+					}
 					if own != nil && !sc.drop {
 						own.noteParameter(name, value)
+						if name == "session_authorization" && value != sc.loginAuth ||
+							name == "is_superuser" && value != sc.loginSuper {
+							own.roleChanged() // by code the scanner cannot see
+						}
 					}
 				}
 			case 'E':
@@ -653,16 +679,33 @@ func (sc *serverConn) swallowed(own *session, status byte) {
 		sc.snapZ.Store(-1)
 	}
 	failed := sc.opErr != nil
+	if sc.resetZ == sc.zRecv {
+		sc.resetZ = -1
+		if failed {
+			// RESET ROLE cannot fail outside a failed transaction, and
+			// it is only sent at idle; should it fail all the same, the
+			// connection may have someone else's role: close it.
+			sc.broken = true
+			sc.log.Error("RESET ROLE failed on a server connection; closing it",
+				zap.Uint64("conn_id", sc.ID()), zap.Error(sc.opErr))
+			sc.opErr = nil
+		}
+	}
 	var rows map[string]string
 	if snap {
 		rows, sc.snapRows = sc.snapRows, nil
 		if rows == nil {
 			rows = map[string]string{}
 		}
+		_, otherRole := rows[snapRoleRow]
+		delete(rows, snapRoleRow)
 		if !failed {
 			sc.applySnapshotLocked(rows)
 			if own != nil {
 				own.settingsSnapshot(sc, status)
+				if otherRole {
+					own.roleChanged()
+				}
 			}
 		}
 		sc.opErr = nil
@@ -717,13 +760,20 @@ func (sc *serverConn) applySnapshotLocked(rows map[string]string) {
 	}
 }
 
+// snapRoleRow names the row of a settings snapshot that says the current
+// role is not the session user: no parameter can have this name.
+const snapRoleRow = "poolerd role"
+
 // snapshotSQL lists the session-level settings of a connection: what a
 // client's SET, RESET and set_config left behind (the reported parameters
 // are tracked through ParameterStatus instead), and the customized options
-// (a.b) the client touched, which pg_settings does not list.
+// (a.b) the client touched, which pg_settings does not list. A row named
+// snapRoleRow says that the role changed (by a DO block, a procedure, a
+// computed set_config: what the scanner cannot see).
 func snapshotSQL(custom []string) string {
 	q := "SELECT name, pg_catalog.current_setting(name) FROM pg_catalog.pg_settings " +
-		"WHERE source = 'session' AND name NOT IN ('role', 'session_authorization')"
+		"WHERE source = 'session' AND name NOT IN ('role', 'session_authorization') " +
+		"UNION ALL SELECT '" + snapRoleRow + "', current_user::pg_catalog.text WHERE current_user OPERATOR(pg_catalog.<>) session_user"
 	if len(custom) == 0 {
 		return q
 	}

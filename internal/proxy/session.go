@@ -65,8 +65,16 @@ type session struct {
 	// syncsSinceOther counts Syncs sent since the last message other than
 	// Sync, Flush or CopyData (see count).
 	syncsSinceOther int
-	// syncQuery is the parameter sync for a just-attached server.
+	// syncQuery is what a just-attached server gets ahead of the
+	// client's first bytes, syncReqs Query frames whose answers are
+	// swallowed: RESET ROLE first when syncReset (see roleCheck), then the
+	// parameter sync.
 	syncQuery []byte
+	syncReqs  int
+	syncReset bool
+	// calls: the batch being assembled may run code that sets the role (a
+	// function call, see roleCheck).
+	calls bool
 
 	// Transaction and statement mode (sessionstate.go, prepared.go).
 	stateful    bool // session state is tracked (the mode is not session)
@@ -107,6 +115,7 @@ type session struct {
 	dirtyGen, cleanGen atomic.Uint64
 	custom             map[string]bool
 	unnamedSettings    bool // the unnamed statement may change settings
+	unnamedCalls       bool // ... or calls a function that may set the role
 	pinReason          atomic.Pointer[string]
 	eff                sqlscan.Effects // of the Query or Parse being handled
 
@@ -611,6 +620,9 @@ func (s *session) count(b *batch, t byte) {
 		}
 	case 'Q', 'F':
 		b.reqs++
+		if t == 'F' {
+			s.calls = true // a function by OID: any function
+		}
 	case 'P', 'B', 'D', 'E', 'C':
 		b.unsynced = true
 	}
@@ -759,10 +771,10 @@ func (s *session) beginBatch() bool {
 }
 
 // flush ends a batch: it records what the server will owe, then writes the
-// parameter sync (if the server was just attached) and the client's bytes in
-// one system call. A batch that sent nothing may leave the server clean; in
-// transaction mode it is released here. It returns false if the server was
-// lost.
+// RESET ROLE and the parameter sync (if the server was just attached and
+// needs them) and the client's bytes in one system call. A batch that sent
+// nothing may leave the server clean; in transaction mode it is released
+// here. It returns false if the server was lost.
 func (s *session) flush(data []byte, b batch) bool {
 	defer s.endBatch()
 	s.unsynced = b.unsynced
@@ -772,12 +784,8 @@ func (s *session) flush(data []byte, b batch) bool {
 		// the session ends.
 		return !s.severed.Load()
 	}
-	sync := s.syncQuery
-	s.syncQuery = nil
-	syncReqs := 0
-	if sync != nil {
-		syncReqs = 1
-	}
+	sync, syncReqs, reset := s.syncQuery, s.syncReqs, s.syncReset
+	s.syncQuery, s.syncReqs, s.syncReset = nil, 0, false
 	var now, busySince, queryStart int64
 	timed := len(data) > 0
 	if timed {
@@ -802,8 +810,15 @@ func (s *session) flush(data []byte, b batch) bool {
 		busySince, queryStart = sc.busySince, sc.queryStart
 	}
 	sc.pending += b.reqs + syncReqs
-	if sync != nil {
-		sc.swallowGroupLocked(sc.zSent)
+	for i := range syncReqs {
+		sc.swallowGroupLocked(sc.zSent + int64(i))
+	}
+	if reset {
+		sc.resetZ, sc.opErr, sc.roleBy = sc.zSent, nil, 0
+	}
+	if s.calls {
+		sc.roleBy = s.id // it may set a role that others must not get
+		s.calls = false
 	}
 	base := sc.zSent + int64(syncReqs)
 	for _, op := range s.bops {
@@ -849,7 +864,9 @@ func (s *session) flush(data []byte, b batch) bool {
 
 // attach checks out a server connection and makes it this session's. The
 // query that brings the server's session parameters in line with the
-// client's is kept for flush, which sends it ahead of the client's bytes.
+// client's, and a RESET ROLE if another client called a function on the
+// connection (see roleCheck), are kept for flush, which sends them ahead of
+// the client's bytes.
 //
 // This is the only place a session gets a server connection, and so the
 // place where atomicity is enforced: a session attaches only when it holds
@@ -888,7 +905,10 @@ func (s *session) attach() *wire.Error {
 			return errShuttingDown
 		}
 		sc.mu.Lock()
-		if sc.broken {
+		if sc.broken || sc.authOff.Load() {
+			// authOff: another session authorization than the login's,
+			// which RESET ROLE does not undo.
+			sc.broken = true
 			sc.mu.Unlock()
 			s.attachMu.Unlock()
 			s.dbp.pool.Discard(sc, evictBroken)
@@ -900,10 +920,22 @@ func (s *session) attach() *wire.Error {
 		sc.owner.Store(s)
 		sc.busy = true
 		sc.unsynced = false
+		reset := sc.roleBy != 0 && sc.roleBy != s.id
+		if _, ok := sc.applied["role"]; ok && reset {
+			delete(sc.applied, "role") // a startup role: set again after the reset
+			sc.paramGen++
+		}
 		sc.mu.Unlock()
 		s.server.Store(sc)
 		s.attachMu.Unlock()
-		s.syncQuery = s.syncParams(sc)
+		s.syncQuery, s.syncReqs, s.syncReset = s.syncParams(sc), 0, reset
+		if s.syncQuery != nil {
+			s.syncReqs = 1
+		}
+		if reset {
+			s.syncQuery = append(resetRoleQuery[:len(resetRoleQuery):len(resetRoleQuery)], s.syncQuery...)
+			s.syncReqs++
+		}
 		if s.syncQuery != nil && s.tracked {
 			sc.mu.Lock()
 			sc.unnamedBy = nil // a simple query drops the unnamed statement
@@ -1239,8 +1271,12 @@ func (s *session) releaseAtEnd(sc *serverConn) {
 		sc.mu.Lock()
 		clear(sc.applied)
 		sc.paramGen++
-		if sqlscan.Scan(q).DeallocateAll {
+		eff := sqlscan.Scan(q)
+		if eff.DeallocateAll {
 			sc.stmts.clear()
+		}
+		if eff.Unpin && eff.Pin == "" {
+			sc.roleBy = 0 // DISCARD ALL: SET SESSION AUTHORIZATION DEFAULT, RESET ALL
 		}
 		sc.mu.Unlock()
 	}

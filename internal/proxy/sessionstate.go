@@ -17,6 +17,38 @@ import (
 // current server connection: its prepared statements (prepared.go), its
 // settings, and the state that pins it to one server connection.
 
+// roleCheck: no client of a transaction- or statement-mode pool may run
+// as a role that another client set. Three defences, cheapest first:
+//
+//   - The scanner pins every SQL spelling of a session-level role or
+//     session authorization change it can see (sqlscan.PinRole), so the
+//     client keeps its connection, and the connection gets DISCARD ALL when
+//     the client leaves.
+//   - What it cannot see (DO, CALL, set_config with computed arguments,
+//     text longer than maxScan) counts as a settings change: the settings
+//     snapshot at the end of the transaction, which runs anyway, also asks
+//     whether current_user is session_user (snapRoleRow), and pins the
+//     client if not. A ParameterStatus session_authorization or
+//     is_superuser other than the login's, in the client's own answers,
+//     pins it too; a connection whose session_authorization is not the
+//     login's is never handed out (authOff).
+//   - A function the text calls by name (other than common built-ins,
+//     sqlscan Calls) or by OID (FunctionCall) may run SET ROLE: the server
+//     connection remembers the client (serverConn.roleBy), and the next
+//     other client to get it has RESET ROLE sent ahead of its first
+//     request, in the same write, the answer swallowed: no round trip, one
+//     small statement on the server, and only after such calls. The
+//     client that called the function is not pinned: it may lose that
+//     role at its next transaction, but no one else gets it.
+//
+// Not tracked: a role set by code a statement runs without naming it (a
+// trigger, a rule, a view's or a policy's function, a column default, a
+// user-defined operator or cast), or by a function that shadows a
+// built-in's name.
+//
+// resetRoleQuery is that RESET ROLE (never written to).
+var resetRoleQuery = wire.AppendQuery(nil, "RESET ROLE")
+
 // maxHeldQuery is the largest Query poolerd holds until complete in
 // transaction and statement mode, so that it can rewrite or refuse it;
 // longer ones are forwarded as they arrive and scanned up to maxScan.
@@ -88,7 +120,7 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 			m.serverParses.Add(1)
 			s.unnamedGen++
 			s.unnamed = appendFrame(s.unnamed[:0], 'P', body)
-			s.unnamedSettings = s.eff.Settings
+			s.unnamedSettings, s.unnamedCalls = s.eff.Settings, s.eff.Calls
 			sc.mu.Lock()
 			sc.unnamedBy, sc.unnamedGen = s, s.unnamedGen
 			sc.mu.Unlock()
@@ -109,6 +141,9 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 		def := s.srv.stmts.acquire(s.searchPath(), rest)
 		if s.eff.Settings {
 			def.settings.Store(true)
+		}
+		if s.eff.Calls {
+			def.calls.Store(true)
 		}
 		s.stmu.Lock()
 		s.stmts[name] = def
@@ -141,6 +176,7 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 			if s.unnamedSettings {
 				s.markSettings()
 			}
+			s.calls = s.calls || s.unnamedCalls
 			if s.ensureUnnamed(sc, zb) {
 				s.emitFrame(t, body)
 			}
@@ -156,6 +192,7 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 		if def.settings.Load() {
 			s.markSettings() // SELECT set_config(...) prepared, run again
 		}
+		s.calls = s.calls || def.calls.Load()
 		s.ensurePrepared(sc, def, zb)
 		s.noteBound(def.name, name)
 		s.emitFrame('B', []byte(portal), nul, []byte(def.name), nul, r2)
@@ -435,6 +472,12 @@ func (s *session) scanEffects(t byte, body []byte, canRefuse bool) *wire.Error {
 		body = body[:i]
 	}
 	s.eff = sqlscan.Scan(bytesView(body)) // Scan keeps nothing of its input
+	if s.cur.Truncated() {
+		// Longer than maxScan: what was not read may change settings or
+		// the role (a SET ROLE after a long comment).
+		s.eff.Settings = true
+	}
+	s.calls = s.calls || s.eff.Calls // a Parse counts as if it ran
 	if s.eff.Settings {
 		s.noteCustom(body)
 	}
@@ -662,6 +705,17 @@ func pinWhat(reason string) string {
 		return "SET ROLE / SET SESSION AUTHORIZATION"
 	}
 	return reason
+}
+
+// roleChanged pins a transaction- or statement-mode session whose role or
+// session authorization changed in a way the scanner could not see: a
+// settings snapshot found current_user other than session_user, or the
+// server reported a new session_authorization or is_superuser. Called by
+// the server's reader.
+func (s *session) roleChanged() {
+	if s.stateful {
+		s.pin(sqlscan.PinRole)
+	}
 }
 
 // pin keeps the session on its server connection until it leaves (or

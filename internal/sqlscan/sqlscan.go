@@ -9,9 +9,23 @@
 // (standard, E'...', dollar-quoted), and reads the first words of each statement
 // plus any function names, which is what PostgreSQL's command tags cannot
 // tell (CREATE TABLE does not say TEMP, SELECT does not say it took a lock).
+//
+// Role changes pin (PinRole): every spelling of a session-level SET of role
+// or session_authorization (SET [SESSION] ROLE, SET [SESSION] SESSION
+// AUTHORIZATION, SET [SESSION] role|"role"|session_authorization TO|= ...,
+// any case), and a call of set_config (also quoted, schema-qualified,
+// nested in any expression of any statement) whose first argument is the
+// string constant 'role' or 'session_authorization' and whose third is not
+// the constant true. What text cannot show (a DO block, CALL, set_config
+// with computed arguments) is reported as Settings: the pooler checks the
+// session after it ran. A call of any other function that is not a common
+// built-in is reported as Calls: the function may set the role.
 package sqlscan
 
-import "strings"
+import (
+	"strings"
+	"unsafe"
+)
 
 // Pin reasons: session state a transaction-mode client cannot take to another
 // server connection.
@@ -29,8 +43,9 @@ const (
 type Effects struct {
 	// Statements is the number of statements in the text.
 	Statements int
-	// Settings: the text may change session-level settings (SET, RESET,
-	// set_config, DISCARD ALL, SET SESSION CHARACTERISTICS).
+	// Settings: the text may change session-level settings, or the role,
+	// in a way a pooler must read back from the server (SET, RESET,
+	// set_config, DISCARD ALL, SET SESSION CHARACTERISTICS, DO, CALL).
 	Settings bool
 	// Pin is the first kind of unmovable session state the text creates.
 	Pin string
@@ -44,6 +59,10 @@ type Effects struct {
 	// Deallocates counts the DEALLOCATE [PREPARE] name statements (see
 	// Deallocations).
 	Deallocates int
+	// Calls: the text calls a function by name that is not one of the
+	// common built-ins (see builtin), which may change the role (a
+	// function that runs SET ROLE or set_config('role', ...)).
+	Calls bool
 }
 
 // Interesting reports whether the text does anything a pooler must act on.
@@ -70,7 +89,10 @@ func Scan(sql string) Effects {
 	var buf [maxWords]token
 	words = buf[:0]
 	inStmt, onCommitDrop := false, false
-	var prev1, prev2 token
+	// The statement's last tokens: the newest at ring[n&3], the one before
+	// at ring[(n-1)&3], ...
+	var ring [4]token
+	n := 0
 	endStmt := func() {
 		if inStmt {
 			e.Statements++
@@ -78,7 +100,7 @@ func Scan(sql string) Effects {
 		}
 		words = buf[:0]
 		inStmt, onCommitDrop = false, false
-		prev1, prev2 = token{}, token{}
+		ring = [4]token{}
 	}
 	l := lexer{s: sql}
 	for {
@@ -94,12 +116,16 @@ func Scan(sql string) Effects {
 		if len(words) < maxWords {
 			words = append(words, t)
 		}
-		if t.is("drop") && prev1.is("commit") && prev2.is("on") {
+		if t.is("drop") && ring[n&3].is("commit") && ring[(n-1)&3].is("on") {
 			onCommitDrop = true
 		}
-		prev2, prev1 = prev1, t
-		if t.punct == 0 && !t.quoted && len(t.word) >= len("set_config") && (t.word[0]|0x20 == 'p' || t.word[0]|0x20 == 's') {
-			function(&e, t.word)
+		if t.punct == '(' && ring[n&3].word != "" && !e.Calls && call(&ring[n&3], &ring[(n-1)&3], &ring[(n-2)&3], &ring[(n-3)&3]) {
+			e.Calls = true
+		}
+		n++
+		ring[n&3] = t
+		if t.punct == 0 && len(t.word) >= len("set_config") && (t.word[0]|0x20 == 'p' || t.word[0]|0x20 == 's') {
+			function(&e, t, sql)
 		}
 	}
 	endStmt()
@@ -164,8 +190,18 @@ func deallocateName(ws []token) (token, bool) {
 	return n, true
 }
 
-// function notes a name that matters wherever it appears.
-func function(e *Effects, w string) {
+// function notes a name that matters wherever it appears; t is a word of
+// sql.
+func function(e *Effects, t token, sql string) {
+	w := t.word
+	if t.quoted {
+		// A quoted name is case-sensitive: only the built-in's own
+		// spelling calls it.
+		if w == "set_config" {
+			setConfig(e, sql, t.end)
+		}
+		return
+	}
 	for _, f := range [...]string{"pg_advisory_lock", "pg_advisory_lock_shared", "pg_try_advisory_lock", "pg_try_advisory_lock_shared"} {
 		if len(w) == len(f) && strings.EqualFold(w, f) {
 			if e.Pin == "" {
@@ -175,13 +211,215 @@ func function(e *Effects, w string) {
 		}
 	}
 	if len(w) == len("set_config") && strings.EqualFold(w, "set_config") {
-		e.Settings = true
+		setConfig(e, sql, t.end)
 	}
+}
+
+// setConfig notes a set_config whose name ends at sql[at:]: it changes
+// settings, and it pins when it is a call that sets the role or the session
+// authorization for the session (set_config('role', ..., false)). A call
+// whose name or is_local argument is not a constant is left to the
+// pooler's check of the session after it ran (Settings).
+func setConfig(e *Effects, sql string, at int) {
+	e.Settings = true
+	if e.Pin == "" && setsRoleConfig(sql, at) {
+		e.Pin = PinRole
+	}
+}
+
+// setsRoleConfig reads the arguments of a call set_config(name, value,
+// is_local) starting at sql[at:] (after the function name): it reports
+// whether name is the string constant 'role' or 'session_authorization'
+// (possibly cast) and is_local is not the constant true.
+func setsRoleConfig(sql string, at int) bool {
+	l := lexer{s: sql, i: at, strs: true}
+	if t, _ := l.next(); t.punct != '(' {
+		return false
+	}
+	name, _ := l.next()
+	if !name.str || !strings.EqualFold(name.word, "role") && !strings.EqualFold(name.word, "session_authorization") {
+		return false // most calls stop here: set_config('app.tenant', ...)
+	}
+	if t, _ := l.next(); t.punct == ':' { // 'role'::text
+		if t, _ = l.next(); t.punct != ':' {
+			return false
+		}
+		if t, _ = l.next(); t.punct != 0 || t.str {
+			return false
+		}
+		t, _ = l.next()
+		if t.punct != ',' {
+			return false
+		}
+	} else if t.punct != ',' {
+		return false // 'ro' || 'le', 'ro' 'le', ...
+	}
+	// Skip the value, up to the comma at this depth; read is_local.
+	arg, depth, n := 1, 1, 0
+	var third token
+	for depth > 0 {
+		t, more := l.next()
+		if !more || t.punct == ';' {
+			return false
+		}
+		switch {
+		case t.punct == '(' || t.punct == '[':
+			depth++
+		case t.punct == ')' || t.punct == ']':
+			depth--
+			if depth == 0 {
+				continue
+			}
+		case t.punct == ',' && depth == 1:
+			arg++
+			continue
+		}
+		if arg == 2 {
+			third = t
+			n++
+		}
+	}
+	return arg == 2 && !(n == 1 && isTrue(third))
+}
+
+// isTrue reports whether t is a constant that PostgreSQL reads as boolean
+// true: true, 'true', 't', 'on', 'yes', '1' (any case, unique prefixes of
+// true and yes, surrounding blanks).
+func isTrue(t token) bool {
+	if !t.str {
+		return t.is("true")
+	}
+	v := strings.ToLower(strings.TrimSpace(t.word))
+	switch v {
+	case "t", "tr", "tru", "true", "y", "ye", "yes", "on", "1":
+		return true
+	}
+	return false
+}
+
+// call reports whether name, followed by '(', is a call of a function that
+// may run code the scanner cannot see: not SQL syntax (IN (, VALUES (,
+// varchar(10), INSERT INTO t (cols), CREATE FUNCTION f(args)), not a
+// built-in (unqualified or in pg_catalog). p1, p2 and p3 are the tokens
+// before name, nearest first.
+func call(name, p1, p2, p3 *token) bool {
+	ctx, schema := p1, &token{}
+	if ctx.punct == '.' {
+		schema, ctx = p2, p3
+	}
+	if name.str || ctx.punct == ':' || !ctx.quoted && ctx.punct == 0 && notCallAfter(ctx.word) {
+		return false // ::type(n), a relation's column list, a declaration
+	}
+	var b [32]byte
+	if !name.quoted && syntax(lowerASCII(b[:], name.word)) {
+		return false
+	}
+	if schema.word != "" && !(schema.quoted && schema.word == "pg_catalog" || schema.is("pg_catalog")) {
+		return true
+	}
+	if name.quoted {
+		return !builtin(name.word)
+	}
+	return !builtin(lowerASCII(b[:], name.word))
+}
+
+// lowerASCII returns w in lower case, in b if it fits (else "").
+func lowerASCII(b []byte, w string) string {
+	if len(w) > len(b) {
+		return ""
+	}
+	for i := 0; i < len(w); i++ {
+		c := w[i]
+		if c >= 'A' && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		b[i] = c
+	}
+	return unsafe.String(&b[0], len(w))
+}
+
+// notCallAfter reports whether a name after keyword w (any case) is a
+// relation, type or routine being named, not called: INSERT INTO t (cols),
+// CREATE FUNCTION f(args), CREATE INDEX ON t (cols), USING btree (cols).
+func notCallAfter(w string) bool {
+	var b [16]byte
+	switch lowerASCII(b[:], w) {
+	case "into", "table", "copy", "references", "on", "using", "function", "procedure", "routine",
+		"aggregate", "view", "type", "with", "as", "prepare", "domain", "trigger", "sequence", "index",
+		"exists":
+		return true
+	}
+	return false
+}
+
+// syntax reports whether a lower-case word before '(' is SQL syntax or a
+// type with a modifier rather than a function.
+func syntax(w string) bool {
+	switch w {
+	case "in", "exists", "values", "any", "all", "some", "and", "or", "not", "as", "on", "using", "over",
+		"filter", "group", "row", "array", "lateral", "where", "when", "then", "else", "case", "select",
+		"from", "join", "by", "having", "returning", "set", "into", "is", "between", "like", "ilike",
+		"limit", "offset", "distinct", "conflict", "key", "unique", "check", "default", "include",
+		"partition", "range", "list", "hash", "with", "tablesample", "repeatable", "window", "rows",
+		"groups", "grouping", "sets", "cube", "rollup", "only", "recursive", "analyze", "explain",
+		"vacuum", "reindex", "copy", "options", "table", "return", "exclude", "ordinality",
+		"union", "intersect", "except", "identity", "to",
+		"char", "character", "varchar", "varying", "nchar", "national", "numeric", "decimal", "dec",
+		"float", "bit", "time", "timestamp", "interval", "coalesce", "nullif", "greatest", "least",
+		"cast", "extract", "position", "substring", "trim", "overlay", "treat", "normalize", "collation",
+		"xmlelement", "xmlforest", "xmlconcat", "xmlparse", "xmlpi", "xmlroot", "xmlserialize",
+		"xmlexists", "xmlattributes", "current_timestamp", "current_time", "localtime", "localtimestamp":
+		return true
+	}
+	return false
+}
+
+// builtin reports whether a lower-case function name is a common built-in
+// that runs no user code and leaves the role alone (set_config and the
+// advisory locks are handled by name elsewhere). The list only saves work:
+// a built-in missing from it costs a RESET ROLE, never a leak.
+func builtin(w string) bool {
+	switch w {
+	case "count", "sum", "avg", "min", "max", "now", "lower", "upper", "length", "abs", "round",
+		"floor", "ceil", "ceiling", "mod", "trunc", "sqrt", "power", "exp", "ln", "log", "sign", "random",
+		"date_trunc", "date_part", "to_char", "to_timestamp", "to_date", "to_number", "age",
+		"make_interval", "make_date", "make_timestamp", "make_timestamptz", "clock_timestamp",
+		"statement_timestamp", "transaction_timestamp", "timezone",
+		"array_agg", "string_agg", "json_agg", "jsonb_agg", "json_object_agg", "jsonb_object_agg",
+		"bool_and", "bool_or", "every", "row_number", "rank", "dense_rank", "percent_rank", "cume_dist",
+		"ntile", "lag", "lead", "first_value", "last_value", "nth_value",
+		"json_build_object", "jsonb_build_object", "json_build_array", "jsonb_build_array", "to_json",
+		"to_jsonb", "row_to_json", "jsonb_set", "jsonb_insert", "jsonb_strip_nulls", "jsonb_typeof",
+		"jsonb_array_length", "json_array_length", "jsonb_array_elements", "json_array_elements",
+		"jsonb_array_elements_text", "json_array_elements_text", "jsonb_each", "json_each",
+		"jsonb_each_text", "json_each_text", "jsonb_extract_path", "jsonb_extract_path_text",
+		"array_length", "array_to_string", "string_to_array", "array_append", "array_prepend",
+		"array_cat", "array_remove", "array_position", "cardinality", "unnest", "generate_series",
+		"nextval", "currval", "setval", "lastval", "gen_random_uuid", "md5", "encode", "decode",
+		"concat", "concat_ws", "substr", "replace", "split_part", "strpos", "left", "right", "lpad",
+		"rpad", "btrim", "ltrim", "rtrim", "format", "initcap", "reverse", "repeat", "char_length",
+		"character_length", "octet_length", "regexp_replace", "regexp_match", "regexp_matches",
+		"regexp_split_to_array", "starts_with", "quote_ident", "quote_literal", "quote_nullable",
+		"current_setting", "set_config", "pg_typeof", "pg_backend_pid", "pg_sleep", "pg_notify",
+		"txid_current", "pg_current_xact_id", "version",
+		"pg_advisory_lock", "pg_advisory_lock_shared", "pg_try_advisory_lock",
+		"pg_try_advisory_lock_shared", "pg_advisory_xact_lock", "pg_advisory_xact_lock_shared",
+		"pg_try_advisory_xact_lock", "pg_try_advisory_xact_lock_shared", "pg_advisory_unlock",
+		"pg_advisory_unlock_shared", "pg_advisory_unlock_all":
+		return true
+	}
+	return false
 }
 
 // is reports whether t is the unquoted keyword w (lower case).
 func (t token) is(w string) bool {
 	return t.punct == 0 && !t.quoted && !t.str && len(t.word) == len(w) && strings.EqualFold(t.word, w)
+}
+
+// isParam reports whether t names the configuration parameter w (lower
+// case), quoted or not: PostgreSQL looks parameter names up ignoring case.
+func (t token) isParam(w string) bool {
+	return t.punct == 0 && !t.str && len(t.word) == len(w) && strings.EqualFold(t.word, w)
 }
 
 func word(ws []token, i int) token {
@@ -202,16 +440,18 @@ func statement(e *Effects, ws []token, onCommitDrop bool) {
 	w0 := word(ws, 0)
 	switch {
 	case w0.is("set"):
+		if setsRole(ws) {
+			pin(PinRole)
+			break
+		}
 		switch w1 := word(ws, 1); {
 		case w1.is("local"), w1.is("transaction"), w1.is("constraints"):
-		case w1.is("role"):
-			pin(PinRole)
-		case w1.is("session") && word(ws, 2).is("authorization"):
-			pin(PinRole)
 		default:
 			e.Settings = true
 		}
-	case w0.is("reset"):
+	case w0.is("reset"), w0.is("do"), w0.is("call"):
+		// RESET ROLE and RESET SESSION AUTHORIZATION go back to the login
+		// role; DO and CALL run code that may change settings or the role.
 		e.Settings = true
 	case w0.is("discard"):
 		if word(ws, 1).is("all") {
@@ -264,6 +504,25 @@ func statement(e *Effects, ws []token, onCommitDrop bool) {
 			e.Deallocates++
 		}
 	}
+}
+
+// setsRole reports whether a SET statement (ws[0] is SET) changes the role
+// or the session authorization for the session: SET [SESSION] ROLE ...,
+// SET [SESSION] SESSION AUTHORIZATION ..., SET [SESSION] role TO|= ... and
+// SET [SESSION] session_authorization TO|= ..., the names quoted or not.
+// SET LOCAL lasts until the end of the transaction and does not count.
+func setsRole(ws []token) bool {
+	i := 1
+	if word(ws, i).is("session") && !word(ws, i+1).is("authorization") && !word(ws, i+1).is("characteristics") {
+		i++
+	}
+	switch w := word(ws, i); {
+	case w.is("session"):
+		return word(ws, i+1).is("authorization")
+	case w.isParam("role"), w.isParam("session_authorization"):
+		return word(ws, i+1).punct != '.' // not a custom option role.x
+	}
+	return false
 }
 
 // lexer yields the tokens of SQL text that matter here: words and

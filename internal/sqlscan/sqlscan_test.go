@@ -1,6 +1,10 @@
 package sqlscan
 
-import "testing"
+import (
+	"math/rand/v2"
+	"strings"
+	"testing"
+)
 
 func TestScan(t *testing.T) {
 	cases := []struct {
@@ -56,6 +60,8 @@ func TestScan(t *testing.T) {
 		{"SELECT E'\\'; LISTEN x'", Effects{Statements: 1}},
 		{"SELECT 'it''s; LISTEN x'", Effects{Statements: 1}},
 		{"SET a.b = 1; LISTEN x", Effects{Statements: 2, Settings: true, Pin: PinListen}},
+		{"DO $$ BEGIN EXECUTE 'SET ROLE x'; END $$", Effects{Statements: 1, Settings: true}},
+		{"CALL p()", Effects{Statements: 1, Settings: true, Calls: true}},
 	}
 	for _, c := range cases {
 		if got := Scan(c.sql); got != c.want {
@@ -73,6 +79,26 @@ func FuzzScan(f *testing.F) {
 
 func BenchmarkScan(b *testing.B) {
 	q := "SELECT abalance FROM pgbench_accounts WHERE aid = $1"
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = Scan(q)
+	}
+}
+
+// BenchmarkScanCalls reads a statement that calls built-ins and a
+// function of the application's.
+func BenchmarkScanCalls(b *testing.B) {
+	q := "SELECT count(*), max(created_at) FROM orders WHERE customer_id = app.current_customer($1)"
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = Scan(q)
+	}
+}
+
+// BenchmarkScanSetConfig is the statement row-level-security applications
+// send at the start of each transaction: set_config's arguments are read.
+func BenchmarkScanSetConfig(b *testing.B) {
+	q := "SELECT pg_catalog.set_config('app.tenant', $1, true)"
 	b.ReportAllocs()
 	for b.Loop() {
 		_ = Scan(q)
@@ -111,4 +137,220 @@ func TestCustomOptions(t *testing.T) {
 			t.Errorf("%d: %q, want %q", i, got[i], want[i])
 		}
 	}
+}
+
+// roleCases are SQL texts and whether they change the session's role (or
+// session authorization) in a way the scanner must pin.
+var roleCases = []struct {
+	sql string
+	pin bool
+	// check: not pinned, but may change the role: the pooler must check
+	// the session after it ran (Settings).
+	check bool
+}{
+	{"SET ROLE x", true, false},
+	{"SeT RoLe x", true, false},
+	{"set role = x", true, false},
+	{"SET role TO 'x'", true, false},
+	{"SET SESSION ROLE x", true, false},
+	{`SET "role" TO x`, true, false},
+	{`SET "ROLE" = x`, true, false},
+	{`SET SESSION "role" TO x`, true, false},
+	{"SET /* c */ SESSION -- c\n ROLE x", true, false},
+	{"SET ROLE NONE", true, false},
+	{"SET SESSION AUTHORIZATION bob", true, false},
+	{"set session session authorization bob", true, false},
+	{"SET SESSION AUTHORIZATION DEFAULT", true, false},
+	{`SET "session_authorization" TO bob`, true, false},
+	{"SET SESSION session_authorization = 'bob'", true, false},
+	{"SELECT 1; SET ROLE x", true, false},
+	{"SELECT 1; SET ROLE x; SELECT 2", true, false},
+	{"/* " + strings.Repeat("x", 70<<10) + " */ SET ROLE x", true, false},
+	{"SELECT set_config('role', 'x', false)", true, false},
+	{"select SET_CONFIG('ROLE', 'x', FALSE)", true, false},
+	{"SELECT set_config('session_authorization', 'x', false)", true, false},
+	{"SELECT set_config('role'::text, 'x', 'off')", true, false},
+	{"SELECT set_config('role', 'x', NULL)", true, false},
+	{"SELECT set_config('role', lower('X'), false)", true, false},
+	{"select 1; select pg_catalog.set_config('role', 'x', false)", true, false},
+	{`SELECT "set_config"('role', 'x', false)`, true, false},
+	{`SELECT "pg_catalog"."set_config"('role', 'x', false)`, true, false},
+	{"SELECT length(upper(set_config('role', 'x', false)))", true, false},
+	{"SELECT 1 WHERE set_config('role', 'x', false) IS NOT NULL", true, false},
+	{"WITH a AS (SELECT set_config('role', 'x', false)) SELECT * FROM a", true, false},
+	{"SELECT set_config('role', 'x', (false))", true, false},
+
+	{"DO $$ BEGIN EXECUTE 'SET ROLE x'; END $$", false, true},
+	{"CALL set_my_role()", false, true},
+	{"SET LOCAL ROLE x", false, false},
+	{"SET LOCAL SESSION AUTHORIZATION bob", false, false},
+	{`SET LOCAL "role" = x`, false, false},
+	{"SET role.tenant = 'x'", false, false},
+	{"SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY", false, false},
+	{"RESET ROLE", false, true},
+	{"RESET SESSION AUTHORIZATION", false, true},
+	{"SELECT 'SET ROLE x'", false, false},
+	{"SELECT $$ SET ROLE x $$", false, false},
+	{"-- SET ROLE x\nSELECT 1", false, false},
+	{"SELECT set_config('role', 'x', true)", false, true},
+	{"SELECT set_config('role', 'x', 'on')", false, true},
+	{"SELECT set_config('role', 'x', ' TRUE ')", false, true},
+	{"SELECT set_config('work_mem', '1MB', false)", false, true},
+	{"SELECT set_config($1, $2, $3)", false, true},
+	{"SELECT set_config(name, 'x', false) FROM t", false, true},
+	{"SELECT set_config('ro' || 'le', 'x', false)", false, true},
+	{`SELECT "SET_CONFIG"('role', 'x', false)`, false, false},
+	{"SELECT my_set_config('role', 'x', false)", false, false},
+	{"SELECT set_config", false, true},
+	{"SELECT set_config('role', 'x'", false, true},
+	{"SELECT set_config('role'; SET LOCAL ROLE x", false, true},
+	{"ALTER ROLE app SET role = x", false, false},
+	{"CREATE FUNCTION f() RETURNS int SET role = x AS 'SELECT 1' LANGUAGE sql", false, false},
+}
+
+func TestScanCalls(t *testing.T) {
+	cases := []struct {
+		sql   string
+		calls bool
+	}{
+		{"SELECT abalance FROM pgbench_accounts WHERE aid = $1", false},
+		{"SELECT f()", true},
+		{"select F(1)", true},
+		{`SELECT "MyFunc"(1)`, true},
+		{"SELECT * FROM api.get_user($1)", true},
+		{"SELECT 1 FROM t WHERE x = tenant.set_tenant('a')", true},
+		{"SELECT myschema.count(*) FROM t", true},
+		{"SELECT count(*), max(a), now(), lower(b), coalesce(c, 1) FROM t", false},
+		{"SELECT pg_catalog.now(), \"pg_catalog\".\"lower\"('A')", false},
+		{`SELECT "COUNT"(*) FROM t`, true},
+		{"SELECT set_config('a.b', $1, true)", false},
+		{"INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES ($1, $2, $3, $4, CURRENT_TIMESTAMP)", false},
+		{"INSERT INTO s.t (a) VALUES (1) ON CONFLICT (a) DO NOTHING", false},
+		{"UPDATE t SET a = a + 1 WHERE id IN (1, 2) AND EXISTS (SELECT 1)", false},
+		{"SELECT a::varchar(10), CAST(b AS numeric(5, 2)), c::timestamptz(3) FROM t", false},
+		{"CREATE TABLE t (a varchar(10), b numeric(5,2), PRIMARY KEY (a), CHECK (b > 0))", false},
+		{"CREATE FUNCTION f(a int) RETURNS int LANGUAGE sql AS 'SELECT g(a)'", false},
+		{"CREATE INDEX i ON t USING btree (a)", false},
+		{"WITH x (a) AS (SELECT 1) SELECT * FROM x", false},
+		{"SELECT 'f()', $$ g() $$ -- h()\n", false},
+		{"SELECT row_number() OVER (PARTITION BY a ORDER BY b) FROM t", false},
+		{"CALL p()", true},
+		{"SELECT f(g())", true},
+		{"(SELECT 1) UNION (SELECT 2); (SELECT 3)", false},
+		{"SELECT (1 + 2) * (3)", false},
+		{"CREATE TABLE IF NOT EXISTS t (a int GENERATED BY DEFAULT AS IDENTITY (START 1))", false},
+	}
+	for _, c := range cases {
+		if got := Scan(c.sql).Calls; got != c.calls {
+			t.Errorf("Scan(%q).Calls = %v, want %v", c.sql, got, c.calls)
+		}
+	}
+}
+
+func TestScanRole(t *testing.T) {
+	for _, c := range roleCases {
+		sql := c.sql
+		e := Scan(sql)
+		if got := e.Pin == PinRole; got != c.pin {
+			t.Errorf("Scan(%.80q).Pin = %q, want pinned %v", sql, e.Pin, c.pin)
+		}
+		// Whatever is not pinned and may still change the role is
+		// checked after it ran: it must at least say Settings.
+		if c.check && !e.Settings {
+			t.Errorf("Scan(%q).Settings = false, want true", sql)
+		}
+	}
+}
+
+// roleSpelling builds, from r, one spelling of a role or session
+// authorization change, and reports whether it is session-level (pins) or
+// local to the transaction (SET LOCAL, set_config(..., true)). It may be
+// preceded and followed by other statements.
+func roleSpelling(r *rand.Rand) (sql string, session bool) {
+	pick := func(s ...string) string { return s[r.IntN(len(s))] }
+	anyCase := func(w string) string {
+		b := []byte(w)
+		for i, c := range b {
+			if c >= 'a' && c <= 'z' && r.IntN(2) == 0 {
+				b[i] = c - 'a' + 'A'
+			}
+		}
+		return string(b)
+	}
+	sp := func() string {
+		return pick(" ", "\n", "\t", "  ", " /* c; SET LOCAL ROLE y */ ", " -- c; 'x\n", " /* a /* b */ c */ ", "\r\n")
+	}
+	name := pick("x", `"X y"`, "'x'", "NONE", "DEFAULT", `"role"`)
+	var b strings.Builder
+	for range r.IntN(3) {
+		b.WriteString(pick("SELECT 1;", "select 'a;b';", "SELECT $q$;SET ROLE y$q$;", "BEGIN;", "SELECT E'\\';';", "set work_mem = '1MB';", "RESET ROLE;"))
+		b.WriteString(sp())
+	}
+	session = r.IntN(4) != 0
+	scope := pick("", anyCase("session")+sp())
+	if !session {
+		scope = anyCase("local") + sp()
+	}
+	switch r.IntN(5) {
+	case 0:
+		b.WriteString(anyCase("set") + sp() + scope + anyCase("role") + sp() + name)
+	case 1:
+		param := pick(anyCase("role"), `"`+anyCase("role")+`"`)
+		b.WriteString(anyCase("set") + sp() + scope + param + sp() + pick(anyCase("to"), "=") + sp() + name)
+	case 2:
+		b.WriteString(anyCase("set") + sp() + scope + anyCase("session") + sp() + anyCase("authorization") + sp() + name)
+	case 3:
+		param := pick(anyCase("session_authorization"), `"`+anyCase("session_authorization")+`"`)
+		b.WriteString(anyCase("set") + sp() + scope + param + sp() + pick(anyCase("to"), "=") + sp() + name)
+	default:
+		fn := pick(anyCase("set_config"), `"set_config"`, anyCase("pg_catalog")+"."+anyCase("set_config"), `"pg_catalog"."set_config"`, anyCase("pg_catalog")+sp()+"."+sp()+`"set_config"`)
+		param := "'" + pick(anyCase("role"), anyCase("session_authorization")) + "'" + pick("", "::text", "::"+anyCase("text"))
+		value := pick("'x'", "lower('X')", "$1", "(SELECT 'x')", "'a,b'")
+		isLocal := pick(anyCase("false"), "'f'", "'off'", "'no'", "'0'", anyCase("null"), "(false)", "$2")
+		if !session {
+			isLocal = pick(anyCase("true"), "'t'", "'on'", "'yes'", "' TRUE '", "'1'")
+		}
+		call := fn + sp() + "(" + sp() + param + sp() + "," + value + "," + sp() + isLocal + sp() + ")"
+		switch r.IntN(4) {
+		case 1:
+			call = anyCase("upper") + "(" + call + ")"
+		case 2:
+			call = "length(upper(" + call + ")) + 1"
+		case 3:
+			call = "1 " + anyCase("where") + " " + call + " IS NOT NULL"
+		}
+		b.WriteString(anyCase("select") + sp() + call)
+	}
+	if r.IntN(2) == 0 {
+		b.WriteString(pick(";", "; SELECT 2", ";\n", "; SET LOCAL work_mem = '1MB';"))
+	}
+	return b.String(), session
+}
+
+// FuzzRoleDetection: every generated spelling of a session-level role
+// change pins, every transaction-local one does not; so does one after
+// an arbitrary harmless statement (the fuzzer's bytes, with what could
+// open a comment, string or quoted name removed); and nothing panics.
+func FuzzRoleDetection(f *testing.F) {
+	f.Add(uint64(0), uint64(0), "SELECT 1")
+	f.Add(uint64(1), uint64(2), "set_config('role'")
+	f.Add(uint64(7), uint64(99), "/* $a$ 'x \"y")
+	f.Fuzz(func(t *testing.T, s1, s2 uint64, junk string) {
+		_ = Scan(junk)
+		_ = CustomOptions(junk)
+		_ = Deallocations(junk)
+		sql, session := roleSpelling(rand.New(rand.NewPCG(s1, s2)))
+		if e := Scan(sql); (e.Pin == PinRole) != session {
+			t.Fatalf("Scan(%q).Pin = %q, want pinned for the role: %v", sql, e.Pin, session)
+		}
+		clean := strings.Map(func(r rune) rune {
+			if strings.ContainsRune(`'"$;-/*\`, r) {
+				return ' '
+			}
+			return r
+		}, junk)
+		if e := Scan("SELECT " + clean + ";" + sql); session && e.Pin == "" {
+			t.Fatalf("Scan(%q) pins nothing", "SELECT "+clean+";"+sql)
+		}
+	})
 }
