@@ -14,7 +14,11 @@ ARGS    ?=
 # Extra flags for `make bench` (go run ./test/bench -h lists them),
 # e.g. make bench BENCH_ARGS="-quick" or BENCH_ARGS="-T 30 -rounds 5".
 BENCH_ARGS ?=
-# How long `make soak` runs the transfer stress test, e.g. make soak SOAK_DURATION=1h.
+# How long `make soak` runs its load, in minutes, e.g. make soak SOAK_MINUTES=60;
+# SOAK_SEED picks another fault schedule.
+SOAK_MINUTES ?= 10
+SOAK_SEED ?= 1
+# How long `make soak-transfers` runs the transfer stress test, e.g. SOAK_DURATION=1h.
 SOAK_DURATION ?= 10m
 
 .DEFAULT_GOAL := help
@@ -46,7 +50,12 @@ bench: ## poolerd vs PgBouncer vs direct PostgreSQL (~25 min, not in CI); writes
 	$(GO) run ./test/bench -out docs/benchmarks-latest.md $(BENCH_ARGS)
 
 .PHONY: soak
-soak: ## bank transfers under backend kills and PostgreSQL restarts for SOAK_DURATION (default 10m, not in CI)
+soak: ## mixed load and chaos for SOAK_MINUTES (default 10, not in CI); writes docs/soak.md and docs/soak.svg
+	SOAK_MINUTES=$(SOAK_MINUTES) SOAK_SEED=$(SOAK_SEED) SOAK_REPORT=$(CURDIR)/docs/soak.md \
+		$(GO) test -count=1 -timeout 0 -run '^TestSoak$$' -v ./test/soak/
+
+.PHONY: soak-transfers
+soak-transfers: ## bank transfers under backend kills and PostgreSQL restarts for SOAK_DURATION (default 10m, not in CI)
 	POOLERD_STRESS_DURATION=$(SOAK_DURATION) $(GO) test -race -count=1 -timeout 0 -run '^TestAtomicityStress$$' -v ./test/integration/
 
 .PHONY: run

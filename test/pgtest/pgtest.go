@@ -636,6 +636,12 @@ func (s *Server) Stop() error {
 }
 
 func (s *Server) stopLocked() error {
+	return s.stopModeLocked("fast")
+}
+
+// stopModeLocked runs pg_ctl stop with the given shutdown mode (smart, fast
+// or immediate).
+func (s *Server) stopModeLocked(mode string) error {
 	if s.cleaned {
 		return errors.New("pgtest: server already cleaned up")
 	}
@@ -643,7 +649,7 @@ func (s *Server) stopLocked() error {
 		return nil
 	}
 	s.logf("pgtest: stopping PostgreSQL on %s", s.Addr())
-	_, err := s.run("pg_ctl", "stop", "-w", "-t", "30", "-D", s.DataDir, "-m", "fast")
+	_, err := s.run("pg_ctl", "stop", "-w", "-t", "30", "-D", s.DataDir, "-m", mode)
 	if err != nil && !s.pidFileExists() {
 		err = nil // already gone
 	}
@@ -673,6 +679,20 @@ func (s *Server) StartAgain() error {
 // data dir and port.
 func (s *Server) Restart() error {
 	if err := s.Stop(); err != nil {
+		return err
+	}
+	return s.StartAgain()
+}
+
+// RestartImmediate stops the server with an immediate shutdown (every
+// backend is killed at once, no checkpoint: what a crash looks like; the
+// start runs crash recovery) and starts it again on the same data dir and
+// port.
+func (s *Server) RestartImmediate() error {
+	s.mu.Lock()
+	err := s.stopModeLocked("immediate")
+	s.mu.Unlock()
+	if err != nil {
 		return err
 	}
 	return s.StartAgain()

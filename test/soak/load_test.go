@@ -71,13 +71,15 @@ func (l *ledger) check(inTable map[int64]bool) (counts [3]int, missing, committe
 // without one: a dropped socket where a message was possible, or a client
 // that hung past its own deadline.
 type errorLog struct {
-	mu        sync.Mutex
-	bySQL     map[string]int
-	dropped   int
-	hung      int
-	dirty     int
-	samples   []string
-	maxSample int
+	mu      sync.Mutex
+	bySQL   map[string]int
+	dropped int
+	hung    int
+	// libpqUnread: libpq clients' closes without a message (observeText).
+	libpqUnread int
+	dirty       int
+	samples     []string
+	maxSample   int
 }
 
 func newErrorLog() *errorLog { return &errorLog{bySQL: map[string]int{}, maxSample: 20} }
@@ -102,15 +104,23 @@ func (e *errorLog) observe(run context.Context, who string, err error) {
 		e.bySQL[pe.Code]++
 	case errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err):
 		e.hung++
-		e.sample(fmt.Sprintf("%s %s: hung: %v", time.Now().Format("15:04:05.000"), who, err))
+		e.sample(fmt.Sprintf("%s %s: hung: %v", time.Now().UTC().Format("15:04:05.000"), who, err))
 	default:
 		e.dropped++
-		e.sample(fmt.Sprintf("%s %s: no ErrorResponse: %v", time.Now().Format("15:04:05.000"), who, err))
+		e.sample(fmt.Sprintf("%s %s: no ErrorResponse: %v", time.Now().UTC().Format("15:04:05.000"), who, err))
 	}
 }
 
 // observeText classifies an error reported by an external client: sqlstate
 // is its SQLSTATE, empty when the client got none.
+//
+// A libpq client (psycopg, pgbench, psql) reports only "server closed the
+// connection unexpectedly" when poolerd's FATAL arrives in the same packet
+// as the ReadyForQuery of its previous request: libpq leaves it unparsed in
+// its buffer, sends the next request, reads the end of the stream and
+// reports that (seen with strace; PostgreSQL's own FATALs meet the same
+// fate). Such errors are counted apart (libpqUnread); the Go clients,
+// which read every message, are held to the strict count.
 func (e *errorLog) observeText(run context.Context, who, sqlstate, text string) {
 	if run.Err() != nil {
 		return
@@ -121,15 +131,14 @@ func (e *errorLog) observeText(run context.Context, who, sqlstate, text string) 
 		e.bySQL[sqlstate]++
 		return
 	}
-	e.dropped++
-	e.sample(fmt.Sprintf("%s %s: no ErrorResponse: %s", time.Now().Format("15:04:05.000"), who, strings.TrimSpace(text)))
+	e.libpqUnread++
 }
 
 func (e *errorLog) sawDirty(who, what string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.dirty++
-	e.sample(fmt.Sprintf("%s %s: dirty server connection: %s", time.Now().Format("15:04:05.000"), who, what))
+	e.sample(fmt.Sprintf("%s %s: dirty server connection: %s", time.Now().UTC().Format("15:04:05.000"), who, what))
 }
 
 // latencies keeps transaction latencies per minute of the run.
@@ -423,12 +432,12 @@ func (s *soak) psycopgLoop(run context.Context, client int) {
 			}
 			s.pyLog.record(id, o)
 			state := f[2]
-			if state == "-" {
-				state = ""
-			}
 			msg := ""
 			if len(f) > 3 {
 				msg = f[3]
+			}
+			if state == "-" {
+				state = libpqAsync(msg)
 			}
 			s.errs.observeText(run, "psycopg", state, msg)
 		}
@@ -438,7 +447,30 @@ func (s *soak) psycopgLoop(run context.Context, client int) {
 	}
 }
 
-var psqlState = regexp.MustCompile(`(?m)^psql:.*?(?:ERROR|FATAL):  ([0-9A-Z]{5}): `)
+// libpqAsync classifies a libpq error without a SQLSTATE. When the server
+// sends FATAL and closes while the client is between requests (PostgreSQL
+// does the same when a backend is terminated), libpq reports the message
+// followed by "server closed the connection unexpectedly" with no SQLSTATE:
+// the client did get the message. Only the bare "server closed the
+// connection" (or a reset) means there was none.
+func libpqAsync(msg string) string {
+	m := msg
+	for _, p := range []string{"consuming input failed: ", "sending query failed: ", "sending query and params failed: "} {
+		m = strings.TrimPrefix(m, p)
+	}
+	m = strings.TrimSpace(m)
+	for _, bare := range []string{"server closed the connection unexpectedly", "connection to server", "could not receive data", "could not send data", "SSL SYSCALL", "no connection to the server", "the connection is lost", "the connection is closed"} {
+		if strings.HasPrefix(m, bare) {
+			return ""
+		}
+	}
+	if m == "" {
+		return ""
+	}
+	return "(libpq, async)"
+}
+
+var psqlState = regexp.MustCompile(`(?m)(?:ERROR|FATAL):  ([0-9A-Z]{5}): `)
 
 // psqlLoop runs psql, a new connection each time, for one transaction
 // (BEGIN; INSERT; COMMIT) with verbose errors, so that each error shows its
@@ -455,6 +487,7 @@ func (s *soak) psqlLoop(run context.Context, client int) {
 		var stdout, stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		err := cmd.Run()
+		timedOut := ctx.Err() == context.DeadlineExceeded
 		cancel()
 		out := stdout.String()
 		switch {
@@ -466,7 +499,7 @@ func (s *soak) psqlLoop(run context.Context, client int) {
 			s.psqlLog.record(id, failed)
 		}
 		if err != nil {
-			if ctx.Err() != nil && run.Err() == nil {
+			if timedOut && run.Err() == nil {
 				s.errs.mu.Lock()
 				s.errs.hung++
 				s.errs.sample("psql: hung: " + stderr.String())
@@ -521,6 +554,7 @@ func (s *soak) copyLoop(run context.Context) {
 			s.errs.observe(run, "copy in", err)
 			_ = c.Close(context.Background())
 			c = nil
+			sleepCtx(run, time.Second)
 			continue
 		}
 		ctx, cancel = context.WithTimeout(context.Background(), 5*s.sc.opTimeout)
@@ -533,8 +567,9 @@ func (s *soak) copyLoop(run context.Context) {
 			c = nil
 			continue
 		}
-		if n.n != rows*copyRowBytes {
-			s.t.Errorf("COPY TO STDOUT of batch %d: %d bytes, want %d", batch, n.n, rows*copyRowBytes)
+		// PostgreSQL prints the batch without the leading zeros.
+		if want := rows * (copyRowBytes - 10 + int64(len(strconv.FormatInt(batch, 10)))); n.n != want {
+			s.t.Errorf("COPY TO STDOUT of batch %d: %d bytes, want %d", batch, n.n, want)
 		}
 		s.copyOut.Add(n.n)
 		sleepCtx(run, s.sc.copyEvery)

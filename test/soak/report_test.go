@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -23,6 +24,76 @@ type sample struct {
 	fds        int
 	rss        int64
 	clients    int
+	sockets    socketCounts
+}
+
+// socketCounts are poolerd's open files by kind: its sockets by peer (from
+// /proc, so Linux only) and the files that are not sockets.
+type socketCounts struct {
+	clients, servers, redis, otherSockets, files int
+}
+
+func (c socketCounts) String() string {
+	return fmt.Sprintf("%d client sockets, %d server sockets, %d Redis sockets, %d other sockets, %d other files",
+		c.clients, c.servers, c.redis, c.otherSockets, c.files)
+}
+
+// socketsNow classifies poolerd's file descriptors.
+func (s *soak) socketsNow() socketCounts {
+	var c socketCounts
+	pid := s.proc.Process.Pid
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return c
+	}
+	inodes := map[string]bool{}
+	for _, e := range ents {
+		l, err := os.Readlink(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue
+		}
+		if strings.HasPrefix(l, "socket:[") {
+			inodes[strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]")] = true
+		} else {
+			c.files++
+		}
+	}
+	listenPort, _ := strconv.ParseInt(s.port(), 10, 64)
+	found := 0
+	for _, f := range []string{"tcp", "tcp6"} {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/%s", pid, f))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(data), "\n")[1:] {
+			fs := strings.Fields(line)
+			if len(fs) < 10 || !inodes[fs[9]] {
+				continue
+			}
+			found++
+			port := func(addr string) int64 {
+				i := strings.LastIndexByte(addr, ':')
+				p, _ := strconv.ParseInt(addr[i+1:], 16, 64)
+				return p
+			}
+			local, remote := port(fs[1]), port(fs[2])
+			switch {
+			case fs[3] == "0A": // listening
+				c.otherSockets++
+			case remote == int64(s.pgProxy.Port()):
+				c.servers++
+			case remote == int64(s.redisProxy.Port()):
+				c.redis++
+			case local == listenPort:
+				c.clients++
+			default:
+				c.otherSockets++
+			}
+		}
+	}
+	c.otherSockets += len(inodes) - found // unix sockets, epoll and the like
+	return c
 }
 
 func (m sample) rssMiB() float64 { return float64(m.rss) / (1 << 20) }
@@ -64,6 +135,7 @@ func (s *soak) sampleNow(label string) sample {
 	m.fds = int(val("process_open_fds"))
 	m.rss = int64(val("process_resident_memory_bytes"))
 	m.clients = int(val("poolerd_clients"))
+	m.sockets = s.socketsNow()
 	return m
 }
 
@@ -95,9 +167,8 @@ func (s *soak) settle(base sample) sample {
 		s.smMu.Lock()
 		s.samples = append(s.samples, m)
 		s.smMu.Unlock()
-		if (m.goroutines <= base.goroutines+goroutineSlack && m.fds <= base.fds+fdSlack && m.rss <= base.rss+rssSlack) ||
-			time.Now().After(deadline) {
-			s.logf("after the load: %d goroutines, %d open files, RSS %.1f MiB", m.goroutines, m.fds, m.rssMiB())
+		if backToBase(base, m) || time.Now().After(deadline) {
+			s.logf("after the load: %d goroutines, %d open files (%s), RSS %.1f MiB", m.goroutines, m.fds, m.sockets, m.rssMiB())
 			return m
 		}
 		time.Sleep(2 * time.Second)
@@ -130,10 +201,12 @@ func (s *soak) report(base, end sample) {
 	}
 	sort.Strings(codes)
 	l("client errors with a SQLSTATE", strings.Join(codes, ", "))
-	l("client errors without an ErrorResponse / hung clients / dirty server connections", fmt.Sprintf("%d / %d / %d", s.errs.dropped, s.errs.hung, s.errs.dirty))
+	l("Go client errors without an ErrorResponse / hung clients / dirty server connections", fmt.Sprintf("%d / %d / %d", s.errs.dropped, s.errs.hung, s.errs.dirty))
+	l("libpq clients' closes without a message (a FATAL behind a ReadyForQuery, which libpq does not report)", s.errs.libpqUnread)
 	s.errs.mu.Unlock()
 	l("goroutines (baseline → after)", fmt.Sprintf("%d → %d", base.goroutines, end.goroutines))
 	l("open files (baseline → after)", fmt.Sprintf("%d → %d", base.fds, end.fds))
+	l("open files after the load, by kind", end.sockets)
 	l("RSS (baseline → after)", fmt.Sprintf("%.1f MiB → %.1f MiB", base.rssMiB(), end.rssMiB()))
 	l("failed checks", map[bool]string{true: "some (see the test output)", false: "none"}[s.t.Failed()])
 
