@@ -75,8 +75,9 @@ type errorLog struct {
 	bySQL   map[string]int
 	dropped int
 	hung    int
-	// libpqUnread: libpq clients' closes without a message (observeText).
-	libpqUnread int
+	// closeReported: closes reported by a client library that was sent
+	// the FATAL (observeText).
+	closeReported int
 	dirty       int
 	samples     []string
 	maxSample   int
@@ -114,13 +115,17 @@ func (e *errorLog) observe(run context.Context, who string, err error) {
 // observeText classifies an error reported by an external client: sqlstate
 // is its SQLSTATE, empty when the client got none.
 //
-// A libpq client (psycopg, pgbench, psql) reports only "server closed the
-// connection unexpectedly" when poolerd's FATAL arrives in the same packet
-// as the ReadyForQuery of its previous request: libpq leaves it unparsed in
-// its buffer, sends the next request, reads the end of the stream and
-// reports that (seen with strace; PostgreSQL's own FATALs meet the same
-// fate). Such errors are counted apart (libpqUnread); the Go clients,
-// which read every message, are held to the strict count.
+// Some client libraries report a close although they were sent the FATAL,
+// and PostgreSQL's own FATALs meet the same fate; those are counted apart
+// (closeReported), the other errors are held to the strict count:
+//   - libpq (psycopg, pgbench, psql) reports only "server closed the
+//     connection unexpectedly" when the FATAL arrives in the same packet as
+//     the ReadyForQuery of its previous request: it leaves the FATAL
+//     unparsed, sends the next request, reads the end of the stream and
+//     reports that (seen with strace);
+//   - pgconn's CopyFrom reports the failed write of its COPY data when the
+//     session ends in the middle of a large COPY (the server, like
+//     PostgreSQL, stops reading it), before it reads the FATAL.
 func (e *errorLog) observeText(run context.Context, who, sqlstate, text string) {
 	if run.Err() != nil {
 		return
@@ -131,7 +136,16 @@ func (e *errorLog) observeText(run context.Context, who, sqlstate, text string) 
 		e.bySQL[sqlstate]++
 		return
 	}
-	e.libpqUnread++
+	e.closeReported++
+}
+
+// clientReported counts an error a client library reported instead of the
+// FATAL it was sent (see observeText).
+func (e *errorLog) clientReported(who string, err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.closeReported++
+	e.sample(fmt.Sprintf("%s %s: reported by the client library instead of a FATAL: %v", time.Now().UTC().Format("15:04:05.000"), who, err))
 }
 
 func (e *errorLog) sawDirty(who, what string) {
@@ -176,13 +190,11 @@ func (l *latencies) p99() (mins []int, p99 []time.Duration, n []int) {
 	return mins, p99, n
 }
 
-// transferClient runs bank transfers between the accounts of the soak
-// database through poolerd with pgx in the given query exec mode, until run
-// ends. A long client sleeps inside each transaction. Each transaction
-// first checks the marker the previous transaction on its server
-// connection set with SET LOCAL: a marker still set means the connection
-// was handed out inside another client's transaction.
-func (s *soak) transferClient(run context.Context, name, mode string, long bool, rng *rand.Rand) {
+// clientLoop runs step on a connection to poolerd's database db until run
+// ends, connecting again when step returns false (after closing the old
+// connection) and, after a pause, when a connect or setup (run once per new
+// connection; nil for none) fails.
+func (s *soak) clientLoop(run context.Context, who, db string, extra []string, setup func(*pgx.Conn) error, step func(*pgx.Conn) bool) {
 	var c *pgx.Conn
 	defer func() {
 		if c != nil {
@@ -191,14 +203,34 @@ func (s *soak) transferClient(run context.Context, name, mode string, long bool,
 	}()
 	for run.Err() == nil {
 		if c == nil {
-			cc, err := s.connectPgx(run, "soak", "default_query_exec_mode="+mode)
+			cc, err := s.connectPgx(run, db, extra...)
+			if err == nil && setup != nil {
+				if err = setup(cc); err != nil {
+					_ = cc.Close(context.Background())
+				}
+			}
 			if err != nil {
-				s.errs.observe(run, name, err)
+				s.errs.observe(run, who, err)
 				sleepCtx(run, 200*time.Millisecond)
 				continue
 			}
 			c = cc
 		}
+		if !step(c) {
+			_ = c.Close(context.Background())
+			c = nil
+		}
+	}
+}
+
+// transferClient runs bank transfers between the accounts of the soak
+// database through poolerd with pgx in the given query exec mode, until run
+// ends. A long client sleeps inside each transaction. Each transaction
+// first checks the marker the previous transaction on its server
+// connection set with SET LOCAL: a marker still set means the connection
+// was handed out inside another client's transaction.
+func (s *soak) transferClient(run context.Context, name, mode string, long bool, rng *rand.Rand) {
+	s.clientLoop(run, name, "soak", []string{"default_query_exec_mode=" + mode}, nil, func(c *pgx.Conn) bool {
 		id := s.nextID.Add(1)
 		a := 1 + rng.IntN(s.sc.accounts)
 		b := 1 + (a+rng.IntN(s.sc.accounts-1))%s.sc.accounts
@@ -210,17 +242,14 @@ func (s *soak) transferClient(run context.Context, name, mode string, long bool,
 		}
 		if err != nil {
 			s.errs.observe(run, name, err)
-			if c.IsClosed() || o == unknown || isFatal(err) {
-				_ = c.Close(context.Background())
-				c = nil
-			}
-			continue
+			return !(c.IsClosed() || o == unknown || isFatal(err))
 		}
 		if !long {
 			s.lat.add(start, time.Since(start))
 		}
 		sleepCtx(run, time.Duration(rng.IntN(20))*time.Millisecond)
-	}
+		return true
+	})
 }
 
 func isFatal(err error) bool {
@@ -521,23 +550,8 @@ func (s *soak) psqlLoop(run context.Context, client int) {
 // out with COPY TO STDOUT every copyEvery. A batch is acked when its COPY
 // completed; its rows must then all be there; a failed one must have none.
 func (s *soak) copyLoop(run context.Context) {
-	var c *pgx.Conn
-	defer func() {
-		if c != nil {
-			_ = c.Close(context.Background())
-		}
-	}()
 	batch := int64(0)
-	for run.Err() == nil {
-		if c == nil {
-			cc, err := s.connectPgx(run, "soak")
-			if err != nil {
-				s.errs.observe(run, "copy", err)
-				sleepCtx(run, time.Second)
-				continue
-			}
-			c = cc
-		}
+	s.clientLoop(run, "copy", "soak", nil, nil, func(c *pgx.Conn) bool {
 		batch++
 		rows := s.sc.copyBytes / copyRowBytes
 		ctx, cancel := context.WithTimeout(context.Background(), 5*s.sc.opTimeout)
@@ -551,11 +565,17 @@ func (s *soak) copyLoop(run context.Context) {
 			s.t.Errorf("COPY batch %d: %d rows, want %d", batch, tag.RowsAffected(), rows)
 		default:
 			s.copies.record(batch, unknown) // checked: all its rows or none
+			var pe *pgconn.PgError
+			if !errors.As(err, &pe) && run.Err() == nil {
+				// pgconn reports the failed write of its COPY data, not
+				// the FATAL it was sent: see observeText.
+				s.errs.clientReported("copy in", err)
+				sleepCtx(run, time.Second)
+				return false
+			}
 			s.errs.observe(run, "copy in", err)
-			_ = c.Close(context.Background())
-			c = nil
 			sleepCtx(run, time.Second)
-			continue
+			return false
 		}
 		ctx, cancel = context.WithTimeout(context.Background(), 5*s.sc.opTimeout)
 		var n countWriter
@@ -563,9 +583,7 @@ func (s *soak) copyLoop(run context.Context) {
 		cancel()
 		if err != nil {
 			s.errs.observe(run, "copy out", err)
-			_ = c.Close(context.Background())
-			c = nil
-			continue
+			return false
 		}
 		// PostgreSQL prints the batch without the leading zeros.
 		if want := rows * (copyRowBytes - 10 + int64(len(strconv.FormatInt(batch, 10)))); n.n != want {
@@ -573,7 +591,8 @@ func (s *soak) copyLoop(run context.Context) {
 		}
 		s.copyOut.Add(n.n)
 		sleepCtx(run, s.sc.copyEvery)
-	}
+		return true
+	})
 }
 
 // copyRowBytes is the size of one COPY row: batch, tab, 100-byte payload,
@@ -623,27 +642,11 @@ func (w *countWriter) Write(p []byte) (int, error) {
 // receives; notifyLoop sends a NOTIFY through transaction mode every 100
 // ms.
 func (s *soak) listenLoop(run context.Context) {
-	var c *pgx.Conn
-	defer func() {
-		if c != nil {
-			_ = c.Close(context.Background())
-		}
-	}()
-	for run.Err() == nil {
-		if c == nil {
-			cc, err := s.connectPgx(run, "soak_session")
-			if err != nil {
-				s.errs.observe(run, "listen", err)
-				sleepCtx(run, 200*time.Millisecond)
-				continue
-			}
-			if _, err := cc.Exec(run, "LISTEN soak_ch"); err != nil {
-				s.errs.observe(run, "listen", err)
-				_ = cc.Close(context.Background())
-				continue
-			}
-			c = cc
-		}
+	listen := func(c *pgx.Conn) error {
+		_, err := c.Exec(run, "LISTEN soak_ch")
+		return err
+	}
+	s.clientLoop(run, "listen", "soak_session", nil, listen, func(c *pgx.Conn) bool {
 		ctx, cancel := context.WithTimeout(run, 2*time.Second)
 		_, err := c.WaitForNotification(ctx)
 		cancel()
@@ -653,46 +656,28 @@ func (s *soak) listenLoop(run context.Context) {
 		case run.Err() != nil:
 		case errors.Is(err, context.DeadlineExceeded):
 			// pgx closes the connection when a wait is interrupted.
-			if c.IsClosed() {
-				c = nil
-			}
+			return !c.IsClosed()
 		default:
 			s.errs.observe(run, "listen", err)
-			_ = c.Close(context.Background())
-			c = nil
+			return false
 		}
-	}
+		return true
+	})
 }
 
 func (s *soak) notifyLoop(run context.Context) {
-	var c *pgx.Conn
-	defer func() {
-		if c != nil {
-			_ = c.Close(context.Background())
-		}
-	}()
-	for run.Err() == nil {
-		if c == nil {
-			cc, err := s.connectPgx(run, "soak")
-			if err != nil {
-				s.errs.observe(run, "notify", err)
-				sleepCtx(run, 200*time.Millisecond)
-				continue
-			}
-			c = cc
-		}
+	s.clientLoop(run, "notify", "soak", nil, nil, func(c *pgx.Conn) bool {
 		ctx, cancel := context.WithTimeout(context.Background(), s.sc.opTimeout)
 		_, err := c.Exec(ctx, "SELECT pg_notify('soak_ch', 'n')")
 		cancel()
 		if err != nil {
 			s.errs.observe(run, "notify", err)
-			_ = c.Close(context.Background())
-			c = nil
-		} else {
-			s.notifySent.Add(1)
+			return false
 		}
+		s.notifySent.Add(1)
 		sleepCtx(run, 100*time.Millisecond)
-	}
+		return true
+	})
 }
 
 // idleClients keeps about sc.idleClients clients logged in and doing
@@ -764,35 +749,19 @@ func (s *soak) idleClients(run context.Context) {
 // probe runs SELECT 1 through poolerd every 50 ms and records when it
 // succeeded, for the recovery time after each fault.
 func (s *soak) probe(run context.Context) {
-	var c *pgx.Conn
-	defer func() {
-		if c != nil {
-			_ = c.Close(context.Background())
-		}
-	}()
-	for run.Err() == nil {
-		if c == nil {
-			cc, err := s.connectPgx(run, "soak", "default_query_exec_mode=simple_protocol")
-			if err != nil {
-				s.errs.observe(run, "probe", err)
-				sleepCtx(run, 50*time.Millisecond)
-				continue
-			}
-			c = cc
-		}
+	s.clientLoop(run, "probe", "soak", []string{"default_query_exec_mode=simple_protocol"}, nil, func(c *pgx.Conn) bool {
 		start := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), s.sc.opTimeout)
 		_, err := c.Exec(ctx, "SELECT 1")
 		cancel()
 		if err != nil {
 			s.errs.observe(run, "probe", err)
-			_ = c.Close(context.Background())
-			c = nil
-		} else {
-			s.probeOK(start)
+			return false
 		}
+		s.probeOK(start)
 		sleepCtx(run, 50*time.Millisecond)
-	}
+		return true
+	})
 }
 
 func (s *soak) probeOK(sent time.Time) {

@@ -202,7 +202,7 @@ func (s *soak) report(base, end sample) {
 	sort.Strings(codes)
 	l("client errors with a SQLSTATE", strings.Join(codes, ", "))
 	l("Go client errors without an ErrorResponse / hung clients / dirty server connections", fmt.Sprintf("%d / %d / %d", s.errs.dropped, s.errs.hung, s.errs.dirty))
-	l("libpq clients' closes without a message (a FATAL behind a ReadyForQuery, which libpq does not report)", s.errs.libpqUnread)
+	l("closes reported by client libraries that were sent the FATAL (libpq: a FATAL behind a ReadyForQuery; pgconn: mid-COPY)", s.errs.closeReported)
 	s.errs.mu.Unlock()
 	l("goroutines (baseline → after)", fmt.Sprintf("%d → %d", base.goroutines, end.goroutines))
 	l("open files (baseline → after)", fmt.Sprintf("%d → %d", base.fds, end.fds))
