@@ -78,9 +78,9 @@ type errorLog struct {
 	// closeReported: closes reported by a client library that was sent
 	// the FATAL (observeText).
 	closeReported int
-	dirty       int
-	samples     []string
-	maxSample   int
+	dirty         int
+	samples       []string
+	maxSample     int
 }
 
 func newErrorLog() *errorLog { return &errorLog{bySQL: map[string]int{}, maxSample: 20} }
