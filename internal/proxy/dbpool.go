@@ -372,8 +372,11 @@ func (d *dbPool) prepareLogin(ctx context.Context, startup map[string]string) (m
 	}
 	sc, werr := d.checkout(ctx)
 	if werr != nil {
-		werr.Severity = "FATAL"
-		return nil, werr
+		// A copy: werr may be a shared value (errShuttingDown) that
+		// concurrent logins read.
+		fatal := *werr
+		fatal.Severity = "FATAL"
+		return nil, &fatal
 	}
 	if len(unknown) == 0 {
 		d.checkin(sc)

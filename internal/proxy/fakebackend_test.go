@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -50,6 +51,12 @@ type fakeBackend struct {
 	// bytes of each read of a connection after its startup (tests of
 	// what poolerd sends).
 	onRead func(p []byte)
+	// cutQuery, if set (under mu) before the first connection: a Query
+	// with this text is answered with its reply cut cutShort bytes before
+	// the end of the DataRow, and the connection then ends (a backend
+	// dying in the middle of a frame).
+	cutQuery []byte
+	cutShort int
 }
 
 // startFakeBackend listens on a loopback port and serves until the
@@ -241,6 +248,9 @@ func (fb *fakeBackend) startup(c net.Conn) bool {
 func (fb *fakeBackend) answer(out []byte, typ byte, body []byte) ([]byte, bool) {
 	switch typ {
 	case 'Q':
+		if fb.cutQuery != nil && bytes.Equal(bytes.TrimSuffix(body, []byte{0}), fb.cutQuery) {
+			return append(out, fb.queryReply[:len(fb.rowDesc)+wire.HeaderLen+6+fb.size-fb.cutShort]...), false
+		}
 		return append(out, fb.queryReply...), true
 	case 'P':
 		return append(out, '1', 0, 0, 0, 4), true

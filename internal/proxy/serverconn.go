@@ -568,6 +568,11 @@ func (sc *serverConn) detachLocked(own *session) {
 // connection (see session.attach).
 func (sc *serverConn) loseLocked(own *session) {
 	own.severed.Store(true)
+	if sc.midFrame {
+		// The client has part of a frame: a message now would be read
+		// as the rest of it.
+		own.midFrame.Store(true)
+	}
 	sc.detachLocked(own)
 }
 

@@ -176,6 +176,11 @@ type session struct {
 	epollReg bool
 	closed   atomic.Bool
 	sawFatal atomic.Bool // the server sent this client a FATAL error
+	// midFrame: the server connection was lost after part of a frame was
+	// forwarded; the session ends without a final message, which the
+	// client would read as the rest of that frame (it sees the connection
+	// end mid-message, as after a backend crash).
+	midFrame atomic.Bool
 	// severed is set, before the session's server pointer is cleared, when
 	// the server connection it held was lost (closed, hung, failed) rather
 	// than released clean: from then on nothing the client sends reaches
@@ -1072,7 +1077,7 @@ func (s *session) finishLocked(werr *wire.Error, first bool) {
 	// Bounds the final write, and a writer blocked on a client that
 	// does not read.
 	_ = s.conn.SetWriteDeadline(time.Now().Add(time.Second))
-	if first && !s.sawFatal.Load() {
+	if first && !s.sawFatal.Load() && !s.midFrame.Load() {
 		s.writeClient(werr.Append(nil))
 	}
 	if !s.handshaking.Load() { // a login's connection is closed by serveConn

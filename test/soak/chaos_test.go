@@ -49,7 +49,7 @@ var faults = []fault{
 	{"net_reset", func(ctx context.Context, s *soak) error { s.pgProxy.ResetAll(); return nil }},
 	{"client_gone_mid_tx", clientGoneMidTx},
 	{"client_gone_mid_copy", clientGoneMidCopy},
-	{"poolerd_reload", func(ctx context.Context, s *soak) error { return s.reload() }},
+	{"config_reload", func(ctx context.Context, s *soak) error { return s.reload() }},
 	{"redis_stop", func(ctx context.Context, s *soak) error {
 		if err := s.redisProxy.Pause(); err != nil {
 			return err

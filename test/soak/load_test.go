@@ -78,9 +78,11 @@ type errorLog struct {
 	// closeReported: closes reported by a client library that was sent
 	// the FATAL (observeText).
 	closeReported int
-	dirty         int
-	samples       []string
-	maxSample     int
+	// midMessage: streams that ended inside a message (observe).
+	midMessage int
+	dirty      int
+	samples    []string
+	maxSample  int
 }
 
 func newErrorLog() *errorLog { return &errorLog{bySQL: map[string]int{}, maxSample: 20} }
@@ -103,6 +105,11 @@ func (e *errorLog) observe(run context.Context, who string, err error) {
 	switch {
 	case errors.As(err, &pe):
 		e.bySQL[pe.Code]++
+	case errors.Is(err, io.ErrUnexpectedEOF) || strings.Contains(err.Error(), "unexpected EOF"):
+		// The stream ended inside a message: the server connection was
+		// lost mid-frame, when poolerd sends nothing more (its FATAL
+		// would be read as the rest of the frame).
+		e.midMessage++
 	case errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err):
 		e.hung++
 		e.sample(fmt.Sprintf("%s %s: hung: %v", time.Now().UTC().Format("15:04:05.000"), who, err))
@@ -242,6 +249,7 @@ func (s *soak) transferClient(run context.Context, name, mode string, long bool,
 		}
 		if err != nil {
 			s.errs.observe(run, name, err)
+			sleepCtx(run, 50*time.Millisecond) // not a tight loop while PostgreSQL is away
 			return !(c.IsClosed() || o == unknown || isFatal(err))
 		}
 		if !long {
