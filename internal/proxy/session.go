@@ -622,6 +622,10 @@ func (s *session) count(b *batch, t byte) {
 	case 'c', 'f':
 		if sc := s.server.Load(); sc != nil && sc.copyIn.CompareAndSwap(true, false) {
 			b.reqs -= s.syncsSinceOther
+			// server_response_timeout was off while the server waited
+			// for COPY data; it counts again from the end of the data,
+			// the server's answer being owed only from now.
+			sc.lastRecv.Store(s.srv.nanotime())
 		}
 	case 'Q', 'F':
 		b.reqs++

@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 	"sync"
@@ -683,6 +684,61 @@ func TestTimeoutServerResponseLongQuery(t *testing.T) {
 	toBetween(t, "FATAL 08006", elapsed, 450*time.Millisecond, 1400*time.Millisecond)
 	if got := p.poolStats(t, pgtest.DBApp, pgtest.RoleApp).SessionTimeouts["server_response"]; got != 1 {
 		t.Errorf("SessionTimeouts[server_response] = %d, want 1", got)
+	}
+}
+
+// slowReader yields n COPY rows, pausing after each.
+type slowReader struct {
+	n, i  int
+	pause time.Duration
+	buf   []byte
+}
+
+func (r *slowReader) Read(p []byte) (int, error) {
+	if len(r.buf) == 0 {
+		if r.i == r.n {
+			return 0, io.EOF
+		}
+		if r.i > 0 {
+			time.Sleep(r.pause)
+		}
+		r.i++
+		r.buf = fmt.Appendf(nil, "%d\n", r.i)
+	}
+	k := copy(p, r.buf)
+	r.buf = r.buf[k:]
+	return k, nil
+}
+
+// A COPY FROM STDIN whose data takes longer than server_response_timeout
+// to arrive is not a hung server: the clock is off while the server waits
+// for data and starts again at the client's CopyDone (before, it counted
+// from the COPY's start, so a COPY longer than the limit was ended with
+// 08006 as soon as its CopyDone was sent).
+func TestTimeoutServerResponseLongCopyIn(t *testing.T) {
+	t.Parallel()
+	p := startPoolerd(t, func(c *config.Config) { c.ServerResponseTimeout = 500 * time.Millisecond })
+	c := p.connect(t)
+	ctx := ctxTimeout(t, 20*time.Second)
+	// The server takes 0.2 s to answer the CopyDone (an AFTER STATEMENT
+	// trigger), within the limit when counted from the CopyDone.
+	if _, err := c.Exec(ctx, `CREATE TABLE IF NOT EXISTS slow_copy (n int);
+		CREATE OR REPLACE FUNCTION slow_copy_done() RETURNS trigger LANGUAGE plpgsql AS
+			$$ BEGIN PERFORM pg_sleep(0.2); RETURN NULL; END $$;
+		DROP TRIGGER IF EXISTS slow_copy_done ON slow_copy;
+		CREATE TRIGGER slow_copy_done AFTER INSERT ON slow_copy FOR EACH STATEMENT EXECUTE FUNCTION slow_copy_done()`); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	tag, err := c.PgConn().CopyFrom(ctx, &slowReader{n: 10, pause: 150 * time.Millisecond}, "COPY slow_copy FROM STDIN")
+	if err != nil {
+		t.Fatalf("COPY taking %s with server_response_timeout 500ms: %v", time.Since(start).Round(time.Millisecond), err)
+	}
+	if tag.RowsAffected() != 10 {
+		t.Fatalf("COPY %d rows, want 10", tag.RowsAffected())
+	}
+	if got := p.poolStats(t, pgtest.DBApp, pgtest.RoleApp).SessionTimeouts["server_response"]; got != 0 {
+		t.Errorf("SessionTimeouts[server_response] = %d, want 0", got)
 	}
 }
 

@@ -562,6 +562,7 @@ func (s *soak) copyLoop(run context.Context) {
 	s.clientLoop(run, "copy", "soak", nil, nil, func(c *pgx.Conn) bool {
 		batch++
 		rows := s.sc.copyBytes / copyRowBytes
+		start := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*s.sc.opTimeout)
 		tag, err := c.PgConn().CopyFrom(ctx, newCopyReader(batch, rows, -1, nil), "COPY copy_in (batch, payload) FROM STDIN")
 		cancel()
@@ -573,8 +574,9 @@ func (s *soak) copyLoop(run context.Context) {
 			s.t.Errorf("COPY batch %d: %d rows, want %d", batch, tag.RowsAffected(), rows)
 		default:
 			s.copies.record(batch, unknown) // checked: all its rows or none
+			s.logf("COPY batch %d (%d MiB) failed after %s: %v", batch, s.sc.copyBytes>>20, time.Since(start).Round(time.Millisecond), err)
 			var pe *pgconn.PgError
-			if !errors.As(err, &pe) && run.Err() == nil {
+			if !errors.As(err, &pe) && !errors.Is(err, context.DeadlineExceeded) && run.Err() == nil {
 				// pgconn reports the failed write of its COPY data, not
 				// the FATAL it was sent: see observeText.
 				s.errs.clientReported("copy in", err)
