@@ -930,9 +930,11 @@ func (s *session) attach() *wire.Error {
 		sc.busy = true
 		sc.unsynced = false
 		reset := sc.roleBy != 0 && sc.roleBy != s.id
-		if _, ok := sc.applied["role"]; ok && reset {
-			delete(sc.applied, "role") // a startup role: set again after the reset
-			sc.paramGen++
+		if reset {
+			if _, ok := sc.applied["role"]; ok {
+				delete(sc.applied, "role") // a startup role: set again after the reset
+				sc.paramGen++
+			}
 		}
 		sc.mu.Unlock()
 		s.server.Store(sc)
