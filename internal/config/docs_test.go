@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/poolerd/poolerd/test/mdtable"
 )
 
 // TestReferenceListsEveryKey keeps docs/configuration.md true: every key,
@@ -35,7 +37,7 @@ func docTable(t *testing.T, doc, name string, header ...string) [][]string {
 	t.Helper()
 	lines := strings.Split(doc, "\n")
 	for i := 0; i+1 < len(lines); i++ {
-		h := tableCells(lines[i])
+		h := mdtable.Cells(lines[i])
 		if len(h) < len(header) || !strings.HasPrefix(strings.TrimSpace(lines[i+1]), "|-") {
 			continue
 		}
@@ -50,36 +52,12 @@ func docTable(t *testing.T, doc, name string, header ...string) [][]string {
 		}
 		var rows [][]string
 		for k := i + 2; k < len(lines) && strings.HasPrefix(strings.TrimSpace(lines[k]), "|"); k++ {
-			rows = append(rows, tableCells(lines[k]))
+			rows = append(rows, mdtable.Cells(lines[k]))
 		}
 		return rows
 	}
 	t.Fatalf("%s: no table with the header %q", name, header)
 	return nil
-}
-
-// tableCells splits a markdown table row, leaving | inside code spans.
-func tableCells(row string) []string {
-	row = strings.TrimSpace(row)
-	if !strings.HasPrefix(row, "|") {
-		return nil
-	}
-	row = strings.TrimPrefix(strings.TrimSuffix(row, "|"), "|")
-	var out []string
-	var cur strings.Builder
-	inCode := false
-	for i := 0; i < len(row); i++ {
-		switch {
-		case row[i] == '`':
-			inCode = !inCode
-		case row[i] == '|' && !inCode:
-			out = append(out, strings.TrimSpace(cur.String()))
-			cur.Reset()
-			continue
-		}
-		cur.WriteByte(row[i])
-	}
-	return append(out, strings.TrimSpace(cur.String()))
 }
 
 var codeSpan = regexp.MustCompile("`([^`]*)`")

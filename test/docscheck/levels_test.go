@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/poolerd/poolerd/test/mdtable"
 )
 
 // logCalls returns, for each message poolerd logs with a fixed level
@@ -72,12 +74,12 @@ func TestLoggedLevels(t *testing.T) {
 		name, _ := filepath.Rel(root, f)
 		lines := strings.Split(string(b), "\n")
 		for i := 0; i+1 < len(lines); i++ {
-			h := cells(strings.TrimSpace(lines[i]))
+			h := mdtable.Cells(strings.TrimSpace(lines[i]))
 			if len(h) < 2 || h[0] != "message" || h[1] != "level" {
 				continue
 			}
 			for i += 2; i < len(lines) && strings.HasPrefix(strings.TrimSpace(lines[i]), "|"); i++ {
-				row := cells(strings.TrimSpace(lines[i]))
+				row := mdtable.Cells(strings.TrimSpace(lines[i]))
 				if len(row) < 2 {
 					continue
 				}

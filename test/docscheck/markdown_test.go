@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/poolerd/poolerd/test/mdtable"
 )
 
 // A quote is a message the docs attribute to poolerd.
@@ -160,9 +162,9 @@ func quotes(t *testing.T, file string) []quote {
 			}
 		case strings.HasPrefix(trim, "|") && i+1 < len(lines) && strings.HasPrefix(strings.TrimSpace(lines[i+1]), "|-"):
 			flush()
-			header := cells(trim)
+			header := mdtable.Cells(trim)
 			for i += 2; i < len(lines) && strings.HasPrefix(strings.TrimSpace(lines[i]), "|"); i++ {
-				for c, cell := range cells(strings.TrimSpace(lines[i])) {
+				for c, cell := range mdtable.Cells(strings.TrimSpace(lines[i])) {
 					inline(i, cell, c < len(header) && messageColumns[header[c]])
 				}
 			}
@@ -178,30 +180,6 @@ func quotes(t *testing.T, file string) []quote {
 	}
 	flush()
 	return out
-}
-
-// cells splits a table row into its cells, leaving | inside code spans.
-func cells(row string) []string {
-	row = strings.TrimPrefix(strings.TrimSuffix(row, "|"), "|")
-	var out []string
-	var cur strings.Builder
-	inCode := false
-	for i := 0; i < len(row); i++ {
-		switch {
-		case row[i] == '`':
-			inCode = !inCode
-		case row[i] == '\\' && i+1 < len(row) && row[i+1] == '|':
-			cur.WriteByte('|')
-			i++
-			continue
-		case row[i] == '|' && !inCode:
-			out = append(out, strings.TrimSpace(cur.String()))
-			cur.Reset()
-			continue
-		}
-		cur.WriteByte(row[i])
-	}
-	return append(out, strings.TrimSpace(cur.String()))
 }
 
 // message is the part of a quote to look for in the code: without a

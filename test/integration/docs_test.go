@@ -27,6 +27,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/poolerd/poolerd/test/pgtest"
+
+	"github.com/poolerd/poolerd/test/mdtable"
 )
 
 // docsDaemon is the poolerd binary, built from cmd/poolerd and started
@@ -264,7 +266,7 @@ func documentedMetrics(t *testing.T) map[string]documentedFamily {
 	out := map[string]documentedFamily{}
 	inTable := false
 	for i, line := range strings.Split(string(b), "\n") {
-		cells := docCells(line)
+		cells := mdtable.Cells(line)
 		switch {
 		case len(cells) >= 3 && cells[0] == "metric" && cells[1] == "type" && cells[2] == "labels":
 			inTable = true
@@ -313,30 +315,6 @@ func documentedMetrics(t *testing.T) map[string]documentedFamily {
 		t.Fatalf("only %d metrics found in docs/observability.md's tables: has their header changed?", len(out))
 	}
 	return out
-}
-
-// docCells splits a markdown table row, leaving | inside code spans.
-func docCells(row string) []string {
-	row = strings.TrimSpace(row)
-	if !strings.HasPrefix(row, "|") {
-		return nil
-	}
-	row = strings.TrimPrefix(strings.TrimSuffix(row, "|"), "|")
-	var out []string
-	var cur strings.Builder
-	inCode := false
-	for i := 0; i < len(row); i++ {
-		switch {
-		case row[i] == '`':
-			inCode = !inCode
-		case row[i] == '|' && !inCode:
-			out = append(out, strings.TrimSpace(cur.String()))
-			cur.Reset()
-			continue
-		}
-		cur.WriteByte(row[i])
-	}
-	return append(out, strings.TrimSpace(cur.String()))
 }
 
 // TestDocsMatchDaemon starts the real binary once and checks the docs
@@ -443,10 +421,10 @@ func documentedColumns(t *testing.T) map[string][]string {
 		var cols []string
 		// A table | # | column | ...
 		for i, ln := range lines {
-			c := docCells(ln)
+			c := mdtable.Cells(ln)
 			if len(c) >= 2 && c[0] == "#" && c[1] == "column" {
 				for _, row := range lines[i+2:] {
-					rc := docCells(row)
+					rc := mdtable.Cells(row)
 					if len(rc) < 2 {
 						break
 					}
