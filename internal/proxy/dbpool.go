@@ -64,8 +64,8 @@ type dbPool struct {
 	built chan struct{}
 
 	// Counters of what happened to this pool's clients, by kind.
-	timeouts [numTimeoutKinds]atomic.Uint64
-	leaks    atomic.Uint64
+	timeoutCounts [numTimeoutKinds]atomic.Uint64
+	leaks         atomic.Uint64
 	// ctr counts traffic; met holds this pool's metric children.
 	ctr counters
 	met poolMetrics
@@ -109,7 +109,7 @@ type paramKey struct{ name, value string }
 
 type paramResult struct {
 	value string
-	err   *wire.Error
+	err   error
 }
 
 // poolSettings are the pool package's tunables for a route's settings.
@@ -223,32 +223,41 @@ func (d *dbPool) target() backend.Target {
 	return backend.Target{Host: d.route().Host, Port: d.route().Port}
 }
 
-// checkout takes a server connection, waiting at most checkout_timeout.
-// The common case, an idle connection ready, costs one lock and no
-// allocation; contexts and timers are made only when the client must wait.
-func (d *dbPool) checkout(ctx context.Context) (*serverConn, *wire.Error) {
+// checkout is the one way to a server connection, for a client's request
+// and for a login alike: an idle connection at once (one lock, no
+// allocation), or else the first to come free in FIFO order, waiting at most
+// checkout_timeout, until done closes, or until the waiter is withdrawn
+// (pool.CancelWait). q is told when the checkout must queue and when the
+// wait ends; it provides the waiter.
+func (d *dbPool) checkout(q queuer, done <-chan struct{}) (*serverConn, error) {
 	if sc, ok := d.pool.TryGet(); ok {
 		d.met.checkoutWait.Observe(0)
 		return sc, nil
 	}
 	start := time.Now()
-	defer func() { d.met.checkoutWait.Observe(time.Since(start).Seconds()) }()
-	return d.checkoutWait(ctx)
-}
-
-// checkoutWait queues for a server connection.
-func (d *dbPool) checkoutWait(ctx context.Context) (*serverConn, *wire.Error) {
-	if t := d.route().Settings.CheckoutTimeout; t > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, t)
-		defer cancel()
-	}
-	sc, err := d.pool.Get(ctx)
+	sc, err := d.pool.GetWith(q.queued(), d.route().Settings.CheckoutTimeout, done)
+	q.dequeued()
+	d.met.checkoutWait.Observe(time.Since(start).Seconds())
 	if err != nil {
 		return nil, d.checkoutError(err)
 	}
 	return sc, nil
 }
+
+// A queuer is what waits in a checkout: queued is called before the
+// checkout waits and returns the place to wait in; dequeued when the wait
+// is over, however it ended.
+type queuer interface {
+	queued() *pool.Waiter[*serverConn]
+	dequeued()
+}
+
+// loginQueuer queues a login's checkout (prepareLogin): a fresh waiter, as
+// a login waits at most once.
+type loginQueuer struct{}
+
+func (loginQueuer) queued() *pool.Waiter[*serverConn] { return pool.NewWaiter[*serverConn]() }
+func (loginQueuer) dequeued()                         {}
 
 // checkin returns a connection to the pool, or closes it if it is broken.
 func (d *dbPool) checkin(sc *serverConn) {
@@ -294,8 +303,10 @@ func (d *dbPool) checkoutError(err error) *wire.Error {
 			Message: "server connections failed validation",
 			Detail:  ve.Error(),
 			Hint:    "two server connections in a row failed validation_query; check the PostgreSQL server and the network, then retry"}
-	case errors.Is(err, pool.ErrClosed), errors.Is(err, context.Canceled):
-		return errShuttingDown
+	case errors.Is(err, errClientCancel):
+		return errCheckoutCancelled()
+	case errors.Is(err, pool.ErrClosed), errors.Is(err, errTerminated), pool.ErrDone(err):
+		return errShuttingDown()
 	}
 	return errServerUnavailable(err)
 }
@@ -329,23 +340,11 @@ func transientRefusal(code string) bool {
 	return len(code) == 5 && (code[:2] == "57" || code[:2] == "53")
 }
 
-func errServerUnavailable(err error) *wire.Error {
-	return &wire.Error{Severity: "ERROR", Code: "08006",
-		Message: "could not connect to the PostgreSQL server",
-		Detail:  err.Error(),
-		Hint:    "check that PostgreSQL is running and reachable from poolerd; the request can be retried"}
-}
-
-var errShuttingDown = &wire.Error{Severity: "FATAL", Code: "57P01",
-	Message: "terminating connection due to administrator command",
-	Detail:  "poolerd is shutting down",
-	Hint:    "reconnect; another poolerd instance or the restarted one will serve you"}
-
 // prepareLogin makes sure the pool knows its server's default parameters
 // and what the server makes of each of the client's startup parameters,
 // using one server round trip only for values it has not seen before. It
 // returns the client's parameters as the server reports them.
-func (d *dbPool) prepareLogin(ctx context.Context, startup map[string]string) (map[string]string, *wire.Error) {
+func (d *dbPool) prepareLogin(ctx context.Context, startup map[string]string) (map[string]string, error) {
 	d.mu.Lock()
 	haveDefaults := d.defaults != nil
 	var unknown []paramKey
@@ -370,13 +369,9 @@ func (d *dbPool) prepareLogin(ctx context.Context, startup map[string]string) (m
 	if haveDefaults && len(unknown) == 0 {
 		return out, nil
 	}
-	sc, werr := d.checkout(ctx)
+	sc, werr := d.checkout(loginQueuer{}, ctx.Done())
 	if werr != nil {
-		// A copy: werr may be a shared value (errShuttingDown) that
-		// concurrent logins read.
-		fatal := *werr
-		fatal.Severity = "FATAL"
-		return nil, &fatal
+		return nil, asFatal(werr) // a refusal here ends the login
 	}
 	if len(unknown) == 0 {
 		d.checkin(sc)

@@ -26,7 +26,7 @@ func (srv *Server) serveConn(nc net.Conn) {
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 		_ = tc.SetKeepAlive(true)
-		_ = tc.SetKeepAlivePeriod(30 * time.Second)
+		_ = tc.SetKeepAlivePeriod(clientKeepAlive)
 	}
 	cfg := srv.cfg()
 	s := &session{srv: srv, conn: nc, id: srv.connIDs.Add(1), addr: nc.RemoteAddr().String(), connectedAt: time.Now()}
@@ -125,10 +125,10 @@ func (s *session) loginFailed(err error) {
 	var le *wire.StartupLengthError
 	switch {
 	case errors.As(err, &ne) && ne.Timeout() && s.srv.shuttingDown():
-		s.fail(errShuttingDown) // woken by stopAccepting
+		s.fail(errShuttingDown()) // woken by stopAccepting
 	case errors.As(err, &ne) && ne.Timeout():
 		s.srv.loginTimeouts.Add(1)
-		s.fail(errLoginTimeout)
+		s.fail(errLoginTimeout())
 		s.log.Info("client login timed out")
 	case errors.As(err, &werr):
 		s.refuseLogin(werr)
@@ -227,7 +227,7 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	if s.tracked {
 		s.stmts = map[string]*stmtDef{}
 	}
-	s.limP.Store(limitsOf(route.Settings)) // the client's own: per-user overrides apply
+	s.timeoutsP.Store(timeoutsOf(route.Settings)) // the client's own: per-user overrides apply
 	dbp.setClientKey(s.clientKey)
 	ok, _ := (&pgproto3.AuthenticationOk{}).Encode(nil)
 	if _, err := s.conn.Write(ok); err != nil {
@@ -244,7 +244,7 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 		// The login ran out of time waiting for the server: that is the
 		// login timeout, whatever limit the wait itself reported.
 		s.srv.loginTimeouts.Add(1)
-		werr = errLoginTimeout
+		werr = errLoginTimeout()
 	}
 	if werr != nil {
 		s.refuseLogin(werr)
@@ -268,11 +268,11 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 		s.params, s.pkey, s.paramsShared = set.params, set.key, true
 	}
 	if s.srv.shuttingDown() {
-		s.fail(errShuttingDown)
+		s.fail(errShuttingDown())
 		return false
 	}
 	s.srv.register(s)
-	if s.limits().clientIdle != 0 {
+	if s.timeouts().clientIdleTimeout != 0 {
 		s.noteActive(s.srv.nanotime())
 	}
 	welcome := make([]byte, 0, 512)
@@ -318,13 +318,6 @@ func negotiation(version uint32, raw map[string]string) []byte {
 	sort.Strings(opts)
 	msg, _ := (&pgproto3.NegotiateProtocolVersion{NewestMinorProtocol: 0, UnrecognizedOptions: opts}).Encode(nil)
 	return msg
-}
-
-var errLoginTimeout = &wire.Error{Severity: "FATAL", Code: "08006", Message: "client did not log in within client_login_timeout",
-	Hint: "raise client_login_timeout if clients (or the server connections they wait for) are this slow"}
-
-var errBadPassword = func(user string) *wire.Error {
-	return &wire.Error{Severity: "FATAL", Code: "28P01", Message: fmt.Sprintf("password authentication failed for user %q", user)}
 }
 
 // authenticate runs the configured authentication method. It returns

@@ -40,7 +40,7 @@ func canonicalParam(name string) string {
 // startupParams turns a client's startup packet parameters into the session
 // parameters to apply: user, database and protocol options are removed and
 // options=-c name=value is expanded, as PostgreSQL does.
-func startupParams(raw map[string]string) (map[string]string, *wire.Error) {
+func startupParams(raw map[string]string) (map[string]string, error) {
 	out := make(map[string]string, len(raw))
 	for k, v := range raw {
 		switch {

@@ -48,7 +48,7 @@ func TestStartupParams(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("got %v want %v", got, want)
 	}
-	if _, werr := startupParams(map[string]string{"replication": "database"}); werr == nil || werr.Code != "0A000" {
+	if _, werr := startupParams(map[string]string{"replication": "database"}); werr == nil || wireError(werr).Code != "0A000" {
 		t.Fatalf("replication: %v", werr)
 	}
 }

@@ -206,7 +206,7 @@ func errRateLimited(severity string, r *rateRule, d limiter.Decision) *wire.Erro
 // (queries, transactions or connections, as picked by which). A reject
 // rule refuses at once; a wait rule delays up to its max_wait. It returns
 // the refusal, or nil to go on.
-func (srv *Server) checkRate(ctx context.Context, log warnLogger, rates []sessionRate, which func(*rateRule) []limiter.Bucket, severity string) *wire.Error {
+func (srv *Server) checkRate(ctx context.Context, log warnLogger, rates []sessionRate, which func(*rateRule) []limiter.Bucket, severity string) error {
 	rl := srv.rates.Load()
 	if rl == nil {
 		return nil
@@ -232,7 +232,7 @@ func (srv *Server) checkRate(ctx context.Context, log warnLogger, rates []sessio
 			srv.rateMet.redisLatency.Observe(time.Since(start).Seconds() - waited.Seconds())
 		}
 		if err != nil && ctx.Err() != nil {
-			return errShuttingDown
+			return errShuttingDown()
 		}
 		if err != nil {
 			srv.rateMet.redisErrors.Inc()

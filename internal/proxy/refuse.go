@@ -35,13 +35,11 @@ const (
 	lingerMax  = 256 << 10
 )
 
-// errClientLeft: the client sent Terminate in the middle of its login.
-var errClientLeft = errors.New("client sent Terminate during login")
-
 // refuseLogin ends a login with werr: it logs one "client login refused" line
 // (the SQLSTATE and werr's message, which never quotes the client's bytes)
 // and sends werr. serveConn then closes the connection with lingerClose.
-func (s *session) refuseLogin(werr *wire.Error) {
+func (s *session) refuseLogin(err error) {
+	werr := wireError(err)
 	s.log.Info("client login refused", zap.String("sqlstate", werr.Code), zap.String("reason", werr.Message))
 	s.fail(werr)
 }
@@ -141,7 +139,7 @@ func (s *session) readAuthMessage(expected string) ([]byte, error) {
 // parseStartup decodes the body of a StartupMessage (protocol 3.x): the
 // version, then pairs of NUL-terminated name and value, then a NUL. It
 // checks the layout as PostgreSQL does, and the number of parameters.
-func parseStartup(body []byte) (version uint32, params map[string]string, werr *wire.Error) {
+func parseStartup(body []byte) (version uint32, params map[string]string, err error) {
 	version = binary.BigEndian.Uint32(body)
 	rest := body[4:]
 	params = map[string]string{}

@@ -416,10 +416,10 @@ func FuzzParseStartup(f *testing.F) {
 		if len(body) < 4 {
 			return // ReadStartup never returns a body this short
 		}
-		_, params, werr := parseStartup(body)
-		if werr != nil {
-			if werr.Code != "08P01" || werr.Hint == "" {
-				t.Fatalf("refusal %v", werr)
+		_, params, err := parseStartup(body)
+		if err != nil {
+			if werr := wireError(err); werr.Code != "08P01" || werr.Hint == "" {
+				t.Fatalf("refusal %v", err)
 			}
 			return
 		}

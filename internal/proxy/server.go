@@ -285,20 +285,14 @@ func (srv *Server) Shutdown(ctx context.Context) error {
 	for _, s := range sessions {
 		s.terminateIfIdle()
 	}
-	done := make(chan struct{})
-	go func() { srv.sessWG.Wait(); close(done) }()
+	done := srv.sessionsEnded()
 	var err error
 	select {
 	case <-done:
 	case <-ctx.Done():
 		err = ctx.Err()
 		srv.log.Warn("shutdown_timeout reached; closing the remaining clients")
-		srv.Close()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			srv.log.Error("sessions did not end after being closed")
-		}
+		srv.closeAndWait(done)
 	}
 	srv.closePools()
 	srv.cancel()
@@ -331,17 +325,29 @@ func (srv *Server) Drain(ctx context.Context) error {
 		}
 		break
 	}
-	srv.Close()
-	done := make(chan struct{})
-	go func() { srv.sessWG.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		srv.log.Error("sessions did not end after being closed")
-	}
+	srv.closeAndWait(srv.sessionsEnded())
 	srv.closePools()
 	srv.cancel()
 	return err
+}
+
+// sessionsEnded returns a channel closed once every client session has
+// ended (its goroutine, or the parker's hold on it, is over).
+func (srv *Server) sessionsEnded() <-chan struct{} {
+	done := make(chan struct{})
+	go func() { srv.sessWG.Wait(); close(done) }()
+	return done
+}
+
+// closeAndWait closes every client connection and waits, at most
+// sessionsEndWait, until done (sessionsEnded) says their sessions ended.
+func (srv *Server) closeAndWait(done <-chan struct{}) {
+	srv.Close()
+	select {
+	case <-done:
+	case <-time.After(sessionsEndWait):
+		srv.log.Error("sessions did not end after being closed")
+	}
 }
 
 // clientSessions counts connected clients (not console sessions) and
@@ -363,7 +369,7 @@ func (srv *Server) Close() {
 	sessions := srv.stopAccepting()
 	srv.cancel()
 	for _, s := range sessions {
-		s.terminate(errShuttingDown)
+		s.terminate(errShuttingDown())
 	}
 }
 
@@ -537,7 +543,7 @@ func (p *dbPool) snapshot() PoolStats {
 	ps := PoolStats{Database: p.key.database, User: p.key.user, Mode: p.route().Settings.PoolMode,
 		Stats: p.pool.Stats(), SessionTimeouts: make(map[string]uint64, numTimeoutKinds), Leaks: p.leaks.Load()}
 	for k := range numTimeoutKinds {
-		ps.SessionTimeouts[k.String()] = p.timeouts[k].Load()
+		ps.SessionTimeouts[k.String()] = p.timeoutCounts[k].Load()
 	}
 	return ps
 }
@@ -580,22 +586,22 @@ func (s *session) terminateIfIdle() {
 	}
 	s.finalMu.Lock()
 	defer s.finalMu.Unlock()
-	claimed := false
+	claimed, werr := false, errShuttingDown()
 	s.attachMu.Lock()
 	sc := s.server.Load()
 	if sc == nil {
-		claimed = s.endErr.CompareAndSwap(nil, errShuttingDown)
+		claimed = s.endErr.CompareAndSwap(nil, werr)
 	}
 	s.attachMu.Unlock()
 	if sc != nil {
 		sc.mu.Lock()
 		if sc.owner.Load() != s || sc.cleanLocked() {
-			claimed = s.endErr.CompareAndSwap(nil, errShuttingDown)
+			claimed = s.endErr.CompareAndSwap(nil, werr)
 		}
 		sc.mu.Unlock()
 	}
 	if claimed {
 		s.withdrawWait(errTerminated)
-		s.finishLocked(errShuttingDown, true)
+		s.finishLocked(werr, true)
 	}
 }

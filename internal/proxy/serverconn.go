@@ -162,7 +162,7 @@ func (sc *serverConn) Close() error {
 		// Terminate lets the backend exit (rolling back) at once instead of
 		// waiting to notice the closed socket. The deadline also wakes the
 		// reader goroutine, which then finds the connection gone.
-		_ = sc.Conn.Conn.SetDeadline(time.Now().Add(time.Second))
+		_ = sc.Conn.Conn.SetDeadline(time.Now().Add(finalWriteTimeout))
 		_, _ = sc.Conn.Write(wire.AppendTerminate(nil))
 		err = sc.Conn.Close()
 	})
@@ -415,7 +415,7 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 func (sc *serverConn) timeoutReply(own *session, sev, code, msg string) []byte {
 	e := &wire.Error{Severity: sev, Code: code, Message: msg}
 	if code == "57014" && sc.timeoutCancel.Load() {
-		e.Message = fmt.Sprintf("canceling statement due to query_timeout (%s)", time.Duration(own.limits().query))
+		e.Message = fmt.Sprintf("canceling statement due to query_timeout (%s)", time.Duration(own.timeouts().queryTimeout))
 		e.Hint = "raise query_timeout for this database or user, or make the query faster"
 	} else if body := sc.cur.Body(); !sc.cur.Truncated() {
 		// Not the cancel's reply after all: pass it on unchanged.
@@ -446,7 +446,7 @@ func (sc *serverConn) settleRead(rfqs, answered int, status byte, midFrame bool,
 	if own != nil && idleTx != 0 {
 		own.noteIdleInTx(idleTx)
 	}
-	if own != nil && idle != 0 && own.limits().clientIdle != 0 {
+	if own != nil && idle != 0 && own.timeouts().clientIdleTimeout != 0 {
 		own.noteActive(idle) // the client is idle from its last answer on
 	}
 }
@@ -533,10 +533,10 @@ func (sc *serverConn) settleLocked(rfqs int, status byte) {
 	if release {
 		sc.dbp.checkin(sc)
 		if own.srv.endAtIdle() {
-			own.terminate(errShuttingDown)
+			own.terminate(errShuttingDown())
 		}
 	} else if shutdownIdle {
-		own.terminate(errShuttingDown)
+		own.terminate(errShuttingDown())
 	}
 }
 
@@ -604,9 +604,6 @@ func (sc *serverConn) gone(err error) {
 		sc.log.Debug("idle server connection closed", zap.Uint64("conn_id", sc.ID()), zap.Error(err))
 	}
 }
-
-// errServerBroken is returned by exec when the connection failed.
-var errServerBroken = errors.New("server connection lost")
 
 // exec runs poolerd's own simple query on a connection nobody else holds and
 // waits for its ReadyForQuery. It returns the server's error, if any.

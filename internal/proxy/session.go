@@ -146,12 +146,12 @@ type session struct {
 	waiterPool *pool.Pool[*serverConn]
 	cancelWait func(cause error)
 
-	// Timeouts and leak detection (watchdog.go); a reload replaces limP.
-	limP  atomic.Pointer[limits]
-	wd    watchdog
-	qmu   sync.Mutex
-	qtext *[maxQueryText]byte
-	qlen  int
+	// Timeouts and leak detection (timeouts.go); a reload replaces timeoutsP.
+	timeoutsP atomic.Pointer[timeouts]
+	wd        watchdog
+	qmu       sync.Mutex
+	qtext     *[maxQueryText]byte
+	qlen      int
 
 	// rates are the rate-limit rules that apply to the session (a reload
 	// replaces them); admitted is set while the session holds a client slot.
@@ -222,17 +222,6 @@ func (l sessionLog) Warn(msg string, f ...zap.Field)  { l.Log(zap.WarnLevel, msg
 
 func (s *session) releaseWhenIdle() bool { return s.stateful && s.pinReason.Load() == nil }
 
-// noLimits is the limits of a session that has none (before login).
-var noLimits = &limits{}
-
-// limits returns the session's timeouts.
-func (s *session) limits() *limits {
-	if l := s.limP.Load(); l != nil {
-		return l
-	}
-	return noLimits
-}
-
 // run relays client messages on the session's goroutine until the client
 // leaves (then it ends the session) or the session parks (then the
 // goroutine ends and the parker starts a new one, with resume, when the
@@ -302,7 +291,7 @@ func (s *session) relay(fresh bool) (parked bool) {
 		if !s.active.Load() { // a load is cheaper than a store per read
 			s.active.Store(true)
 		}
-		if s.limits().clientIdle != 0 {
+		if s.timeouts().clientIdleTimeout != 0 {
 			s.noteActive(s.srv.nanotime())
 		}
 		s.inRead.Store(true)
@@ -390,8 +379,7 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 			t := s.cur.Type
 			if !isFrontendType(t) {
 				s.flush(data(), b)
-				s.fail(&wire.Error{Severity: "FATAL", Code: "08P01", Message: "invalid frontend message type " + quoteByte(t),
-					Hint: "the client sent a message poolerd does not know in this state; check the driver"})
+				s.fail(errProtocol("invalid frontend message type " + quoteByte(t)))
 				return true
 			}
 			if t == 'X' {
@@ -405,16 +393,16 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 				// The server connection this client's transaction or
 				// pipeline ran on is gone: nothing of this read may reach
 				// another one (see attach).
-				s.fail(errServerLost)
+				s.fail(errServerLost())
 				return true
 			}
 			s.dropFrame = false
-			var rateErr *wire.Error
+			var rateErr error
 			if !s.refusing {
 				rateErr = s.rateCheck(t, b.unsynced)
 			}
 			switch {
-			case rateErr != nil && rateErr.Fatal():
+			case rateErr != nil && isFatal(rateErr):
 				s.flush(data(), b)
 				s.fail(rateErr)
 				return true
@@ -459,7 +447,7 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 				}
 			case s.server.Load() == nil:
 				if werr := s.attach(); werr != nil {
-					if werr.Fatal() {
+					if isFatal(werr) {
 						s.fail(werr)
 						return true
 					}
@@ -485,7 +473,7 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 				case (t == 'Q' || t == 'P') && s.stateful:
 					s.count(&b, t)
 					s.cur.Capture(maxScan)
-				case (t == 'Q' || t == 'P') && s.limits().any():
+				case (t == 'Q' || t == 'P') && s.timeouts().any():
 					s.count(&b, t)
 					s.cur.Capture(maxQueryText + 128)
 				default:
@@ -502,7 +490,7 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 				break
 			}
 			body := s.cur.Body()
-			if (t == 'Q' || t == 'P') && s.limits().any() {
+			if (t == 'Q' || t == 'P') && s.timeouts().any() {
 				s.noteQuery(t, body)
 			}
 			if !s.hold {
@@ -530,7 +518,7 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 				s.waitAnswered(sc)
 				if sc = s.server.Load(); sc == nil {
 					if werr := s.attach(); werr != nil {
-						if werr.Fatal() {
+						if isFatal(werr) {
 							s.fail(werr)
 							return true
 						}
@@ -649,7 +637,8 @@ func isFrontendType(t byte) bool {
 // refuse answers a request that could not get a server with an error, and
 // keeps the session: a simple query gets ReadyForQuery at once, an extended
 // one at its Sync.
-func (s *session) refuse(werr *wire.Error) {
+func (s *session) refuse(err error) {
+	werr := wireError(err)
 	s.dbp.ctr.countError(werr.Code)
 	msg := werr.Append(nil)
 	switch s.cur.Type {
@@ -687,7 +676,7 @@ func (s *session) txStatus() byte {
 // request (a Query, a FunctionCall, or the first extended-protocol message
 // after a Sync) and returns the refusal when a limit says no. Wait-mode
 // rules delay here, before a server is taken for a new transaction.
-func (s *session) rateCheck(t byte, unsynced bool) *wire.Error {
+func (s *session) rateCheck(t byte, unsynced bool) error {
 	switch t {
 	case 'Q', 'F':
 	case 'P', 'B', 'D', 'E', 'C', 'H', 'S':
@@ -855,7 +844,7 @@ func (s *session) flush(data []byte, b batch) bool {
 		s.dbp.checkin(sc)
 		return true
 	}
-	if timed && s.limits().any() {
+	if timed && s.timeouts().any() {
 		s.noteBusy(busySince, queryStart)
 	}
 	var err error
@@ -887,23 +876,23 @@ func (s *session) flush(data []byte, b batch) bool {
 // severs the session first, and a severed session never attaches again; its
 // client gets the server's FATAL or 08006 and the session ends, as a direct
 // connection to a backend that died would.
-func (s *session) attach() *wire.Error {
+func (s *session) attach() error {
 	if s.severed.Load() {
-		return errServerLost
+		return errServerLost()
 	}
 	// During a shutdown a request already read runs (the session is ended
 	// at its next idle point); a session already ended does not attach.
 	if s.endErr.Load() != nil {
-		return errShuttingDown
+		return errShuttingDown()
 	}
 	for attempt := 0; ; attempt++ {
-		sc, werr := s.checkout()
+		sc, werr := s.dbp.checkout(s, s.srv.ctx.Done())
 		if werr != nil {
 			return werr
 		}
 		if s.severed.Load() {
 			s.dbp.checkin(sc)
-			return errServerLost
+			return errServerLost()
 		}
 		s.attachMu.Lock()
 		if s.closed.Load() || s.endErr.Load() != nil {
@@ -911,7 +900,7 @@ func (s *session) attach() *wire.Error {
 			// must not reach the server.
 			s.attachMu.Unlock()
 			s.dbp.checkin(sc)
-			return errShuttingDown
+			return errShuttingDown()
 		}
 		sc.mu.Lock()
 		if sc.broken || sc.authOff.Load() {
@@ -957,21 +946,14 @@ func (s *session) attach() *wire.Error {
 	}
 }
 
-// errClientCancel is the cause given to a checkout the client cancelled.
-var errClientCancel = errors.New("cancel request from the client")
-
-// checkout gets a server connection for a request. While it waits in the
-// queue, a cancel request from the client withdraws the request: it is
-// refused with 57014, as the query would have been.
-func (s *session) checkout() (*serverConn, *wire.Error) {
-	if sc, ok := s.dbp.pool.TryGet(); ok {
-		s.dbp.met.checkoutWait.Observe(0)
-		return sc, nil
-	}
-	start := time.Now()
+// queued is called when the session's checkout must wait (dbPool.checkout):
+// the session shows as waiting (SHOW CLIENTS, parking), and a cancel
+// request from the client withdraws the request, which is then refused
+// with 57014, as the query would have been. The waiter is made on the
+// first wait and kept: waiting allocates nothing.
+func (s *session) queued() *pool.Waiter[*serverConn] {
 	s.waitSince.Store(s.srv.nanotime())
 	if s.waiter == nil || s.waiterPool != s.dbp.pool {
-		// Made on the first wait and kept: waiting allocates nothing.
 		w, p := pool.NewWaiter[*serverConn](), s.dbp.pool
 		s.waiter, s.waiterPool = w, p
 		s.cancelWait = func(cause error) { p.CancelWait(w, cause) }
@@ -979,22 +961,15 @@ func (s *session) checkout() (*serverConn, *wire.Error) {
 	s.waitMu.Lock()
 	s.waitCancel = s.cancelWait
 	s.waitMu.Unlock()
-	sc, err := s.dbp.pool.GetWith(s.waiter, s.dbp.route().Settings.CheckoutTimeout, s.srv.ctx.Done())
+	return s.waiter
+}
+
+// dequeued ends the wait queued began.
+func (s *session) dequeued() {
 	s.waitMu.Lock()
 	s.waitCancel = nil
 	s.waitMu.Unlock()
 	s.waitSince.Store(0)
-	s.dbp.met.checkoutWait.Observe(time.Since(start).Seconds())
-	switch {
-	case err == nil:
-		return sc, nil
-	case errors.Is(err, errClientCancel):
-		return nil, &wire.Error{Severity: "ERROR", Code: "57014", Message: "canceling statement due to user request",
-			Detail: "the request was cancelled while it waited for a server connection"}
-	case errors.Is(err, errTerminated), pool.ErrDone(err):
-		return nil, errShuttingDown
-	}
-	return nil, s.dbp.checkoutError(err)
 }
 
 // syncParams returns the query that gives sc this session's parameters,
@@ -1064,7 +1039,8 @@ func (s *session) writeClient(p []byte) {
 // error sends it; a later fail (the server's reader and the client's
 // goroutine can both find the session over) only closes. A client that
 // already has the server's own FATAL gets nothing more.
-func (s *session) fail(werr *wire.Error) {
+func (s *session) fail(err error) {
+	werr := wireError(err)
 	s.finalMu.Lock()
 	defer s.finalMu.Unlock()
 	s.finishLocked(werr, s.endErr.CompareAndSwap(nil, werr))
@@ -1082,7 +1058,7 @@ func (s *session) finishLocked(werr *wire.Error, first bool) {
 	s.srv.trackLogin(s.conn, false)
 	// Bounds the final write, and a writer blocked on a client that
 	// does not read.
-	_ = s.conn.SetWriteDeadline(time.Now().Add(time.Second))
+	_ = s.conn.SetWriteDeadline(time.Now().Add(finalWriteTimeout))
 	if first && !s.sawFatal.Load() && !s.midFrame.Load() {
 		s.writeClient(werr.Append(nil))
 	}
@@ -1110,12 +1086,12 @@ func halfClose(nc net.Conn) {
 // terminate ends the session from another goroutine (shutdown, server
 // loss): the client gets werr and its connection is closed, which makes run
 // return and clean up.
-func (s *session) terminate(werr *wire.Error) {
+func (s *session) terminate(err error) {
 	if s.closed.Load() {
 		return
 	}
 	s.withdrawWait(errTerminated) // a queued request must not run later
-	s.fail(werr)
+	s.fail(err)
 }
 
 // withdrawWait withdraws the session's checkout in progress, if any.
@@ -1146,15 +1122,6 @@ func (s *session) sessionRates() []sessionRate {
 // setDropReason records why the session's server connection will be closed.
 func (s *session) setDropReason(reason string) { s.dropReason.Store(&reason) }
 
-// errTerminated is the cause given to a checkout of a terminated session.
-var errTerminated = errors.New("session terminated")
-
-// errServerLost ends a session whose server connection was lost while
-// held: its transaction, pipeline or session state went with it.
-var errServerLost = &wire.Error{Severity: "FATAL", Code: "08006", Message: "server connection lost",
-	Detail: "the PostgreSQL backend serving this session closed its connection or failed; its open transaction, if any, was rolled back",
-	Hint:   "reconnect and retry the transaction; if this repeats, check the PostgreSQL server log"}
-
 // serverLost is called when the held server connection failed. The session
 // is severed before anything else, so that a request the client goroutine
 // is handling right now cannot take another server (see attach), and ends:
@@ -1169,7 +1136,7 @@ func (s *session) serverLost(sc *serverConn, err error) {
 	s.log.Warn("server connection lost while in use", zap.Uint64("conn_id", sc.ID()), zap.Error(err))
 	// The client's session state on the server is gone, as after a backend
 	// crash: end the client connection the way PostgreSQL would.
-	s.terminate(errServerLost)
+	s.terminate(errServerLost())
 }
 
 // end cleans up after the client has gone: the server connection goes back
@@ -1267,7 +1234,7 @@ func (s *session) releaseAtEnd(sc *serverConn) {
 		q = "RESET ALL"
 	}
 	if q != "" {
-		ctx, cancel := context.WithTimeout(s.srv.ctx, 10*time.Second)
+		ctx, cancel := context.WithTimeout(s.srv.ctx, resetTimeout)
 		err := sc.exec(ctx, q)
 		cancel()
 		if err != nil {
@@ -1327,7 +1294,7 @@ func (s *session) cancel() {
 func (srv *Server) cancelBackend(sc *serverConn) {
 	// Not derived from srv.ctx: at the shutdown deadline, when srv.ctx is
 	// cancelled, running queries must still be cancelled.
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), cancelGrace)
 	defer cancel()
 	if err := backend.Cancel(ctx, sc.Target, sc.PID, sc.Key); err != nil {
 		srv.log.Warn("cancel request to server failed", zap.Uint64("conn_id", sc.ID()), zap.Error(err))

@@ -460,7 +460,7 @@ func (s *session) searchPath() string {
 
 // scanEffects reads the SQL of a client's Query or Parse for session state
 // (see stateEffects). Its effects are kept for queryFrame.
-func (s *session) scanEffects(t byte, body []byte, canRefuse bool) *wire.Error {
+func (s *session) scanEffects(t byte, body []byte, canRefuse bool) error {
 	if t == 'P' {
 		_, rest, ok := cstring(body)
 		if !ok {
@@ -626,7 +626,7 @@ var syncFrame = []byte{'S', 0, 0, 0, 4}
 // counts from when it is prepared). A refusal is possible only where the
 // statement can still be withheld (canRefuse); elsewhere the client is
 // pinned instead.
-func (s *session) stateEffects(eff sqlscan.Effects, canRefuse bool) *wire.Error {
+func (s *session) stateEffects(eff sqlscan.Effects, canRefuse bool) error {
 	if !eff.Interesting() {
 		return nil
 	}

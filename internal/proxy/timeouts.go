@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,6 +10,13 @@ import (
 	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/internal/wire"
 )
+
+// This file is the one home of a session's timeouts: the limits from its
+// pool's settings (type timeouts, one field per configuration key), the
+// watchdog that enforces them and leak detection with one timer, the
+// errors a client reads when one expires, and the fixed delays poolerd
+// waits for itself. checkout_timeout is the pool's (internal/pool),
+// client_login_timeout the login's (handshake.go, as a socket deadline).
 
 // Kinds of timeout a session can run into (the checkout timeout is counted
 // by the pool, the login timeout by the server).
@@ -29,9 +35,35 @@ var timeoutKindNames = [numTimeoutKinds]string{"query", "transaction", "idle_tra
 
 func (k timeoutKind) String() string { return timeoutKindNames[k] }
 
-// cancelGrace is how long a query whose query_timeout passed may take to
-// answer the cancel request before its server connection is closed.
-const cancelGrace = 5 * time.Second
+// Fixed delays: what poolerd waits for on its own account, where no
+// setting applies.
+const (
+	// cancelGrace is how long a query whose query_timeout passed may take
+	// to answer the cancel request before its server connection is
+	// closed; also the bound on delivering any cancel request (connect,
+	// send, wait for PostgreSQL to close). A cancel is a signal to a local
+	// backend: seconds mean the server is in trouble, and the connection
+	// is closed anyway.
+	cancelGrace = 5 * time.Second
+	// resetTimeout bounds server_reset_query, DISCARD ALL or RESET ALL
+	// when a client leaves: they take microseconds on a healthy server; a
+	// connection that needs longer is closed rather than pooled.
+	resetTimeout = 10 * time.Second
+	// finalWriteTimeout bounds writing a client's final message (and
+	// unblocks a writer stuck on a client that does not read): a one-frame
+	// write to a live client's socket buffer never takes a second.
+	finalWriteTimeout = time.Second
+	// sessionsEndWait is how long Shutdown and Drain wait, after closing
+	// every client connection, for the sessions' goroutines to finish:
+	// each only has cleanup left (cancelGrace bounds the longest), so a
+	// longer wait means a bug, which is logged, and the pools close anyway.
+	sessionsEndWait = cancelGrace
+	// clientKeepAlive is the TCP keepalive period of client connections:
+	// a client host that vanished without a FIN is noticed within minutes
+	// (period plus probes), not after the kernel default of two hours,
+	// at the cost of one empty packet per idle client every 30 s.
+	clientKeepAlive = 30 * time.Second
+)
 
 // maxQueryText is how much of a query the leak warning shows.
 const maxQueryText = 200
@@ -43,39 +75,70 @@ const maxQueryText = 200
 // relay never touches the timer on its fast path: when the timer fires it
 // recomputes and, if nothing has expired, re-arms for the next deadline.
 type watchdog struct {
-	armedAt atomic.Int64 // deadline the timer is set for; 0 when idle
-	mu      sync.Mutex   // serialises arming and firing
-	timer   *time.Timer
+	armedAt    atomic.Int64 // deadline the timer is set for; 0 when idle
+	lastActive atomic.Int64 // nanotime of the client's last activity
 
-	// Fire-side state (under mu).
-	leakSince  int64 // busySince the leak warnings below refer to
-	leakNext   int64 // next multiple of the threshold to warn at
-	cancelled  int64 // queryStart of the query cancelled by query_timeout
-	cancelAt   int64 // when that cancel was sent
-	lastActive atomic.Int64
+	mu        sync.Mutex // serialises arming and firing; guards the rest
+	timer     *time.Timer
+	leakSince int64 // busySince the leak warnings below refer to
+	leakNext  int64 // next multiple of the threshold to warn at
+	cancelled int64 // queryStart of the query cancelled by query_timeout
+	cancelAt  int64 // when that cancel was sent
 }
 
 // nanotime is the session clock: nanoseconds since the server started,
 // never zero (zero means "not set").
 func (srv *Server) nanotime() int64 { return int64(time.Since(srv.started)) + 1 }
 
-// limits are the session's timeouts (from its pool's settings), as
-// nanoseconds; zero disables one.
-type limits struct {
-	query, transaction, idleTx, clientIdle, serverResponse, leak int64
+// timeouts are a session's limits from its pool's settings (per-user
+// overrides applied), in nanoseconds, each named like its configuration
+// key; zero disables one. A reload replaces a session's whole value.
+type timeouts struct {
+	queryTimeout, transactionTimeout, idleTransactionTimeout int64
+	clientIdleTimeout, serverResponseTimeout                 int64
+	leakDetectionThreshold                                   int64
 }
 
-// limitsOf converts a route's settings.
-func limitsOf(set config.PoolSettings) *limits {
-	return &limits{
-		query: int64(set.QueryTimeout), transaction: int64(set.TransactionTimeout),
-		idleTx: int64(set.IdleTransactionTimeout), clientIdle: int64(set.ClientIdleTimeout),
-		serverResponse: int64(set.ServerResponseTimeout), leak: int64(set.LeakDetectionThreshold),
+// timeoutsOf converts a route's settings.
+func timeoutsOf(set config.PoolSettings) *timeouts {
+	return &timeouts{
+		queryTimeout:           int64(set.QueryTimeout),
+		transactionTimeout:     int64(set.TransactionTimeout),
+		idleTransactionTimeout: int64(set.IdleTransactionTimeout),
+		clientIdleTimeout:      int64(set.ClientIdleTimeout),
+		serverResponseTimeout:  int64(set.ServerResponseTimeout),
+		leakDetectionThreshold: int64(set.LeakDetectionThreshold),
 	}
 }
 
-func (l limits) any() bool {
-	return l.query|l.transaction|l.idleTx|l.clientIdle|l.serverResponse|l.leak != 0
+func (t timeouts) any() bool {
+	return t.queryTimeout|t.transactionTimeout|t.idleTransactionTimeout|
+		t.clientIdleTimeout|t.serverResponseTimeout|t.leakDetectionThreshold != 0
+}
+
+// of returns the limit of a kind.
+func (t timeouts) of(kind timeoutKind) int64 {
+	switch kind {
+	case timeoutQuery:
+		return t.queryTimeout
+	case timeoutTransaction:
+		return t.transactionTimeout
+	case timeoutIdleTransaction:
+		return t.idleTransactionTimeout
+	case timeoutClientIdle:
+		return t.clientIdleTimeout
+	case timeoutServerResponse:
+		return t.serverResponseTimeout
+	}
+	return 0
+}
+
+// timeouts returns the session's limits (none before login).
+func (s *session) timeouts() timeouts {
+	if t := s.timeoutsP.Load(); t != nil {
+		return *t
+	}
+	return timeouts{}
 }
 
 // arm makes sure the timer fires no later than deadline.
@@ -111,32 +174,32 @@ func (s *session) stopWatch() {
 // noteActive records client activity (for client_idle_timeout).
 func (s *session) noteActive(now int64) {
 	s.wd.lastActive.Store(now)
-	if s.limits().clientIdle != 0 {
-		s.arm(now + s.limits().clientIdle)
+	if s.timeouts().clientIdleTimeout != 0 {
+		s.arm(now + s.timeouts().clientIdleTimeout)
 	}
 }
 
 // noteBusy arms the timer for a server that just became busy for this
 // session (a request sent with nothing pending before).
 func (s *session) noteBusy(busySince, queryStart int64) {
-	l := s.limits()
+	l := s.timeouts()
 	next := int64(0)
 	pick := func(d int64) {
 		if d != 0 && (next == 0 || d < next) {
 			next = d
 		}
 	}
-	if l.query != 0 {
-		pick(queryStart + l.query)
+	if l.queryTimeout != 0 {
+		pick(queryStart + l.queryTimeout)
 	}
-	if l.serverResponse != 0 {
-		pick(queryStart + l.serverResponse)
+	if l.serverResponseTimeout != 0 {
+		pick(queryStart + l.serverResponseTimeout)
 	}
-	if l.transaction != 0 {
-		pick(busySince + l.transaction)
+	if l.transactionTimeout != 0 {
+		pick(busySince + l.transactionTimeout)
 	}
-	if l.leak != 0 {
-		pick(busySince + l.leak)
+	if l.leakDetectionThreshold != 0 {
+		pick(busySince + l.leakDetectionThreshold)
 	}
 	if next != 0 {
 		s.arm(next)
@@ -145,8 +208,8 @@ func (s *session) noteBusy(busySince, queryStart int64) {
 
 // noteIdleInTx arms the timer for idle_transaction_timeout.
 func (s *session) noteIdleInTx(since int64) {
-	if s.limits().idleTx != 0 {
-		s.arm(since + s.limits().idleTx)
+	if s.timeouts().idleTransactionTimeout != 0 {
+		s.arm(since + s.timeouts().idleTransactionTimeout)
 	}
 }
 
@@ -168,7 +231,7 @@ func (s *session) fire() {
 		return
 	}
 	now := s.srv.nanotime()
-	l := *s.limits()
+	l := s.timeouts()
 	next := int64(0)
 	pick := func(d int64) {
 		if next == 0 || d < next {
@@ -204,26 +267,26 @@ func (s *session) fire() {
 		// then the whole transaction, then one query, then idling in one.
 		// Not while the server waits for COPY data from the client, nor
 		// during shutdown (seed 002 rule 3).
-		if l.serverResponse != 0 && t.pending > 0 && !shutting && !sc.copyIn.Load() {
-			check(timeoutServerResponse, max(t.lastRecv, t.queryStart)+l.serverResponse)
+		if l.serverResponseTimeout != 0 && t.pending > 0 && !shutting && !sc.copyIn.Load() {
+			check(timeoutServerResponse, max(t.lastRecv, t.queryStart)+l.serverResponseTimeout)
 		}
-		if l.transaction != 0 && t.busySince != 0 {
-			check(timeoutTransaction, t.busySince+l.transaction)
+		if l.transactionTimeout != 0 && t.busySince != 0 {
+			check(timeoutTransaction, t.busySince+l.transactionTimeout)
 		}
-		if l.query != 0 && t.pending > 0 {
+		if l.queryTimeout != 0 && t.pending > 0 {
 			if w.cancelled == t.queryStart {
 				// Cancel sent: give the server cancelGrace to answer.
 				check(timeoutQuery, w.cancelAt+int64(cancelGrace))
 			} else {
-				check(timeoutQuery, t.queryStart+l.query)
+				check(timeoutQuery, t.queryStart+l.queryTimeout)
 			}
 		}
-		if l.idleTx != 0 && t.pending == 0 && t.txStatus != wire.TxIdle && t.idleTxSince != 0 {
-			check(timeoutIdleTransaction, t.idleTxSince+l.idleTx)
+		if l.idleTransactionTimeout != 0 && t.pending == 0 && t.txStatus != wire.TxIdle && t.idleTxSince != 0 {
+			check(timeoutIdleTransaction, t.idleTxSince+l.idleTransactionTimeout)
 		}
-		if l.leak != 0 && t.busySince != 0 {
+		if l.leakDetectionThreshold != 0 && t.busySince != 0 {
 			if w.leakSince != t.busySince {
-				w.leakSince, w.leakNext = t.busySince, t.busySince+l.leak
+				w.leakSince, w.leakNext = t.busySince, t.busySince+l.leakDetectionThreshold
 			}
 			if w.leakNext <= now {
 				leak, held = true, time.Duration(now-t.busySince)
@@ -234,8 +297,8 @@ func (s *session) fire() {
 		}
 	}
 	idleOutside := sc == nil || (t.pending == 0 && t.txStatus == wire.TxIdle && t.busySince == 0)
-	if l.clientIdle != 0 && idleOutside {
-		check(timeoutClientIdle, w.lastActive.Load()+l.clientIdle)
+	if l.clientIdleTimeout != 0 && idleOutside {
+		check(timeoutClientIdle, w.lastActive.Load()+l.clientIdleTimeout)
 	}
 	retryQuery := expired == timeoutQuery && w.cancelled != t.queryStart
 	if retryQuery {
@@ -264,9 +327,9 @@ func (s *session) fire() {
 // rewritten to name query_timeout, and if no reply comes within cancelGrace
 // the next fire closes the connection.
 func (s *session) queryTimeout(sc *serverConn) {
-	s.dbp.timeouts[timeoutQuery].Add(1)
+	s.dbp.timeoutCounts[timeoutQuery].Add(1)
 	s.log.Warn("query_timeout reached; cancelling the query",
-		zap.Duration("query_timeout", time.Duration(s.limits().query)), zap.Uint64("conn_id", sc.ID()),
+		zap.Duration("query_timeout", time.Duration(s.timeouts().queryTimeout)), zap.Uint64("conn_id", sc.ID()),
 		zap.String("query", s.queryText()))
 	sc.mu.Lock()
 	if sc.owner.Load() != s || sc.pending == 0 {
@@ -291,32 +354,9 @@ func (s *session) queryTimeout(sc *serverConn) {
 // naming it, and the server connection, which is not provably clean, is
 // closed (after a cancel request if a query runs, so its locks go at once).
 func (s *session) timedOut(kind timeoutKind, sc *serverConn) {
-	var werr *wire.Error
-	limit := time.Duration(s.limit(kind))
-	switch kind {
-	case timeoutQuery:
-		werr = &wire.Error{Severity: "FATAL", Code: "57014",
-			Message: fmt.Sprintf("canceling statement due to query_timeout (%s); the server did not answer the cancel request within %s, so the connection was closed", limit, cancelGrace),
-			Hint:    "raise query_timeout for this database or user, or make the query faster"}
-	case timeoutTransaction:
-		werr = &wire.Error{Severity: "FATAL", Code: "25P04",
-			Message: fmt.Sprintf("terminating connection due to transaction_timeout (%s)", limit),
-			Hint:    "keep transactions shorter, or raise transaction_timeout for this database or user"}
-	case timeoutIdleTransaction:
-		werr = &wire.Error{Severity: "FATAL", Code: "25P03",
-			Message: fmt.Sprintf("terminating connection due to idle_transaction_timeout (%s)", limit),
-			Hint:    "commit or roll back promptly; an idle transaction holds a server connection and its locks"}
-	case timeoutClientIdle:
-		werr = &wire.Error{Severity: "FATAL", Code: "57P05",
-			Message: fmt.Sprintf("terminating connection due to client_idle_timeout (%s)", limit),
-			Hint:    "reconnect; raise client_idle_timeout if clients legitimately stay idle this long"}
-	case timeoutServerResponse:
-		werr = &wire.Error{Severity: "FATAL", Code: "08006",
-			Message: fmt.Sprintf("server did not respond within server_response_timeout (%s); its connection was closed", limit),
-			Hint:    "the PostgreSQL server or the network to it looks hung; check them, then reconnect"}
-	}
+	limit := time.Duration(s.timeouts().of(kind))
 	if kind != timeoutQuery { // counted when the query was cancelled
-		s.dbp.timeouts[kind].Add(1)
+		s.dbp.timeoutCounts[kind].Add(1)
 	}
 	fields := []zap.Field{zap.String("timeout", kind.String()), zap.Duration("limit", limit)}
 	if sc != nil {
@@ -338,7 +378,7 @@ func (s *session) timedOut(kind timeoutKind, sc *serverConn) {
 		// cancel request if a query still runs. The client is told first.
 		sc.markBroken()
 	}
-	s.terminate(werr)
+	s.terminate(errTimedOut(kind, limit))
 }
 
 // dropServer detaches a hung sc from the session and closes it.
@@ -352,22 +392,6 @@ func (s *session) dropServer(sc *serverConn) {
 	sc.loseLocked(s)
 	sc.mu.Unlock()
 	s.dbp.pool.Discard(sc, evictHung)
-}
-
-func (s *session) limit(kind timeoutKind) int64 {
-	switch kind {
-	case timeoutQuery:
-		return s.limits().query
-	case timeoutTransaction:
-		return s.limits().transaction
-	case timeoutIdleTransaction:
-		return s.limits().idleTx
-	case timeoutClientIdle:
-		return s.limits().clientIdle
-	case timeoutServerResponse:
-		return s.limits().serverResponse
-	}
-	return 0
 }
 
 // warnLeak logs that the client has kept its server connection busy for a
@@ -384,7 +408,7 @@ func (s *session) warnLeak(sc *serverConn, held time.Duration, t serverTimes) {
 	s.log.Warn("possible connection leak: client has held a server connection for a long time",
 		zap.Uint64("conn_id", sc.ID()), zap.String("application_name", app),
 		zap.Duration("held", held.Round(time.Millisecond)),
-		zap.Duration("leak_detection_threshold", time.Duration(s.limits().leak)),
+		zap.Duration("leak_detection_threshold", time.Duration(s.timeouts().leakDetectionThreshold)),
 		zap.String("state", state), zap.String("query", s.queryText()))
 }
 

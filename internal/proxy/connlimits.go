@@ -66,7 +66,7 @@ func (srv *Server) makeRoom(except *dbPool, database, user string) {
 // admitClient checks a new client against max_client_conn and its
 // database's and user's client limits, and counts it. The caller calls
 // releaseClient when the client leaves.
-func (srv *Server) admitClient(database, user string) *wire.Error {
+func (srv *Server) admitClient(database, user string) error {
 	cfg := srv.cfg()
 	_, dbMax := cfg.DBLimits(database)
 	_, userMax := cfg.UserLimits(user)

@@ -1,0 +1,128 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/poolerd/poolerd/internal/wire"
+)
+
+// This file holds the errors poolerd itself sends to clients and the one
+// place where an internal error becomes the ErrorResponse a client reads
+// (wireError). A wire error is made by a constructor, fresh for every use:
+// none is shared, so no session can change what another one sends. Code
+// below the session passes them on as plain errors (wrapped or not); the
+// session converts when it writes one (session.fail, session.refuse,
+// session.refuseLogin).
+
+// wireError is the ErrorResponse a client reads for err: the *wire.Error
+// inside it, or, for an error that carries none (a bug), an internal error.
+func wireError(err error) *wire.Error {
+	var werr *wire.Error
+	if errors.As(err, &werr) {
+		return werr
+	}
+	return &wire.Error{Severity: "FATAL", Code: "XX000", Message: "internal error in poolerd: " + err.Error(),
+		Hint: "reconnect; if this repeats, report it with poolerd's log"}
+}
+
+// isFatal reports whether err ends the client's connection.
+func isFatal(err error) bool { return wireError(err).Fatal() }
+
+// asFatal returns a copy of err's ErrorResponse with severity FATAL, for a
+// refusal that ends a login.
+func asFatal(err error) error {
+	werr := *wireError(err)
+	werr.Severity = "FATAL"
+	return &werr
+}
+
+// Causes that never reach a client as such: they say why a wait ended.
+var (
+	// errTerminated is the cause given to a checkout of a terminated session.
+	errTerminated = errors.New("session terminated")
+	// errClientCancel is the cause given to a checkout the client cancelled.
+	errClientCancel = errors.New("cancel request from the client")
+	// errServerBroken is returned by exec when the connection failed.
+	errServerBroken = errors.New("server connection lost")
+	// errClientLeft: the client sent Terminate in the middle of its login.
+	errClientLeft = errors.New("client sent Terminate during login")
+)
+
+// errShuttingDown ends a client because poolerd stops (or the session was
+// ended while it waited).
+func errShuttingDown() *wire.Error {
+	return &wire.Error{Severity: "FATAL", Code: "57P01",
+		Message: "terminating connection due to administrator command",
+		Detail:  "poolerd is shutting down",
+		Hint:    "reconnect; another poolerd instance or the restarted one will serve you"}
+}
+
+// errServerLost ends a session whose server connection was lost while
+// held: its transaction, pipeline or session state went with it.
+func errServerLost() *wire.Error {
+	return &wire.Error{Severity: "FATAL", Code: "08006", Message: "server connection lost",
+		Detail: "the PostgreSQL backend serving this session closed its connection or failed; its open transaction, if any, was rolled back",
+		Hint:   "reconnect and retry the transaction; if this repeats, check the PostgreSQL server log"}
+}
+
+// errServerUnavailable refuses a request for which no server connection
+// could be opened.
+func errServerUnavailable(err error) *wire.Error {
+	return &wire.Error{Severity: "ERROR", Code: "08006",
+		Message: "could not connect to the PostgreSQL server",
+		Detail:  err.Error(),
+		Hint:    "check that PostgreSQL is running and reachable from poolerd; the request can be retried"}
+}
+
+// errCheckoutCancelled refuses a request the client cancelled while it
+// waited for a server connection, as PostgreSQL refuses a cancelled query.
+func errCheckoutCancelled() *wire.Error {
+	return &wire.Error{Severity: "ERROR", Code: "57014", Message: "canceling statement due to user request",
+		Detail: "the request was cancelled while it waited for a server connection"}
+}
+
+// errLoginTimeout ends a client that did not log in within
+// client_login_timeout.
+func errLoginTimeout() *wire.Error {
+	return &wire.Error{Severity: "FATAL", Code: "08006", Message: "client did not log in within client_login_timeout",
+		Hint: "raise client_login_timeout if clients (or the server connections they wait for) are this slow"}
+}
+
+// errBadPassword refuses a login whose password did not match.
+func errBadPassword(user string) *wire.Error {
+	return &wire.Error{Severity: "FATAL", Code: "28P01", Message: fmt.Sprintf("password authentication failed for user %q", user)}
+}
+
+// errProtocol ends a client that sent bytes it must not send in its state.
+func errProtocol(msg string) *wire.Error {
+	return &wire.Error{Severity: "FATAL", Code: "08P01", Message: msg,
+		Hint: "the client sent a message poolerd does not know in this state; check the driver"}
+}
+
+// errTimedOut ends a session whose limit of kind expired.
+func errTimedOut(kind timeoutKind, limit time.Duration) *wire.Error {
+	switch kind {
+	case timeoutQuery:
+		return &wire.Error{Severity: "FATAL", Code: "57014",
+			Message: fmt.Sprintf("canceling statement due to query_timeout (%s); the server did not answer the cancel request within %s, so the connection was closed", limit, cancelGrace),
+			Hint:    "raise query_timeout for this database or user, or make the query faster"}
+	case timeoutTransaction:
+		return &wire.Error{Severity: "FATAL", Code: "25P04",
+			Message: fmt.Sprintf("terminating connection due to transaction_timeout (%s)", limit),
+			Hint:    "keep transactions shorter, or raise transaction_timeout for this database or user"}
+	case timeoutIdleTransaction:
+		return &wire.Error{Severity: "FATAL", Code: "25P03",
+			Message: fmt.Sprintf("terminating connection due to idle_transaction_timeout (%s)", limit),
+			Hint:    "commit or roll back promptly; an idle transaction holds a server connection and its locks"}
+	case timeoutClientIdle:
+		return &wire.Error{Severity: "FATAL", Code: "57P05",
+			Message: fmt.Sprintf("terminating connection due to client_idle_timeout (%s)", limit),
+			Hint:    "reconnect; raise client_idle_timeout if clients legitimately stay idle this long"}
+	default: // timeoutServerResponse
+		return &wire.Error{Severity: "FATAL", Code: "08006",
+			Message: fmt.Sprintf("server did not respond within server_response_timeout (%s); its connection was closed", limit),
+			Hint:    "the PostgreSQL server or the network to it looks hung; check them, then reconnect"}
+	}
+}

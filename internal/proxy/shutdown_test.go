@@ -1,0 +1,101 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/internal/wire"
+)
+
+// TestConcurrentLoginsDuringShutdown ends many logins at once while each
+// waits for a server connection to check its startup parameters: each gets
+// its own FATAL 57P01, and (under -race) no two of them share an error
+// value that one of them changes, as prepareLogin once did when it made the
+// shared shutdown error FATAL in place.
+func TestConcurrentLoginsDuringShutdown(t *testing.T) {
+	fb := startFakeBackend(t, 16)
+	cfg := config.Defaults()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.HTTPListen = ""
+	cfg.Upstream = "postgres://app:app@" + fb.Addr() + "/app"
+	cfg.AuthType = config.AuthTrust
+	cfg.PoolMode = config.PoolSession
+	cfg.MaxSize = 1
+	cfg.CheckoutTimeout = time.Minute
+	cfg.ClientLoginTimeout = time.Minute
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	srv := New(&cfg, zap.NewNop())
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = srv.Serve(ln)
+	}()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		<-served
+	})
+	addr := ln.Addr().String()
+
+	// A session-mode client takes the pool's only server connection and
+	// keeps it.
+	holder := dialRaw(t, addr)
+	holder.sendNow(rawStartup(wire.CodeProtocol30, "user", "app", "database", "app"))
+	holder.expect('R')
+	for typ := byte(0); typ != 'Z'; {
+		typ, _, err = holder.next()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	holder.sendNow(wire.AppendQuery(nil, "SELECT 1"))
+	for typ := byte(0); typ != 'Z'; {
+		typ, _, err = holder.next()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Each login brings a startup parameter value the pool has not seen,
+	// so it must check out a connection to learn what the server makes of
+	// it: they all wait.
+	const logins = 24
+	clients := make([]*rawClient, logins)
+	for i := range clients {
+		clients[i] = dialRaw(t, addr)
+		clients[i].sendNow(rawStartup(wire.CodeProtocol30, "user", "app", "database", "app",
+			"extra_float_digits", fmt.Sprint(i%4-1), "search_path", fmt.Sprintf("s%d", i)))
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if ps := srv.Pools(); len(ps) == 1 && ps[0].Waiting == logins {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("logins not all waiting for a server: %+v", srv.Pools())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	srv.Close()
+	for i, c := range clients {
+		c.expect('R') // AuthenticationOk came before the wait
+		f := c.refusal()
+		if f['S'] != "FATAL" || f['C'] != "57P01" || f['H'] == "" {
+			t.Errorf("login %d: got %v, want FATAL 57P01 with a hint", i, f)
+		}
+	}
+}
