@@ -1,9 +1,7 @@
 package proxy
 
 import (
-	"context"
 	"fmt"
-	"net"
 	"testing"
 	"time"
 
@@ -33,28 +31,14 @@ func TestConcurrentLoginsDuringShutdown(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := New(&cfg, zap.NewNop())
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		_ = srv.Serve(ln)
-	}()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-		<-served
-	})
-	addr := ln.Addr().String()
+	addr := serve(t, srv)
 
 	// A session-mode client takes the pool's only server connection and
 	// keeps it.
 	holder := dialRaw(t, addr)
 	holder.sendNow(rawStartup(wire.CodeProtocol30, "user", "app", "database", "app"))
 	holder.expect('R')
+	var err error
 	for typ := byte(0); typ != 'Z'; {
 		typ, _, err = holder.next()
 		if err != nil {
