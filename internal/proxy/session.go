@@ -27,32 +27,37 @@ import (
 // replies come back through that connection's reader (serverConn.readLoop),
 // which writes them to the client and, in transaction mode, returns the
 // connection to its pool at a clean ReadyForQuery.
+//
+// Fields are grouped by who may touch them: set once at login, owned by the
+// client goroutine, atomics read by anyone, and the groups guarded by one
+// mutex each. Locks are taken in the order given in docs/architecture.md
+// ("Concurrency contract"): finalMu, attachMu, then the held serverConn's mu,
+// then pmu or stmu; wmu, waitMu and qmu are leaves.
 type session struct {
-	srv  *Server
-	conn net.Conn
-	log  sessionLog
-	id   uint64
-	pid  uint32 // BackendKeyData we issued
-	key  uint32
-	addr string
-
+	// Set by the login goroutine before register publishes the session;
+	// read-only afterwards.
+	srv            *Server
+	conn           net.Conn
+	log            sessionLog
+	id             uint64
+	pid            uint32 // BackendKeyData we issued
+	key            uint32
+	addr           string
 	database, user string
 	dbp            *dbPool
 	admin          bool // an admin console session (no pool)
 	adminAll       bool // ... whose user is in admin_users
 	connectedAt    time.Time
-	logged         atomic.Bool  // logged in: log lines carry database and user
-	lastReq        atomic.Int64 // nanotime of the last request (SHOW CLIENTS)
-	waitSince      atomic.Int64 // nanotime since a request waits for a server; 0 when not waiting
 	mode           string
 	clientKey      []byte // SCRAM ClientKey recovered at login, for pass-through
 	loginDeadline  time.Time
+	stateful       bool // session state is tracked (the mode is not session)
+	tracked        bool // ... and named prepared statements are mapped
+	refuseState    bool // session_state: refuse
+	maxPrepared    int
 
-	// server is the connection held right now; the server's reader clears it
-	// when it releases the connection.
-	server atomic.Pointer[serverConn]
-
-	// Client goroutine only.
+	// Owned by the client goroutine (run, fromClient and what they call;
+	// the goroutine may change between parks, never run two at once).
 	cur      wire.Cursor
 	carry    [wire.HeaderLen]byte
 	ncarry   int
@@ -75,12 +80,6 @@ type session struct {
 	// calls: the batch being assembled may run code that sets the role (a
 	// function call, see roleCheck).
 	calls bool
-
-	// Transaction and statement mode (sessionstate.go, prepared.go).
-	stateful    bool // session state is tracked (the mode is not session)
-	tracked     bool // ... and named prepared statements are mapped
-	refuseState bool // session_state: refuse
-	maxPrepared int
 	// hold: the current frame is kept until complete (Cursor capture),
 	// then rewritten, refused or forwarded whole.
 	hold bool
@@ -99,46 +98,13 @@ type session struct {
 	localClose      bool // the current Close is answered by poolerd
 	holdAt          int
 	holdRead, reads uint64
-	// stmts maps the client's statement names (stmu); bound maps back the
-	// definitions it used, for error messages.
-	stmu  sync.Mutex
-	stmts map[string]*stmtDef
-	bound map[string]string
 	// unnamed is the client's latest unnamed Parse (frame), unnamedGen
 	// counts them.
-	unnamed    []byte
-	unnamedGen uint64
-	// dirtyGen counts the requests that may have changed the client's
-	// settings, cleanGen the last of them a snapshot has seen (see
-	// settingsDirty); custom are the customized options (a.b) it touched
-	// (pmu). pinReason is set while it is pinned.
-	dirtyGen, cleanGen atomic.Uint64
-	custom             map[string]bool
-	unnamedSettings    bool // the unnamed statement may change settings
-	unnamedCalls       bool // ... or calls a function that may set the role
-	pinReason          atomic.Pointer[string]
-	eff                sqlscan.Effects // of the Query or Parse being handled
-
-	// pmu guards params: the values this client's session should have on
-	// any server (startup parameters, then what ParameterStatus told it),
-	// and pkey, their paramsKey ("" until needed after a change).
-	pmu    sync.Mutex
-	params map[string]string
-	pkey   string
-	// paramsShared: params is a map shared with other sessions (never
-	// changed: ownParams copies it first).
-	paramsShared bool
-
-	// attachMu orders attaching a server with a shutdown's decision that
-	// the session is idle (terminateIfIdle).
-	attachMu sync.Mutex
-	// finalMu is held from setting endErr until the final message is
-	// written: whoever closes the client connection (a second fail, end)
-	// takes it first, so the message is not lost to an early close.
-	finalMu sync.Mutex
-	// waitCancel withdraws a checkout in progress (a cancel request).
-	waitMu     sync.Mutex
-	waitCancel func(cause error)
+	unnamed         []byte
+	unnamedGen      uint64
+	unnamedSettings bool            // the unnamed statement may change settings
+	unnamedCalls    bool            // ... or calls a function that may set the role
+	eff             sqlscan.Effects // of the Query or Parse being handled
 	// waiter is this session's reusable place in its pool's queue (made on
 	// its first wait), cancelWait withdraws it; waiterPool is the pool it
 	// belongs to.
@@ -146,34 +112,36 @@ type session struct {
 	waiterPool *pool.Pool[*serverConn]
 	cancelWait func(cause error)
 
-	// Timeouts and leak detection (timeouts.go); a reload replaces timeoutsP.
+	// Atomics: written by their owner, read by anyone (the server's
+	// reader, the watchdog, the parker, shutdown, the console).
+	logged    atomic.Bool  // logged in: log lines carry database and user
+	lastReq   atomic.Int64 // nanotime of the last request (SHOW CLIENTS)
+	waitSince atomic.Int64 // nanotime since a request waits for a server; 0 when not waiting
+	// server is the connection held right now; stored by attach (under
+	// attachMu), cleared by whoever releases or loses it (under its mu).
+	server atomic.Pointer[serverConn]
+	// dirtyGen counts the requests that may have changed the client's
+	// settings, cleanGen the last of them a snapshot has seen (see
+	// settingsDirty). pinReason is set while it is pinned.
+	dirtyGen, cleanGen atomic.Uint64
+	pinReason          atomic.Pointer[string]
+	// timeoutsP are the session's limits (timeouts.go); a reload replaces
+	// them.
 	timeoutsP atomic.Pointer[timeouts]
-	wd        watchdog
-	qmu       sync.Mutex
-	qtext     *[maxQueryText]byte
-	qlen      int
-
 	// rates are the rate-limit rules that apply to the session (a reload
 	// replaces them); admitted is set while the session holds a client slot.
 	rates    atomic.Pointer[[]sessionRate]
 	admitted atomic.Bool
-
 	// dropReason, when set, is why the server connection will be closed
 	// at the end (a timeout, KILL), for the eviction metric.
 	dropReason atomic.Pointer[string]
-
-	wmu sync.Mutex       // serialises writes to the client
-	cio *wire.ConnReader // the client connection's raw reads and writes (set by run, under wmu; nil while parked)
 	// parked is set while the parker holds the session without a goroutine;
-	// active is set by every read and cleared by the parker's sweeps;
-	// epollReg (under the parker's lock) says the socket is registered
-	// with the parker's epoll instance.
+	// active is set by every read and cleared by the parker's sweeps.
 	parked, active atomic.Bool
 	// inRead is set while the session handles what it read from the
 	// client: a request read but not yet forwarded is in flight, and a
 	// shutdown lets it run (terminateIfIdle).
 	inRead   atomic.Bool
-	epollReg bool
 	closed   atomic.Bool
 	sawFatal atomic.Bool // the server sent this client a FATAL error
 	// midFrame: the server connection was lost after part of a frame was
@@ -186,12 +154,63 @@ type session struct {
 	// than released clean: from then on nothing the client sends reaches
 	// any server, and the session ends (see attach).
 	severed atomic.Bool
-	endOnce sync.Once
-	endErr  atomic.Pointer[wire.Error]
+	// endErr is the final message, set once (under finalMu).
+	endErr atomic.Pointer[wire.Error]
 	// handshaking is set while the session logs in on serveConn's
 	// goroutine, until register: fail then leaves the close to serveConn,
 	// which lingers so that the client reads its refusal (lingerClose).
 	handshaking atomic.Bool
+	endOnce     sync.Once
+
+	// finalMu is held from setting endErr until the final message is
+	// written: whoever closes the client connection (a second fail, end)
+	// takes it first, so the message is not lost to an early close.
+	finalMu sync.Mutex
+	// attachMu orders attaching a server with a shutdown's decision that
+	// the session is idle (terminateIfIdle); it guards no field.
+	attachMu sync.Mutex
+
+	// wmu serialises writes to the client (the client goroutine and the
+	// server's reader both write) and guards cio, the client connection's
+	// raw reads and writes (set by run; nil while parked).
+	wmu sync.Mutex
+	cio *wire.ConnReader
+
+	// pmu guards params: the values this client's session should have on
+	// any server (startup parameters, then what ParameterStatus told it),
+	// pkey, their paramsKey ("" until needed after a change), and custom,
+	// the customized options (a.b) the client touched.
+	pmu    sync.Mutex
+	params map[string]string
+	pkey   string
+	custom map[string]bool
+	// paramsShared: params is a map shared with other sessions (never
+	// changed: ownParams copies it first).
+	paramsShared bool
+
+	// stmu guards stmts, the client's statement names, and bound, which
+	// maps back the definitions it used, for error messages (the server's
+	// reader undoes mappings the server never made).
+	stmu  sync.Mutex
+	stmts map[string]*stmtDef
+	bound map[string]string
+
+	// waitMu guards waitCancel, which withdraws a checkout in progress (a
+	// cancel request, a shutdown).
+	waitMu     sync.Mutex
+	waitCancel func(cause error)
+
+	// wd enforces the timeouts and leak detection (its own mutex).
+	wd watchdog
+	// qmu guards the start of the latest query's text, for leak warnings
+	// and timeout logs.
+	qmu   sync.Mutex
+	qtext *[maxQueryText]byte
+	qlen  int
+
+	// epollReg says the socket is registered with the parker's epoll
+	// instance (parker.mu).
+	epollReg bool
 }
 
 // sessionLog logs with the session's fields, added per line: a zap child
