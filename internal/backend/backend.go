@@ -1,7 +1,9 @@
 // Package backend opens connections to PostgreSQL as a client: dial, startup
 // message, authentication (SCRAM-SHA-256, md5, cleartext, trust, and SCRAM
 // pass-through with a client's recovered key), the server's parameters and
-// cancel key; and it sends cancel requests.
+// cancel key; and it sends cancel requests. It does not pool, retry or relay:
+// a *Conn is handed to internal/pool once logged in, and what flows over it
+// afterwards is the proxy's.
 package backend
 
 import (

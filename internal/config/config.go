@@ -1,6 +1,8 @@
 // Package config holds poolerd's typed configuration: defaults, loading from a
 // YAML file, POOLERD_* environment variables and command-line flags (through
-// viper), and validation with messages that say what to change.
+// viper), and validation with messages that say what to change. It does not
+// apply a configuration: the proxy decides what a reload changes in a running
+// poolerd, and cmd/poolerd what needs a restart.
 package config
 
 import (

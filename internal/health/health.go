@@ -1,7 +1,8 @@
 // Package health serves poolerd's HTTP endpoints: liveness (/healthz),
 // readiness (/readyz), the health report (/stats), Prometheus metrics
 // (/metrics) and, when enabled, /debug/pprof/; behind TLS and basic auth
-// when given a Prometheus web configuration file.
+// when given a Prometheus web configuration file. It computes nothing itself:
+// readiness, the report and the metrics come from what it is given.
 package health
 
 import (

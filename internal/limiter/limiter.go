@@ -37,6 +37,10 @@
 //
 // Wait retries a denied request after its RetryAfter until it is allowed,
 // ctx ends or a maximum wait would be exceeded.
+//
+// It does not know clients, rules or SQL: the proxy compiles the configured
+// rate_limits into keys and buckets, asks for decisions, and turns a denial
+// into the client's error.
 package limiter
 
 import (

@@ -2,7 +2,10 @@
 // checkout with a deadline and a FIFO queue, reuse of the most recently used
 // idle connection, validation before use, background connects with
 // exponential backoff and a health state, a floor of open connections,
-// recycling by age, query count and idleness, and statistics.
+// recycling by age, query count and idleness, and statistics. It does not
+// speak the PostgreSQL protocol and knows nothing of clients: connections are
+// opened, probed and validated through functions its user gives it, and it
+// never looks at what flows over them.
 package pool
 
 import (

@@ -1,7 +1,10 @@
 // Package wire moves PostgreSQL v3 protocol frames: a cursor that walks a
 // byte stream frame by frame without copying, exact reads for the startup
 // handshake, builders for the few messages poolerd writes itself, and reads
-// into pooled buffers borrowed only while data is in flight.
+// into pooled buffers borrowed only while data is in flight. It does not
+// decide anything about a session: which frames matter, and what they mean
+// for a transaction or a pool, is the proxy's business; message types it does
+// not build come from pgproto3.
 package wire
 
 import (
