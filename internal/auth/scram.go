@@ -281,6 +281,18 @@ func expectAttr(attrs []attr, i int, name byte, what string) (string, error) {
 	return attrs[i].value, nil
 }
 
+// parseMessage checks a whole SCRAM message (checkMessage) and splits it
+// into attributes (splitAttrs); it returns the message as text too, for the
+// signatures computed over it.
+func parseMessage(data []byte, what string) (string, []attr, error) {
+	if err := checkMessage(data, what); err != nil {
+		return "", nil, err
+	}
+	msg := string(data)
+	attrs, err := splitAttrs(msg, what)
+	return msg, attrs, err
+}
+
 // checkMessage rejects empty payloads and payloads with NUL bytes (which
 // PostgreSQL rejects as a length mismatch since it handles C strings).
 func checkMessage(data []byte, what string) error {

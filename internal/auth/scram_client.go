@@ -133,11 +133,7 @@ func (c *SCRAMClient) HandleServerFirst(data []byte) (out []byte, err error) {
 		}
 	}()
 	const what = "server-first-message"
-	if err := checkMessage(data, what); err != nil {
-		return nil, err
-	}
-	msg := string(data)
-	attrs, err := splitAttrs(msg, what)
+	msg, attrs, err := parseMessage(data, what)
 	if err != nil {
 		return nil, err
 	}

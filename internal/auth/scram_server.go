@@ -181,11 +181,7 @@ func (s *SCRAMServer) HandleClientFinal(data []byte) (out []byte, err error) {
 		}
 	}()
 	const what = "client-final-message"
-	if err := checkMessage(data, what); err != nil {
-		return nil, err
-	}
-	msg := string(data)
-	attrs, err := splitAttrs(msg, what)
+	msg, attrs, err := parseMessage(data, what)
 	if err != nil {
 		return nil, err
 	}
