@@ -381,6 +381,17 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 		}
 		return buf[start:out]
 	}
+	// answered sends what this read holds so far and waits until the
+	// server has answered all of it (a refusal must reach the client after
+	// those answers). It returns false if the server was lost.
+	answered := func(sc *serverConn) bool {
+		if !s.flush(data(), b) {
+			return false
+		}
+		start, out, b.reqs = off, off, 0
+		s.waitAnswered(sc)
+		return true
+	}
 	for off < end || s.cur.Ending() {
 		n, ev, err := s.cur.Next(buf[off:end])
 		if err != nil {
@@ -430,11 +441,9 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 				// The refusal must reach the client after the answers to
 				// what it sent before: send that, and wait for them.
 				if sc := s.server.Load(); sc != nil {
-					if !s.flush(data(), b) {
+					if !answered(sc) {
 						return true
 					}
-					start, out, b.reqs = off, off, 0
-					s.waitAnswered(sc)
 					s.abortTx(sc)
 				}
 				s.refuse(rateErr)
@@ -465,14 +474,11 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 					s.writeClient(wire.AppendReadyForQuery(nil, wire.TxIdle))
 				}
 			case s.server.Load() == nil:
-				if werr := s.attach(); werr != nil {
-					if isFatal(werr) {
-						s.fail(werr)
-						return true
-					}
-					s.dropFrame = true
-					s.refuse(werr)
+				attached, quit := s.attachOrRefuse()
+				if quit {
+					return true
 				}
+				s.dropFrame = !attached
 			}
 			s.hold = false
 			if t == 'Q' && s.tracked && !s.dropFrame {
@@ -529,19 +535,16 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 				// The name's fate hangs on the answer to an earlier request
 				// of the pipeline (a Parse or Close an error may skip): send
 				// what came before, wait for the answers, then go on.
-				if !s.flush(data(), b) {
+				if !answered(sc) {
 					return true
 				}
-				start, out, b.reqs = off, off, 0
 				s.holdRead = 0 // forwarded from its capture, not in place
-				s.waitAnswered(sc)
 				if sc = s.server.Load(); sc == nil {
-					if werr := s.attach(); werr != nil {
-						if isFatal(werr) {
-							s.fail(werr)
-							return true
-						}
-						s.refuse(werr)
+					attached, quit := s.attachOrRefuse()
+					if quit {
+						return true
+					}
+					if !attached {
 						break
 					}
 					sc = s.server.Load()
@@ -551,11 +554,9 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 			if werr := s.scanEffects(t, body, canRefuse); werr != nil {
 				// Refused in order: what came before goes first and is
 				// answered before the error.
-				if !s.flush(data(), b) {
+				if !answered(sc) {
 					return true
 				}
-				start, out, b.reqs = off, off, 0
-				s.waitAnswered(sc)
 				s.abortTx(sc)
 				s.refuse(werr)
 				break
@@ -607,6 +608,22 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 		s.cur.Trim(maxScan)
 	}
 	return !s.flush(data(), b)
+}
+
+// attachOrRefuse attaches a server connection for the request being read,
+// or refuses the request: attached is false if it was refused, quit true if
+// the refusal ended the session.
+func (s *session) attachOrRefuse() (attached, quit bool) {
+	err := s.attach()
+	switch {
+	case err == nil:
+		return true, false
+	case isFatal(err):
+		s.fail(err)
+		return false, true
+	}
+	s.refuse(err)
+	return false, false
 }
 
 // count records what a forwarded frame earns. Every Query, FunctionCall and
