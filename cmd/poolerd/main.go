@@ -1,6 +1,9 @@
 // Command poolerd is a PostgreSQL connection pooler: it speaks the v3 wire
 // protocol to clients and hands their sessions to pools of server
-// connections, one pool per database and user.
+// connections, one pool per database and user. This package only parses
+// flags, loads the configuration, builds the logger, wires the proxy, the
+// console, observability and the HTTP endpoints together and turns signals
+// into reloads and shutdowns; none of the pooling happens here.
 package main
 
 import (
