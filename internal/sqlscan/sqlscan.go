@@ -1,14 +1,29 @@
 // Package sqlscan is a small lexer over SQL text that finds what a
 // statement does to the session: a pooler in transaction mode must know when
 // a client changes settings, creates state that only its own server
-// connection holds (a temp table, LISTEN, a session advisory lock, ...), opens
-// a transaction block or deallocates prepared statements.
+// connection holds (a temp table, LISTEN, a session advisory lock, ...) or
+// may have removed such state again, opens a transaction block or
+// deallocates prepared statements.
 //
 // It is not a parser. It splits text into statements at top-level
 // semicolons, skipping comments, quoted identifiers, string constants
 // (standard, E'...', dollar-quoted), and reads the first words of each statement
 // plus any function names, which is what PostgreSQL's command tags cannot
 // tell (CREATE TABLE does not say TEMP, SELECT does not say it took a lock).
+// No statement or name inside a string is read: neither the body of a
+// function (CREATE FUNCTION ... AS $$ ... $$) nor that of a DO block counts.
+//
+// What pins (Effects.Pin, the first kind in the text):
+//
+//   - PinTempTable: CREATE ... TEMP | TEMPORARY TABLE, VIEW or SEQUENCE (not a
+//     table ON COMMIT DROP), SELECT ... INTO TEMP.
+//   - PinPrepare: PREPARE name (not PREPARE TRANSACTION).
+//   - PinListen: LISTEN.
+//   - PinAdvisoryLock: the name of a session-level advisory lock function
+//     (pg_advisory_lock, pg_try_advisory_lock, their _shared forms) in any
+//     statement, unquoted (any case), schema-qualified or not.
+//   - PinCursorOnHold: DECLARE ... WITH HOLD.
+//   - PinRole: see below.
 //
 // Role changes pin (PinRole): every spelling of a session-level SET of role
 // or session_authorization (SET [SESSION] ROLE, SET [SESSION] SESSION
@@ -20,9 +35,37 @@
 // with computed arguments) is reported as Settings: the pooler checks the
 // session after it ran. A call of any other function that is not a common
 // built-in is reported as Calls: the function may set the role.
+//
+// What may undo pinned state (Effects.Undo, every kind in the text):
+//
+//   - PinTempTable: DROP TABLE, DROP VIEW, DROP SEQUENCE (any name: an
+//     unqualified one may be a temporary relation; these are the relations
+//     PostgreSQL makes temporary), DISCARD TEMP | TEMPORARY.
+//   - PinPrepare: DEALLOCATE [PREPARE] name | ALL.
+//   - PinListen: UNLISTEN name | *.
+//   - PinAdvisoryLock: the name pg_advisory_unlock, pg_advisory_unlock_shared
+//     or pg_advisory_unlock_all, found as the lock functions are, and also
+//     quoted in its own spelling ("pg_advisory_unlock").
+//   - PinCursorOnHold: CLOSE name | ALL (COMMIT and ROLLBACK leave a WITH
+//     HOLD cursor open).
+//   - PinRole: RESET ROLE, RESET SESSION AUTHORIZATION (or RESET role |
+//     session_authorization, quoted or not); SET [SESSION] ROLE NONE and
+//     SET [SESSION] role TO | = NONE | DEFAULT (NONE also as 'none' or
+//     "none"); SET [SESSION] SESSION AUTHORIZATION DEFAULT and SET [SESSION]
+//     session_authorization TO | = DEFAULT. Such a SET also pins, as every
+//     session-level SET of the role does. Not RESET ALL, which leaves role
+//     and session_authorization alone; not SET LOCAL.
+//   - every kind: DISCARD ALL (which also sets Unpin).
+//
+// Undo says only that state of a kind may be gone: the statement may name
+// something else, fail or be rolled back, and a text may create and remove
+// the same kind (both are reported), so a pooler asks the server before it
+// unpins. What text cannot show (a DO block, CALL, a function that unlocks
+// or drops) is not reported: such a client stays pinned.
 package sqlscan
 
 import (
+	"iter"
 	"strings"
 	"unsafe"
 )
@@ -39,6 +82,70 @@ const (
 	PinSessionParams = "session_params"
 )
 
+// Kinds is a set of pin kinds (the Pin constants), one bit each: a plain
+// value that Scan fills without allocating and == compares.
+type Kinds uint8
+
+// The bits of Kinds, in the order of kindNames.
+const (
+	kindTempTable Kinds = 1 << iota
+	kindPrepare
+	kindListen
+	kindAdvisoryLock
+	kindCursorOnHold
+	kindRole
+	kindSessionParams
+
+	allKinds Kinds = 1<<iota - 1
+)
+
+// kindNames are the Pin constants in the order of their bits in Kinds.
+var kindNames = [...]string{PinTempTable, PinPrepare, PinListen, PinAdvisoryLock, PinCursorOnHold, PinRole,
+	PinSessionParams}
+
+// kind returns the bit of pin, 0 for a name that is no Pin constant.
+func kind(pin string) Kinds {
+	for i, n := range kindNames {
+		if n == pin {
+			return 1 << i
+		}
+	}
+	return 0
+}
+
+// Has reports whether k holds pin (a Pin constant; any other name is never
+// held).
+func (k Kinds) Has(pin string) bool { return k&kind(pin) != 0 }
+
+// Add puts pin (a Pin constant) into k; any other name leaves k as it is.
+func (k *Kinds) Add(pin string) { *k |= kind(pin) }
+
+// Empty reports whether k holds no kind.
+func (k Kinds) Empty() bool { return k == 0 }
+
+// All yields the Pin constants k holds, in the order of the constants.
+func (k Kinds) All() iter.Seq[string] {
+	return func(yield func(string) bool) {
+		for i, n := range kindNames {
+			if k&(1<<i) != 0 && !yield(n) {
+				return
+			}
+		}
+	}
+}
+
+// String lists the kinds k holds, separated by commas.
+func (k Kinds) String() string {
+	var b strings.Builder
+	for n := range k.All() {
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(n)
+	}
+	return b.String()
+}
+
 // Effects is what a piece of SQL text may do to the session.
 type Effects struct {
 	// Statements is the number of statements in the text.
@@ -51,6 +158,11 @@ type Effects struct {
 	Pin string
 	// Unpin: DISCARD ALL, which removes every kind of session state.
 	Unpin bool
+	// Undo holds every kind of pinned state the text may have removed
+	// (CLOSE, UNLISTEN, DROP TABLE, pg_advisory_unlock, RESET ROLE, ...;
+	// see the package comment). It does not say the state is gone: the
+	// statement may name something else, fail or be rolled back.
+	Undo Kinds
 	// BeginTx: the text opens a transaction block (BEGIN, START
 	// TRANSACTION) that it does not end (COMMIT, END, ROLLBACK, ABORT).
 	BeginTx bool
@@ -67,7 +179,7 @@ type Effects struct {
 
 // Interesting reports whether the text does anything a pooler must act on.
 func (e Effects) Interesting() bool {
-	return e.Settings || e.Pin != "" || e.Unpin || e.BeginTx || e.DeallocateAll || e.Deallocates > 0
+	return e.Settings || e.Pin != "" || e.Unpin || !e.Undo.Empty() || e.BeginTx || e.DeallocateAll || e.Deallocates > 0
 }
 
 // maxWords is how many leading words of a statement are kept.
@@ -96,7 +208,7 @@ func Scan(sql string) Effects {
 	endStmt := func() {
 		if inStmt {
 			e.Statements++
-			statement(&e, words, onCommitDrop)
+			statement(&e, sql, words, onCommitDrop)
 		}
 		words = buf[:0]
 		inStmt, onCommitDrop = false, false
@@ -193,25 +305,22 @@ func deallocateName(ws []token) (token, bool) {
 // function notes a name that matters wherever it appears; t is a word of
 // sql.
 func function(e *Effects, t token, sql string) {
-	w := t.word
-	if t.quoted {
-		// A quoted name is case-sensitive: only the built-in's own
-		// spelling calls it.
-		if w == "set_config" {
-			setConfig(e, sql, t.end)
-		}
-		return
+	// A quoted name is case-sensitive: only the built-in's own spelling
+	// calls it.
+	name := t.word
+	var b [32]byte
+	if !t.quoted {
+		name = lowerASCII(b[:], name)
 	}
-	for _, f := range [...]string{"pg_advisory_lock", "pg_advisory_lock_shared", "pg_try_advisory_lock", "pg_try_advisory_lock_shared"} {
-		if len(w) == len(f) && strings.EqualFold(w, f) {
-			if e.Pin == "" {
-				e.Pin = PinAdvisoryLock
-			}
-			return
-		}
-	}
-	if len(w) == len("set_config") && strings.EqualFold(w, "set_config") {
+	switch name {
+	case "set_config":
 		setConfig(e, sql, t.end)
+	case "pg_advisory_lock", "pg_advisory_lock_shared", "pg_try_advisory_lock", "pg_try_advisory_lock_shared":
+		if e.Pin == "" && !t.quoted { // as before: a quoted lock name does not pin
+			e.Pin = PinAdvisoryLock
+		}
+	case "pg_advisory_unlock", "pg_advisory_unlock_shared", "pg_advisory_unlock_all":
+		e.Undo |= kindAdvisoryLock
 	}
 }
 
@@ -429,8 +538,9 @@ func word(ws []token, i int) token {
 	return token{punct: ' '}
 }
 
-// statement applies the rules for one statement's leading words.
-func statement(e *Effects, ws []token, onCommitDrop bool) {
+// statement applies the rules for one statement's leading words ws, words
+// of sql.
+func statement(e *Effects, sql string, ws []token, onCommitDrop bool) {
 	pin := func(reason string) {
 		if e.Pin == "" {
 			e.Pin = reason
@@ -440,8 +550,11 @@ func statement(e *Effects, ws []token, onCommitDrop bool) {
 	w0 := word(ws, 0)
 	switch {
 	case w0.is("set"):
-		if setsRole(ws) {
+		if at, auth, ok := setsRole(ws); ok {
 			pin(PinRole)
+			if resetsRole(sql, ws[at], auth) {
+				e.Undo |= kindRole
+			}
 			break
 		}
 		switch w1 := word(ws, 1); {
@@ -449,13 +562,39 @@ func statement(e *Effects, ws []token, onCommitDrop bool) {
 		default:
 			e.Settings = true
 		}
-	case w0.is("reset"), w0.is("do"), w0.is("call"):
+	case w0.is("reset"):
 		// RESET ROLE and RESET SESSION AUTHORIZATION go back to the login
-		// role; DO and CALL run code that may change settings or the role.
+		// role; RESET ALL leaves both alone.
+		e.Settings = true
+		w1, w2 := word(ws, 1), word(ws, 2)
+		if w1.is("session") && w2.is("authorization") ||
+			(w1.isParam("role") || w1.isParam("session_authorization")) && w2.punct != '.' {
+			e.Undo |= kindRole
+		}
+	case w0.is("do"), w0.is("call"):
+		// DO and CALL run code that may change settings or the role.
 		e.Settings = true
 	case w0.is("discard"):
-		if word(ws, 1).is("all") {
+		switch w1 := word(ws, 1); {
+		case w1.is("all"):
 			e.Settings, e.DeallocateAll, e.Unpin = true, true, true
+			e.Undo = allKinds
+		case w1.is("temp"), w1.is("temporary"):
+			e.Undo |= kindTempTable
+		}
+	case w0.is("drop"):
+		// The relations PostgreSQL makes temporary; an unqualified name
+		// may be one.
+		if w1 := word(ws, 1); w1.is("table") || w1.is("view") || w1.is("sequence") {
+			e.Undo |= kindTempTable
+		}
+	case w0.is("close"):
+		if word(ws, 1).punct == 0 { // a cursor's name or ALL
+			e.Undo |= kindCursorOnHold
+		}
+	case w0.is("unlisten"):
+		if w1 := word(ws, 1); w1.punct == 0 || w1.punct == '*' {
+			e.Undo |= kindListen
 		}
 	case w0.is("create"):
 		for i := 1; i < len(ws) && i < 5; i++ {
@@ -500,8 +639,10 @@ func statement(e *Effects, ws []token, onCommitDrop bool) {
 		}
 		if word(ws, i).is("all") {
 			e.DeallocateAll = true
+			e.Undo |= kindPrepare
 		} else if _, ok := deallocateName(ws); ok {
 			e.Deallocates++
+			e.Undo |= kindPrepare
 		}
 	}
 }
@@ -510,19 +651,39 @@ func statement(e *Effects, ws []token, onCommitDrop bool) {
 // or the session authorization for the session: SET [SESSION] ROLE ...,
 // SET [SESSION] SESSION AUTHORIZATION ..., SET [SESSION] role TO|= ... and
 // SET [SESSION] session_authorization TO|= ..., the names quoted or not.
-// SET LOCAL lasts until the end of the transaction and does not count.
-func setsRole(ws []token) bool {
+// SET LOCAL lasts until the end of the transaction and does not count. If
+// it does, ws[at] is the word the value follows (ROLE, AUTHORIZATION, the
+// parameter's name) and auth says whether it sets the session
+// authorization.
+func setsRole(ws []token) (at int, auth, ok bool) {
 	i := 1
 	if word(ws, i).is("session") && !word(ws, i+1).is("authorization") && !word(ws, i+1).is("characteristics") {
 		i++
 	}
 	switch w := word(ws, i); {
 	case w.is("session"):
-		return word(ws, i+1).is("authorization")
+		return i + 1, true, word(ws, i+1).is("authorization")
 	case w.isParam("role"), w.isParam("session_authorization"):
-		return word(ws, i+1).punct != '.' // not a custom option role.x
+		// not a custom option role.x
+		return i, w.isParam("session_authorization"), word(ws, i+1).punct != '.'
 	}
-	return false
+	return 0, false, false
+}
+
+// resetsRole reports whether the value of a session-level SET of the role
+// (or, with auth, of the session authorization), which follows the token at
+// of sql, sets it back to the login's: DEFAULT, or for the role NONE
+// (also 'none' or "none", which PostgreSQL reads as NONE).
+func resetsRole(sql string, at token, auth bool) bool {
+	l := lexer{s: sql, i: at.end, strs: true}
+	v, _ := l.next()
+	if v.punct == '=' || v.is("to") {
+		v, _ = l.next()
+	}
+	if v.is("default") {
+		return true
+	}
+	return !auth && (v.is("none") || (v.quoted || v.str) && v.word == "none")
 }
 
 // lexer yields the tokens of SQL text that matter here: words and

@@ -22,8 +22,8 @@ func TestScan(t *testing.T) {
 		{"SET SESSION AUTHORIZATION bob", Effects{Statements: 1, Pin: PinRole}},
 		{"RESET ALL", Effects{Statements: 1, Settings: true}},
 		{"select set_config('a.b', '1', false)", Effects{Statements: 1, Settings: true}},
-		{"DISCARD ALL", Effects{Statements: 1, Settings: true, DeallocateAll: true, Unpin: true}},
-		{"DISCARD TEMP", Effects{Statements: 1}},
+		{"DISCARD ALL", Effects{Statements: 1, Settings: true, DeallocateAll: true, Unpin: true, Undo: allKinds}},
+		{"DISCARD TEMP", Effects{Statements: 1, Undo: kindTempTable}},
 		{"CREATE TEMP TABLE t (a int)", Effects{Statements: 1, Pin: PinTempTable}},
 		{"create global temporary table t (a int)", Effects{Statements: 1, Pin: PinTempTable}},
 		{"CREATE OR REPLACE TEMP VIEW v AS SELECT 1", Effects{Statements: 1, Pin: PinTempTable}},
@@ -34,7 +34,7 @@ func TestScan(t *testing.T) {
 		{"PREPARE p AS SELECT 1", Effects{Statements: 1, Pin: PinPrepare}},
 		{"PREPARE TRANSACTION 'x'", Effects{Statements: 1}},
 		{"LISTEN chan", Effects{Statements: 1, Pin: PinListen}},
-		{"UNLISTEN *", Effects{Statements: 1}},
+		{"UNLISTEN *", Effects{Statements: 1, Undo: kindListen}},
 		{"SELECT pg_advisory_lock(1)", Effects{Statements: 1, Pin: PinAdvisoryLock}},
 		{"SELECT pg_catalog.PG_TRY_ADVISORY_LOCK_SHARED(1)", Effects{Statements: 1, Pin: PinAdvisoryLock}},
 		{"SELECT pg_advisory_xact_lock(1)", Effects{Statements: 1}},
@@ -53,10 +53,10 @@ func TestScan(t *testing.T) {
 		{"BEGIN; SELECT 1; ROLLBACK", Effects{Statements: 3}},
 		{"COMMIT AND CHAIN", Effects{Statements: 1}},
 		{"BEGIN; COMMIT AND CHAIN", Effects{Statements: 2, BeginTx: true}},
-		{"DEALLOCATE s1", Effects{Statements: 1, Deallocates: 1}},
-		{"DEALLOCATE PREPARE \"S1\";", Effects{Statements: 1, Deallocates: 1}},
-		{"DEALLOCATE ALL", Effects{Statements: 1, DeallocateAll: true}},
-		{"DEALLOCATE s1; SELECT 1; deallocate s2", Effects{Statements: 3, Deallocates: 2}},
+		{"DEALLOCATE s1", Effects{Statements: 1, Deallocates: 1, Undo: kindPrepare}},
+		{"DEALLOCATE PREPARE \"S1\";", Effects{Statements: 1, Deallocates: 1, Undo: kindPrepare}},
+		{"DEALLOCATE ALL", Effects{Statements: 1, DeallocateAll: true, Undo: kindPrepare}},
+		{"DEALLOCATE s1; SELECT 1; deallocate s2", Effects{Statements: 3, Deallocates: 2, Undo: kindPrepare}},
 		{"SELECT E'\\'; LISTEN x'", Effects{Statements: 1}},
 		{"SELECT 'it''s; LISTEN x'", Effects{Statements: 1}},
 		{"SET a.b = 1; LISTEN x", Effects{Statements: 2, Settings: true, Pin: PinListen}},
@@ -74,7 +74,257 @@ func FuzzScan(f *testing.F) {
 	for _, s := range []string{"SELECT 1", "$a$ x $a$", "/* /* */", "E'\\", `"a""b"`, "$1$"} {
 		f.Add(s)
 	}
-	f.Fuzz(func(t *testing.T, s string) { _ = Scan(s) })
+	for _, c := range undoCases {
+		f.Add(c.sql)
+	}
+	for _, s := range []string{"SET ROLE '", "SET ROLE =", "SET SESSION AUTHORIZATION", "RESET", "CLOSE", "UNLISTEN",
+		"DROP", "DISCARD", `SET ROLE "none`, "SET role TO 'none''", "pg_advisory_unlock"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		e := Scan(s)
+		if e.Undo&^allKinds != 0 {
+			t.Fatalf("Scan(%q).Undo = %08b, not a set of pin kinds", s, uint8(e.Undo))
+		}
+		if e.Unpin && e.Undo != allKinds {
+			t.Fatalf("Scan(%q) unpins but Undo = %v", s, e.Undo)
+		}
+		_ = e.Undo.String()
+	})
+}
+
+// undoCases are SQL texts and the kinds of pinned state they may undo
+// (Undo), with what they pin (Pin).
+var undoCases = []struct {
+	sql  string
+	undo Kinds
+	pin  string
+}{
+	// CLOSE: any cursor, WITH HOLD ones included.
+	{"CLOSE c", kindCursorOnHold, ""},
+	{"close ALL", kindCursorOnHold, ""},
+	{`CLOSE "My Cursor";`, kindCursorOnHold, ""},
+	{"BEGIN; CLOSE c; COMMIT", kindCursorOnHold, ""},
+	{"DECLARE c CURSOR WITH HOLD FOR SELECT 1; CLOSE c", kindCursorOnHold, PinCursorOnHold},
+	{"COMMIT", 0, ""}, // COMMIT and ROLLBACK leave WITH HOLD cursors open
+	{"ROLLBACK", 0, ""},
+	{"BEGIN; DECLARE c CURSOR FOR SELECT 1; END", 0, ""},
+	{"CLOSE", 0, ""},
+	{"SELECT 'CLOSE c'", 0, ""},
+	{"-- CLOSE c\nSELECT 1", 0, ""},
+	{"/* CLOSE c; */ SELECT 1", 0, ""},
+	{"SELECT close FROM t", 0, ""},
+	{`"CLOSE" c`, 0, ""},
+
+	// UNLISTEN.
+	{"UNLISTEN chan", kindListen, ""},
+	{"unlisten *", kindListen, ""},
+	{`UNLISTEN "Chan"`, kindListen, ""},
+	{"LISTEN a; UNLISTEN a", kindListen, PinListen},
+	{"UNLISTEN", 0, ""},
+	{"SELECT 'UNLISTEN *'", 0, ""},
+	{"NOTIFY unlisten", 0, ""},
+
+	// The advisory unlock functions, wherever they are called.
+	{"SELECT pg_advisory_unlock(1)", kindAdvisoryLock, ""},
+	{"SELECT pg_advisory_unlock_shared(1, 2)", kindAdvisoryLock, ""},
+	{"SELECT pg_advisory_unlock_all()", kindAdvisoryLock, ""},
+	{"select PG_ADVISORY_UNLOCK_ALL()", kindAdvisoryLock, ""},
+	{"SELECT pg_catalog.pg_advisory_unlock(1)", kindAdvisoryLock, ""},
+	{`SELECT "pg_advisory_unlock"(1)`, kindAdvisoryLock, ""},
+	{`SELECT "pg_catalog"."pg_advisory_unlock_all"()`, kindAdvisoryLock, ""},
+	{"SELECT count(*) FROM jobs WHERE pg_advisory_unlock(id)", kindAdvisoryLock, ""},
+	{"UPDATE t SET done = pg_advisory_unlock_shared(7) WHERE id = 1", kindAdvisoryLock, ""},
+	{"WITH x AS (SELECT pg_advisory_unlock_all()) SELECT * FROM x", kindAdvisoryLock, ""},
+	{"SELECT pg_advisory_lock(1); SELECT pg_advisory_unlock(1)", kindAdvisoryLock, PinAdvisoryLock},
+	{"SELECT pg_advisory_unlock FROM t", kindAdvisoryLock, ""}, // the name counts, as for the locks
+	{"SELECT 'pg_advisory_unlock(1)'", 0, ""},
+	{"SELECT $$ pg_advisory_unlock(1) $$", 0, ""},
+	{"SELECT $f$pg_advisory_unlock_all()$f$", 0, ""},
+	{"-- pg_advisory_unlock(1)\nSELECT 1", 0, ""},
+	{`SELECT "PG_ADVISORY_UNLOCK"(1)`, 0, ""}, // a function of the user's
+	{"SELECT my_pg_advisory_unlock(1), pg_advisory_unlocks(2)", 0, ""},
+	{"SELECT pg_advisory_xact_lock(1)", 0, ""},
+	{"DO $$ BEGIN PERFORM pg_advisory_unlock_all(); END $$", 0, ""}, // not read: stays pinned
+
+	// DROP of the relations that can be temporary, DISCARD TEMP.
+	{"DROP TABLE t", kindTempTable, ""},
+	{"drop table if exists t, u cascade", kindTempTable, ""},
+	{"DROP TABLE pg_temp.t", kindTempTable, ""},
+	{`DROP TABLE "T"`, kindTempTable, ""},
+	{"DROP VIEW v", kindTempTable, ""},
+	{"DROP SEQUENCE IF EXISTS s", kindTempTable, ""},
+	{"DISCARD TEMP", kindTempTable, ""},
+	{"discard temporary", kindTempTable, ""},
+	{"CREATE TEMP TABLE t (a int); DROP TABLE t", kindTempTable, PinTempTable},
+	{"DROP INDEX i", 0, ""},
+	{"DROP FUNCTION f()", 0, ""},
+	{"DROP MATERIALIZED VIEW m", 0, ""}, // never temporary
+	{"DROP SCHEMA s CASCADE", 0, ""},
+	{"DISCARD PLANS", 0, ""},
+	{"DISCARD SEQUENCES", 0, ""},
+	{"TRUNCATE t", 0, ""},
+	{"ALTER TABLE t DROP COLUMN a", 0, ""},
+	{"SELECT 'DROP TABLE t'", 0, ""},
+	{"CREATE FUNCTION f() RETURNS void LANGUAGE sql AS $$ DROP TABLE t $$", 0, ""},
+	{"CREATE FUNCTION f() RETURNS void LANGUAGE sql AS 'DROP TABLE t'", 0, ""},
+	{"DO $$ BEGIN DROP TABLE t; END $$", 0, ""}, // not read: stays pinned
+
+	// DEALLOCATE.
+	{"DEALLOCATE p", kindPrepare, ""},
+	{"deallocate prepare p", kindPrepare, ""},
+	{"DEALLOCATE ALL", kindPrepare, ""},
+	{"DEALLOCATE PREPARE ALL", kindPrepare, ""},
+	{`DEALLOCATE "P"`, kindPrepare, ""},
+	{"PREPARE p AS SELECT 1; DEALLOCATE p", kindPrepare, PinPrepare},
+	{"DEALLOCATE", 0, ""},
+	{"SELECT 'DEALLOCATE p'", 0, ""},
+
+	// Back to the login role or session authorization.
+	{"RESET ROLE", kindRole, ""},
+	{"reset role", kindRole, ""},
+	{`RESET "role"`, kindRole, ""},
+	{"RESET SESSION AUTHORIZATION", kindRole, ""},
+	{"RESET session_authorization", kindRole, ""},
+	{`RESET "SESSION_AUTHORIZATION"`, kindRole, ""},
+	{"SET ROLE x; RESET ROLE", kindRole, PinRole},
+	{"SET ROLE NONE", kindRole, PinRole}, // a session-level SET of the role pins, whatever the value
+	{"SET SESSION ROLE none", kindRole, PinRole},
+	{"SET ROLE 'none'", kindRole, PinRole},
+	{`SET ROLE "none"`, kindRole, PinRole},
+	{"SET ROLE /* c */ NONE", kindRole, PinRole},
+	{"SET role TO DEFAULT", kindRole, PinRole},
+	{"SET role = none", kindRole, PinRole},
+	{`SET "ROLE" TO 'none'`, kindRole, PinRole},
+	{"SET SESSION AUTHORIZATION DEFAULT", kindRole, PinRole},
+	{"set session session authorization default", kindRole, PinRole},
+	{"SET session_authorization TO DEFAULT", kindRole, PinRole},
+	{`SET "session_authorization" = DEFAULT`, kindRole, PinRole},
+	{"RESET ALL", 0, ""}, // leaves role and session_authorization alone
+	{"RESET role.tenant", 0, ""},
+	{"RESET work_mem", 0, ""},
+	{"SET ROLE x", 0, PinRole},
+	{"SET ROLE 'NONE'", 0, PinRole}, // a role named NONE
+	{`SET ROLE "NONE"`, 0, PinRole},
+	{"SET ROLE default_role", 0, PinRole},
+	{"SET SESSION AUTHORIZATION 'default'", 0, PinRole}, // a user named default
+	{"SET SESSION AUTHORIZATION none", 0, PinRole},
+	{"SET LOCAL ROLE NONE", 0, ""}, // transaction-local
+	{"SET LOCAL SESSION AUTHORIZATION DEFAULT", 0, ""},
+	{"SET role.tenant = none", 0, ""},
+	{"SELECT set_config('role', 'none', false)", 0, PinRole}, // not recognised as a reset
+	{"SELECT 'RESET ROLE'", 0, ""},
+	{"ALTER ROLE app RESET ROLE", 0, ""},
+
+	// DISCARD ALL undoes every kind; statements add up.
+	{"DISCARD ALL", allKinds, ""},
+	{"CLOSE c; UNLISTEN *; SELECT pg_advisory_unlock_all(); DROP TABLE t; DEALLOCATE ALL; RESET ROLE",
+		kindCursorOnHold | kindListen | kindAdvisoryLock | kindTempTable | kindPrepare | kindRole, ""},
+	{"SELECT 1; CLOSE c; SELECT 2; UNLISTEN x", kindCursorOnHold | kindListen, ""},
+	{"SELECT abalance FROM pgbench_accounts WHERE aid = $1", 0, ""},
+}
+
+func TestScanUndo(t *testing.T) {
+	for _, c := range undoCases {
+		e := Scan(c.sql)
+		if e.Undo != c.undo || e.Pin != c.pin {
+			t.Errorf("Scan(%q): Undo %q, Pin %q; want Undo %q, Pin %q", c.sql, e.Undo, e.Pin, c.undo, c.pin)
+		}
+		if !e.Undo.Empty() && !e.Interesting() {
+			t.Errorf("Scan(%q) undoes %q but is not Interesting", c.sql, e.Undo)
+		}
+	}
+}
+
+// TestScanUndoSpacing: blanks and block comments between the words change
+// nothing (line comments and newlines are left out: they would end a line
+// comment of the text early).
+func TestScanUndoSpacing(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	seps := []string{" ", "\t", "\r", "\f", "   ", "/* ; CLOSE x */", "/* a /* b; UNLISTEN * */ c */"}
+	for _, c := range undoCases {
+		want := Scan(c.sql)
+		for range 20 {
+			sql := strings.Map(func(r rune) rune {
+				if r == ' ' {
+					return '\x00'
+				}
+				return r
+			}, c.sql)
+			var b strings.Builder
+			for _, part := range strings.Split(sql, "\x00") {
+				if b.Len() > 0 {
+					b.WriteString(seps[r.IntN(len(seps))])
+				}
+				b.WriteString(part)
+			}
+			if got := Scan(b.String()); got.Undo != want.Undo || got.Pin != want.Pin {
+				t.Fatalf("Scan(%q): Undo %q, Pin %q; Scan(%q): Undo %q, Pin %q",
+					b.String(), got.Undo, got.Pin, c.sql, want.Undo, want.Pin)
+			}
+		}
+	}
+}
+
+func TestKinds(t *testing.T) {
+	var k Kinds
+	if !k.Empty() || k.String() != "" {
+		t.Fatalf("zero Kinds: Empty %v, String %q", k.Empty(), k)
+	}
+	pins := []string{PinTempTable, PinPrepare, PinListen, PinAdvisoryLock, PinCursorOnHold, PinRole, PinSessionParams}
+	for _, p := range pins {
+		var one Kinds
+		one.Add(p)
+		if one.Empty() || !one.Has(p) || one.String() != p {
+			t.Errorf("Add(%q): %08b, String %q", p, uint8(one), one)
+		}
+		for _, q := range pins {
+			if q != p && one.Has(q) {
+				t.Errorf("Add(%q) has %q", p, q)
+			}
+		}
+		k.Add(p)
+	}
+	if k != allKinds {
+		t.Errorf("every pin kind: %08b, want %08b", uint8(k), uint8(allKinds))
+	}
+	k.Add("no_such_kind")
+	k.Add("")
+	if k != allKinds || k.Has("no_such_kind") || k.Has("") {
+		t.Errorf("an unknown name changed or is in %08b", uint8(k))
+	}
+	var got []string
+	for n := range k.All() {
+		got = append(got, n)
+	}
+	if strings.Join(got, " ") != strings.Join(pins, " ") {
+		t.Errorf("All: %q, want %q", got, pins)
+	}
+	for n := range k.All() {
+		if n != PinTempTable {
+			t.Errorf("All went on after yield returned false: %q", n)
+		}
+		break
+	}
+	two := kindListen | kindRole
+	if two.String() != PinListen+","+PinRole {
+		t.Errorf("String: %q", two)
+	}
+}
+
+// TestScanAllocs: Scan allocates nothing, undo statements included.
+func TestScanAllocs(t *testing.T) {
+	for _, sql := range []string{
+		"SELECT abalance FROM pgbench_accounts WHERE aid = $1",
+		"CLOSE c; UNLISTEN *; SELECT pg_advisory_unlock_all(); DROP TABLE t; DEALLOCATE ALL; RESET ROLE",
+		"SET ROLE 'none'; SET SESSION AUTHORIZATION DEFAULT",
+		"SELECT pg_catalog.set_config('role', $1, false)",
+		"DISCARD ALL",
+	} {
+		if n := testing.AllocsPerRun(100, func() { _ = Scan(sql) }); n != 0 {
+			t.Errorf("Scan(%q): %v allocations", sql, n)
+		}
+	}
 }
 
 func BenchmarkScan(b *testing.B) {
@@ -89,6 +339,15 @@ func BenchmarkScan(b *testing.B) {
 // function of the application's.
 func BenchmarkScanCalls(b *testing.B) {
 	q := "SELECT count(*), max(created_at) FROM orders WHERE customer_id = app.current_customer($1)"
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = Scan(q)
+	}
+}
+
+// BenchmarkScanUndo reads what a client sends to give back session state.
+func BenchmarkScanUndo(b *testing.B) {
+	q := "CLOSE c; SELECT pg_advisory_unlock($1); RESET ROLE"
 	b.ReportAllocs()
 	for b.Loop() {
 		_ = Scan(q)
