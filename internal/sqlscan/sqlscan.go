@@ -21,7 +21,8 @@
 //   - PinListen: LISTEN.
 //   - PinAdvisoryLock: the name of a session-level advisory lock function
 //     (pg_advisory_lock, pg_try_advisory_lock, their _shared forms) in any
-//     statement, unquoted (any case), schema-qualified or not.
+//     statement, any case or quoted in its own spelling, schema-qualified
+//     or not.
 //   - PinCursorOnHold: DECLARE ... WITH HOLD.
 //   - PinRole: see below.
 //
@@ -44,8 +45,7 @@
 //   - PinPrepare: DEALLOCATE [PREPARE] name | ALL.
 //   - PinListen: UNLISTEN name | *.
 //   - PinAdvisoryLock: the name pg_advisory_unlock, pg_advisory_unlock_shared
-//     or pg_advisory_unlock_all, found as the lock functions are, and also
-//     quoted in its own spelling ("pg_advisory_unlock").
+//     or pg_advisory_unlock_all, found as the lock functions are.
 //   - PinCursorOnHold: CLOSE name | ALL (COMMIT and ROLLBACK leave a WITH
 //     HOLD cursor open).
 //   - PinRole: RESET ROLE, RESET SESSION AUTHORIZATION (or RESET role |
@@ -316,7 +316,7 @@ func function(e *Effects, t token, sql string) {
 	case "set_config":
 		setConfig(e, sql, t.end)
 	case "pg_advisory_lock", "pg_advisory_lock_shared", "pg_try_advisory_lock", "pg_try_advisory_lock_shared":
-		if e.Pin == "" && !t.quoted { // as before: a quoted lock name does not pin
+		if e.Pin == "" {
 			e.Pin = PinAdvisoryLock
 		}
 	case "pg_advisory_unlock", "pg_advisory_unlock_shared", "pg_advisory_unlock_all":
