@@ -3,70 +3,10 @@ package proxy
 import (
 	"context"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
-
-	"github.com/poolerd/poolerd/internal/sqlscan"
 )
-
-// counters are a pool's traffic totals since start, kept with atomics on
-// the relay's path (one add per event, no lock). SHOW STATS, the metrics and
-// the periodic stats line read them.
-type counters struct {
-	xacts     atomic.Uint64 // transactions completed
-	xactNanos atomic.Uint64 // time spent in them
-	queries   atomic.Uint64 // requests answered (Query, Sync, FunctionCall)
-	queryNano atomic.Uint64 // time from sending a request to its ReadyForQuery
-	received  atomic.Uint64 // bytes from clients
-	sent      atomic.Uint64 // bytes to clients
-	errors    sync.Map      // SQLSTATE class (string) -> *atomic.Uint64
-
-	// Transaction-mode prepared statements and session state.
-	clientParses, serverParses, cacheHits, stmtEvictions, binds atomic.Uint64
-	pinnedNow                                                   [len(pinReasons)]atomic.Int64
-	pinsTotal                                                   [len(pinReasons)]atomic.Uint64
-}
-
-// pinReasons are the reasons a client is pinned, as metric labels.
-var pinReasons = [...]string{sqlscan.PinTempTable, sqlscan.PinPrepare, sqlscan.PinListen,
-	sqlscan.PinAdvisoryLock, sqlscan.PinCursorOnHold, sqlscan.PinRole}
-
-// pinned counts a client pinned (delta 1) or unpinned (-1) for reason.
-func (c *counters) pinned(reason string, delta int64) {
-	for i, r := range pinReasons {
-		if r == reason {
-			c.pinnedNow[i].Add(delta)
-			if delta > 0 {
-				c.pinsTotal[i].Add(1)
-			}
-		}
-	}
-}
-
-// countError counts an error sent to a client by its SQLSTATE class.
-func (c *counters) countError(code string) {
-	class := "??"
-	if len(code) >= 2 {
-		class = code[:2]
-	}
-	v, ok := c.errors.Load(class)
-	if !ok {
-		v, _ = c.errors.LoadOrStore(class, new(atomic.Uint64))
-	}
-	v.(*atomic.Uint64).Add(1)
-}
-
-// errorCounts returns the errors sent to clients by SQLSTATE class.
-func (c *counters) errorCounts() map[string]uint64 {
-	out := map[string]uint64{}
-	c.errors.Range(func(k, v any) bool {
-		out[k.(string)] = v.(*atomic.Uint64).Load()
-		return true
-	})
-	return out
-}
 
 // Totals are a database's or pool's cumulative traffic, in PgBouncer's
 // SHOW STATS units (microseconds, bytes).
