@@ -1,3 +1,6 @@
+// Read-only snapshots of the server's statistics (copies; nothing returned
+// aliases the proxy's state), for internal/observe and the admin console.
+
 package proxy
 
 import (
@@ -6,7 +9,116 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/poolerd/poolerd/internal/pool"
 )
+
+// PoolStats is a snapshot of one pool for metrics, the health endpoint,
+// the admin console and tests.
+type PoolStats struct {
+	Database, User string
+	Mode           string
+	pool.Stats
+	// SessionTimeouts counts sessions' timeouts by kind: query,
+	// transaction, idle_transaction, client_idle, server_response (the
+	// checkout timeout is pool.Stats.Timeouts).
+	SessionTimeouts map[string]uint64
+	// Leaks counts leak warnings.
+	Leaks uint64
+	// Clients is the number of clients logged in to this pool.
+	Clients int64
+	// Traffic is what the relay counted for this pool since it was
+	// created, in SHOW STATS units.
+	Traffic Totals
+	// PreparedCacheHits counts clients' Parse of a named statement already
+	// prepared on their server connection; PreparedEvictions counts
+	// statements closed on a server connection to stay within
+	// max_prepared_statements.
+	PreparedCacheHits, PreparedEvictions uint64
+	// Pins are the pool's clients pinned to their server connection by
+	// session state, one entry per reason, always in the same order.
+	Pins []PinStats
+	// ClientErrors counts the errors sent to clients by SQLSTATE class
+	// (the code's first two characters).
+	ClientErrors map[string]uint64
+}
+
+// PinStats are a pool's clients pinned for one reason.
+type PinStats struct {
+	Reason string // a sqlscan.Pin* constant
+	Now    int64  // clients pinned at this moment
+	Total  uint64 // pins since the pool was created
+}
+
+func (p *dbPool) snapshot() PoolStats {
+	st := p.pool.Stats()
+	ps := PoolStats{Database: p.key.database, User: p.key.user, Mode: p.route().Settings.PoolMode,
+		Stats: st, SessionTimeouts: make(map[string]uint64, numTimeoutKinds), Leaks: p.leaks.Load(),
+		Clients: p.clients.Load(), Traffic: p.traffic(st),
+		PreparedCacheHits: p.ctr.cacheHits.Load(), PreparedEvictions: p.ctr.stmtEvictions.Load(),
+		Pins: make([]PinStats, len(pinReasons)), ClientErrors: p.ctr.errorCounts()}
+	for k := range numTimeoutKinds {
+		ps.SessionTimeouts[k.String()] = p.timeouts[k].Load()
+	}
+	for i, r := range pinReasons {
+		ps.Pins[i] = PinStats{Reason: r, Now: p.ctr.pinnedNow[i].Load(), Total: p.ctr.pinsTotal[i].Load()}
+	}
+	return ps
+}
+
+// Pools returns a snapshot of every pool.
+func (srv *Server) Pools() []PoolStats {
+	pools := srv.poolList()
+	out := make([]PoolStats, 0, len(pools))
+	for _, p := range pools {
+		out = append(out, p.snapshot())
+	}
+	return out
+}
+
+// ConfiguredPools returns a snapshot of the pools the configuration names
+// completely (see Warm), in the configuration's order: the upstream URL's
+// first.
+func (srv *Server) ConfiguredPools() []PoolStats {
+	srv.mu.Lock()
+	warm := append([]*dbPool(nil), srv.warm...)
+	srv.mu.Unlock()
+	out := make([]PoolStats, 0, len(warm))
+	for _, p := range warm {
+		out = append(out, p.snapshot())
+	}
+	return out
+}
+
+// ClientCount returns the number of logged-in clients.
+func (srv *Server) ClientCount() int {
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	return len(srv.sessions)
+}
+
+// ParkedClients returns the number of idle client sessions held without a
+// goroutine.
+func (srv *Server) ParkedClients() int { return srv.parker.parkedCount() }
+
+// LoginTimeouts counts clients dropped by client_login_timeout.
+func (srv *Server) LoginTimeouts() uint64 { return srv.loginTimeouts.Load() }
+
+// AuthFailures counts client logins refused for a wrong password or an
+// unknown user (28P01).
+func (srv *Server) AuthFailures() uint64 { return srv.authFailures.Load() }
+
+// ShuttingDown reports whether the server is shutting down (a signal, or
+// SHUTDOWN on the console).
+func (srv *Server) ShuttingDown() bool { return srv.shuttingDown() }
+
+// Paused reports whether every database is paused (PAUSE without a
+// database on the console; RESUME ends it).
+func (srv *Server) Paused() bool {
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	return srv.paused
+}
 
 // Totals are a database's or pool's cumulative traffic, in PgBouncer's
 // SHOW STATS units (microseconds, bytes).
@@ -78,8 +190,10 @@ func averages(prev, cur Totals, period time.Duration) Averages {
 }
 
 // totals reads a pool's counters.
-func (d *dbPool) totals() Totals {
-	st := d.pool.Stats()
+func (d *dbPool) totals() Totals { return d.traffic(d.pool.Stats()) }
+
+// traffic reads a pool's counters, with st its pool's statistics.
+func (d *dbPool) traffic(st pool.Stats) Totals {
 	return Totals{
 		ServerAssignments: st.Acquisitions,
 		Xacts:             d.ctr.xacts.Load(),
