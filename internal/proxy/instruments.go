@@ -14,7 +14,7 @@ import (
 
 // counters are a pool's traffic totals since start, kept with atomics on
 // the relay's path (one add per event, no lock). SHOW STATS, the metrics and
-// the periodic stats line read them.
+// the periodic stats line read them through the snapshots of stats.go.
 type counters struct {
 	xacts     atomic.Uint64 // transactions completed
 	xactNanos atomic.Uint64 // time spent in them
@@ -70,8 +70,8 @@ func (c *counters) errorCounts() map[string]uint64 {
 }
 
 // metrics are the histograms observed on the relay's path. Everything
-// else is read from the pools at scrape time by collector, so the relay
-// pays for none of it.
+// else is read from the pools' snapshots at scrape time by internal/observe,
+// so the relay pays for none of it.
 type metrics struct {
 	checkoutWait, queryDur, xactDur *prometheus.HistogramVec
 }
@@ -129,11 +129,13 @@ func (m *metrics) forget(database, user string) {
 	m.xactDur.DeleteLabelValues(database, user)
 }
 
-// Instrument registers poolerd's metrics on reg. Call it before Warm and
-// Serve: pools created earlier have no histograms.
+// Instrument registers the metrics the relay observes inline (the
+// histograms above and the rate-limit metrics) on reg; internal/observe
+// registers the rest, read at scrape time. Call it before Warm and Serve:
+// pools created earlier have no histograms.
 func (srv *Server) Instrument(reg prometheus.Registerer) error {
 	m := newMetrics()
-	for _, c := range append([]prometheus.Collector{m.checkoutWait, m.queryDur, m.xactDur, newCollector(srv)}, srv.rateMet.collectors()...) {
+	for _, c := range append([]prometheus.Collector{m.checkoutWait, m.queryDur, m.xactDur}, srv.rateMet.collectors()...) {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

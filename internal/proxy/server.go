@@ -65,8 +65,7 @@ type Server struct {
 	sessWG    sync.WaitGroup        // one per client session, from login to its end
 	parker    *parker               // idle client sessions without a goroutine
 
-	metrics *metrics // nil until Instrument
-	stats   statsState
+	metrics *metrics                   // nil until Instrument
 	rates   atomic.Pointer[rateLimits] // nil without rules
 	rateMet *rateMetrics
 	limits  *connLimits
@@ -75,6 +74,8 @@ type Server struct {
 	setLevel    func(string) error
 	shutdownReq chan string
 	ver         atomic.Pointer[string]
+	// averages are the console's stats-period averages (SetAverages; mu).
+	averages func() map[string]Averages
 
 	// onFrame, set only by tests before Serve, is called on a client
 	// session's goroutine for each frame header it reads, before the frame
