@@ -26,6 +26,7 @@ import (
 
 	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/internal/health"
+	"github.com/poolerd/poolerd/internal/observe"
 	"github.com/poolerd/poolerd/internal/proxy"
 )
 
@@ -132,12 +133,19 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 		}
 		return err
 	})
+	stats := observe.NewStats(srv, log)
+	srv.SetAverages(stats.DatabaseAverages)
 	statsCtx, stopStats := context.WithCancel(context.Background())
 	defer stopStats()
-	go srv.RunStats(statsCtx)
+	go stats.Run(statsCtx)
 
+	// The relay's own instruments, then what observe reads at scrape time.
 	reg := prometheus.NewRegistry()
-	if err := srv.Instrument(reg); err != nil {
+	err = srv.Instrument(reg)
+	if err == nil {
+		err = observe.Register(reg, srv)
+	}
+	if err != nil {
 		ln.Close()
 		return fmt.Errorf("metrics: %w", err)
 	}
@@ -157,7 +165,7 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 		opts      health.Options
 	}{
 		{cfg.HTTPListen, "http_listen / POOLERD_HTTP_LISTEN", health.Options{Ready: srv, Gatherer: reg,
-			Report: func() any { return srv.HealthReport() }, Pprof: cfg.HTTPPprof, WebConfigFile: cfg.HTTPWebConfigFile, Log: log}},
+			Report: func() any { return observe.Report(srv) }, Pprof: cfg.HTTPPprof, WebConfigFile: cfg.HTTPWebConfigFile, Log: log}},
 		{cfg.HTTPProbeListen, "http_probe_listen / POOLERD_HTTP_PROBE_LISTEN", health.Options{Ready: srv, ProbesOnly: true, Log: log}},
 	} {
 		if h.addr == "" {

@@ -184,7 +184,7 @@ func (srv *Server) showStats() *resultSet {
 		numeric("avg_xact_count"), numeric("avg_query_count"), numeric("avg_recv"), numeric("avg_sent"),
 		numeric("avg_xact_time"), numeric("avg_query_time"), numeric("avg_wait_time"), numeric("avg_client_parse_count"),
 		numeric("avg_server_parse_count"), numeric("avg_bind_count"))
-	totals, avgs := srv.DatabaseTotals(), srv.DatabaseAverages()
+	totals, avgs := srv.DatabaseTotals(), srv.databaseAverages()
 	for _, db := range statsDatabases(totals) {
 		t, a := totals[db], avgs[db]
 		r.row(db, t.ServerAssignments, t.Xacts, t.Queries, t.Received, t.Sent, t.XactTimeUs, t.QueryTimeUs, t.WaitTimeUs,
@@ -219,7 +219,7 @@ func (srv *Server) showStatsTable(averages bool) *resultSet {
 	r := newResult(text("database"), numeric("server_assignment_count"), numeric("xact_count"), numeric("query_count"),
 		numeric("bytes_received"), numeric("bytes_sent"), numeric("xact_time"), numeric("query_time"), numeric("wait_time"),
 		numeric(last[0]), numeric(last[1]), numeric(last[2]))
-	totals, avgs := srv.DatabaseTotals(), srv.DatabaseAverages()
+	totals, avgs := srv.DatabaseTotals(), srv.databaseAverages()
 	for _, db := range statsDatabases(totals) {
 		if averages {
 			a := avgs[db]
@@ -238,11 +238,11 @@ func (srv *Server) showStatsTable(averages bool) *resultSet {
 func (srv *Server) showTotals() *resultSet {
 	var t Totals
 	for _, x := range srv.DatabaseTotals() {
-		t.add(x)
+		t.Add(x)
 	}
 	var a Averages
 	var xw, qw, ww uint64 // rate-weighted sums of the mean times
-	for _, x := range srv.DatabaseAverages() {
+	for _, x := range srv.databaseAverages() {
 		a.ServerAssignments += x.ServerAssignments
 		a.Xacts += x.Xacts
 		a.Queries += x.Queries

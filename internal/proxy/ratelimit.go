@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 	"go.uber.org/zap"
@@ -141,46 +140,6 @@ func (rl *rateLimits) forSession(database, user, app string, addr net.Addr) []se
 		out = append(out, sessionRate{rule: r, key: key.String()})
 	}
 	return out
-}
-
-// rateMetrics are the rate limiter's metrics.
-type rateMetrics struct {
-	decisions    *prometheus.CounterVec   // rule, bucket, outcome
-	wait         *prometheus.HistogramVec // rule
-	redisErrors  prometheus.Counter
-	redisLatency prometheus.Histogram
-	refusals     *prometheus.CounterVec // limit
-}
-
-func newRateMetrics() *rateMetrics {
-	return &rateMetrics{
-		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "poolerd_ratelimit_decisions_total",
-			Help: "Rate-limit decisions by rule, bucket (the denying one; \"all\" when allowed) and outcome: allowed, rejected, waited (allowed after backpressure), error_allowed, error_denied (Redis failed; on_redis_error).",
-		}, []string{"rule", "bucket", "outcome"}),
-		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "poolerd_ratelimit_wait_seconds",
-			Help:    "Backpressure: how long requests of wait-mode rules were delayed (seed 003 backpressure_wait).",
-			Buckets: []float64{.001, .005, .01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
-		}, []string{"rule"}),
-		redisErrors: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "poolerd_ratelimit_redis_errors_total",
-			Help: "Rate-limit checks whose Redis call failed or timed out.",
-		}),
-		redisLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "poolerd_ratelimit_redis_seconds",
-			Help:    "Latency of Redis rate-limit checks.",
-			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1},
-		}),
-		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "poolerd_connection_limit_refusals_total",
-			Help: "Client connections refused by a connection limit: max_client_conn, max_db_client_connections, max_user_client_connections.",
-		}, []string{"limit"}),
-	}
-}
-
-func (m *rateMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.decisions, m.wait, m.redisErrors, m.redisLatency, m.refusals}
 }
 
 // warnLogger is what checkRate logs with (a session's logger).

@@ -18,7 +18,6 @@ import (
 
 	"github.com/poolerd/poolerd/internal/auth"
 	"github.com/poolerd/poolerd/internal/config"
-	"github.com/poolerd/poolerd/internal/pool"
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
@@ -66,8 +65,7 @@ type Server struct {
 	sessWG    sync.WaitGroup        // one per client session, from login to its end
 	parker    *parker               // idle client sessions without a goroutine
 
-	metrics *metrics // nil until Instrument
-	stats   statsState
+	metrics *metrics                   // nil until Instrument
 	rates   atomic.Pointer[rateLimits] // nil without rules
 	rateMet *rateMetrics
 	limits  *connLimits
@@ -76,6 +74,8 @@ type Server struct {
 	setLevel    func(string) error
 	shutdownReq chan string
 	ver         atomic.Pointer[string]
+	// averages are the console's stats-period averages (SetAverages; mu).
+	averages func() map[string]Averages
 
 	// onFrame, set only by tests before Serve, is called on a client
 	// session's goroutine for each frame header it reads, before the frame
@@ -523,49 +523,6 @@ func (srv *Server) poolList() []*dbPool {
 		out = append(out, p)
 	}
 	return out
-}
-
-// PoolStats is a snapshot of one pool for metrics, the health endpoint,
-// the admin console and tests.
-type PoolStats struct {
-	Database, User string
-	Mode           string
-	pool.Stats
-	// SessionTimeouts counts sessions' timeouts by kind: query,
-	// transaction, idle_transaction, client_idle, server_response (the
-	// checkout timeout is pool.Stats.Timeouts).
-	SessionTimeouts map[string]uint64
-	// Leaks counts leak warnings.
-	Leaks uint64
-}
-
-func (p *dbPool) snapshot() PoolStats {
-	ps := PoolStats{Database: p.key.database, User: p.key.user, Mode: p.route().Settings.PoolMode,
-		Stats: p.pool.Stats(), SessionTimeouts: make(map[string]uint64, numTimeoutKinds), Leaks: p.leaks.Load()}
-	for k := range numTimeoutKinds {
-		ps.SessionTimeouts[k.String()] = p.timeoutCounts[k].Load()
-	}
-	return ps
-}
-
-// LoginTimeouts counts clients dropped by client_login_timeout.
-func (srv *Server) LoginTimeouts() uint64 { return srv.loginTimeouts.Load() }
-
-// Pools returns a snapshot of every pool.
-func (srv *Server) Pools() []PoolStats {
-	pools := srv.poolList()
-	out := make([]PoolStats, 0, len(pools))
-	for _, p := range pools {
-		out = append(out, p.snapshot())
-	}
-	return out
-}
-
-// ClientCount returns the number of logged-in clients.
-func (srv *Server) ClientCount() int {
-	srv.mu.Lock()
-	defer srv.mu.Unlock()
-	return len(srv.sessions)
 }
 
 // terminateIfIdle ends the session with 57P01 now if it is idle: outside a

@@ -35,6 +35,7 @@ import (
 
 	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/internal/health"
+	"github.com/poolerd/poolerd/internal/observe"
 	"github.com/poolerd/poolerd/internal/proxy"
 	"github.com/poolerd/poolerd/test/pgtest"
 )
@@ -58,7 +59,7 @@ type obOpts struct {
 	// http serves the health endpoints (health.New, as main.go does) on
 	// 127.0.0.1:0.
 	http bool
-	// stats runs the SHOW STATS averages ticker (srv.RunStats).
+	// stats runs the SHOW STATS averages ticker (observe.Stats.Run).
 	stats bool
 }
 
@@ -109,6 +110,9 @@ func obStart(t *testing.T, o obOpts) *obInst {
 		if err := srv.Instrument(reg); err != nil {
 			t.Fatalf("Instrument: %v", err)
 		}
+		if err := observe.Register(reg, srv); err != nil {
+			t.Fatalf("observe.Register: %v", err)
+		}
 		reg.MustRegister(
 			collectors.NewGoCollector(),
 			collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -126,7 +130,9 @@ func obStart(t *testing.T, o obOpts) *obInst {
 	statsCtx, stopStats := context.WithCancel(context.Background())
 	statsDone := make(chan struct{})
 	if o.stats {
-		go func() { defer close(statsDone); srv.RunStats(statsCtx) }()
+		stats := observe.NewStats(srv, log)
+		srv.SetAverages(stats.DatabaseAverages)
+		go func() { defer close(statsDone); stats.Run(statsCtx) }()
 	} else {
 		close(statsDone)
 	}
@@ -144,7 +150,7 @@ func obStart(t *testing.T, o obOpts) *obInst {
 		if err != nil {
 			t.Fatal(err)
 		}
-		hs = health.New(health.Options{Ready: srv, Gatherer: reg, Report: func() any { return srv.HealthReport() },
+		hs = health.New(health.Options{Ready: srv, Gatherer: reg, Report: func() any { return observe.Report(srv) },
 			Pprof: cfg.HTTPPprof, Log: log})
 		go func() { defer close(httpDone); _ = hs.Serve(hln) }()
 		inst.base = "http://" + hln.Addr().String()

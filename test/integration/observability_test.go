@@ -23,7 +23,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/poolerd/poolerd/internal/config"
-	"github.com/poolerd/poolerd/internal/proxy"
+	"github.com/poolerd/poolerd/internal/observe"
 	"github.com/poolerd/poolerd/test/faultproxy"
 	"github.com/poolerd/poolerd/test/pgtest"
 )
@@ -44,13 +44,13 @@ func obGet(t *testing.T, p *obInst, path string) (int, []byte) {
 }
 
 // obReport fetches and decodes /stats.
-func obReport(t *testing.T, p *obInst) proxy.HealthReport {
+func obReport(t *testing.T, p *obInst) observe.HealthReport {
 	t.Helper()
 	code, body := obGet(t, p, "/stats")
 	if code != http.StatusOK {
 		t.Fatalf("/stats: %d %s", code, body)
 	}
-	var r proxy.HealthReport
+	var r observe.HealthReport
 	if err := json.Unmarshal(body, &r); err != nil {
 		t.Fatalf("/stats: %v\n%s", err, body)
 	}
@@ -349,7 +349,7 @@ func TestObsStatsUnderLoad(t *testing.T) {
 
 	rep := obReport(t, p)
 	st := p.poolStats(t, pgtest.DBApp, pgtest.RoleApp)
-	var ph *proxy.PoolHealth
+	var ph *observe.PoolHealth
 	for i := range rep.Pools {
 		if rep.Pools[i].Name == pgtest.DBApp && rep.Pools[i].User == pgtest.RoleApp {
 			ph = &rep.Pools[i]

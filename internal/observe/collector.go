@@ -1,4 +1,7 @@
-package proxy
+// The Prometheus collector: poolerd's gauges and counters, read from the
+// proxy's snapshots at scrape time, and its registration.
+
+package observe
 
 import (
 	"time"
@@ -8,82 +11,16 @@ import (
 	"github.com/poolerd/poolerd/internal/pool"
 )
 
-// metrics are the histograms observed on the relay's path. Everything
-// else is read from the pools at scrape time by collector, so the relay
-// pays for none of it.
-type metrics struct {
-	checkoutWait, queryDur, xactDur *prometheus.HistogramVec
-}
-
-// poolMetrics are one pool's histogram children, resolved once when the
-// pool is created: observing is a few atomic adds, no label lookup.
-type poolMetrics struct {
-	checkoutWait, queryDur, xactDur prometheus.Observer
-}
-
-type noopObserver struct{}
-
-func (noopObserver) Observe(float64) {}
-
-func newMetrics() *metrics {
-	l := []string{"database", "user"}
-	return &metrics{
-		checkoutWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "poolerd_checkout_wait_seconds",
-			Help:    "Time a request waited for a server connection (0 when one was idle).",
-			Buckets: []float64{.0001, .0005, .001, .005, .01, .05, .1, .5, 1, 5, 10, 30},
-		}, l),
-		queryDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "poolerd_query_duration_seconds",
-			Help:    "Time from sending a request (Query, Sync, FunctionCall) to its ReadyForQuery.",
-			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
-		}, l),
-		xactDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "poolerd_transaction_duration_seconds",
-			Help:    "Time a server connection was busy for a client: a transaction, or a single statement outside one.",
-			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
-		}, l),
-	}
-}
-
-// forPool resolves a pool's children; m may be nil (no registry).
-func (m *metrics) forPool(database, user string) poolMetrics {
-	if m == nil {
-		return poolMetrics{noopObserver{}, noopObserver{}, noopObserver{}}
-	}
-	return poolMetrics{
-		checkoutWait: m.checkoutWait.WithLabelValues(database, user),
-		queryDur:     m.queryDur.WithLabelValues(database, user),
-		xactDur:      m.xactDur.WithLabelValues(database, user),
-	}
-}
-
-// forget deletes a removed pool's children.
-func (m *metrics) forget(database, user string) {
-	if m == nil {
-		return
-	}
-	m.checkoutWait.DeleteLabelValues(database, user)
-	m.queryDur.DeleteLabelValues(database, user)
-	m.xactDur.DeleteLabelValues(database, user)
-}
-
-// Instrument registers poolerd's metrics on reg. Call it before Warm and
-// Serve: pools created earlier have no histograms.
-func (srv *Server) Instrument(reg prometheus.Registerer) error {
-	m := newMetrics()
-	for _, c := range append([]prometheus.Collector{m.checkoutWait, m.queryDur, m.xactDur, newCollector(srv)}, srv.rateMet.collectors()...) {
-		if err := reg.Register(c); err != nil {
-			return err
-		}
-	}
-	srv.metrics = m
-	return nil
+// Register registers the scrape-time collector of src's statistics on reg.
+// The relay's own histograms and counters are registered by
+// proxy.Server.Instrument.
+func Register(reg prometheus.Registerer, src Source) error {
+	return reg.Register(newCollector(src))
 }
 
 // collector exports pool statistics at scrape time.
 type collector struct {
-	srv   *Server
+	src   Source
 	descs map[string]*prometheus.Desc
 }
 
@@ -122,8 +59,8 @@ var poolMetricDefs = []metricDef{
 	{"poolerd_pins_total", "Clients pinned to their server connection, by reason.", []string{"reason"}},
 }
 
-func newCollector(srv *Server) *collector {
-	c := &collector{srv: srv, descs: map[string]*prometheus.Desc{}}
+func newCollector(src Source) *collector {
+	c := &collector{src: src, descs: map[string]*prometheus.Desc{}}
 	for _, d := range poolMetricDefs {
 		c.descs[d.name] = prometheus.NewDesc(d.name, d.help, append([]string{"database", "user"}, d.extra...), nil)
 	}
@@ -150,21 +87,19 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter := func(name string, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(c.descs[name], prometheus.CounterValue, v, labels...)
 	}
-	gauge("poolerd_client_connections", float64(c.srv.ClientCount()))
-	gauge("poolerd_parked_clients", float64(c.srv.parker.parkedCount()))
-	counter("poolerd_login_timeouts_total", float64(c.srv.LoginTimeouts()))
-	counter("poolerd_auth_failures_total", float64(c.srv.authFailures.Load()))
-	ready, _ := c.srv.Ready()
+	gauge("poolerd_client_connections", float64(c.src.ClientCount()))
+	gauge("poolerd_parked_clients", float64(c.src.ParkedClients()))
+	counter("poolerd_login_timeouts_total", float64(c.src.LoginTimeouts()))
+	counter("poolerd_auth_failures_total", float64(c.src.AuthFailures()))
+	ready, _ := c.src.Ready()
 	gauge("poolerd_ready", b2f(ready))
 	now := time.Now()
-	for _, d := range c.srv.poolList() {
-		ps := d.snapshot()
+	for _, ps := range c.src.Pools() {
 		db, user := ps.Database, ps.User
-		clients := d.clients.Load()
 		active, waiting := int64(ps.Active), int64(ps.Waiting)
 		gauge("poolerd_clients", float64(active), db, user, "active")
 		gauge("poolerd_clients", float64(waiting), db, user, "waiting")
-		gauge("poolerd_clients", float64(max(clients-active-waiting, 0)), db, user, "idle")
+		gauge("poolerd_clients", float64(max(ps.Clients-active-waiting, 0)), db, user, "idle")
 		gauge("poolerd_waiting_clients", float64(ps.Waiting), db, user)
 		gauge("poolerd_server_connections", float64(ps.Idle), db, user, "idle")
 		gauge("poolerd_server_connections", float64(ps.Active), db, user, "active")
@@ -197,17 +132,17 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		counter("poolerd_validation_failures_total", float64(ps.ValidationFailures), db, user)
 		counter("poolerd_leaks_total", float64(ps.Leaks), db, user)
-		counter("poolerd_client_bytes_received_total", float64(d.ctr.received.Load()), db, user)
-		counter("poolerd_client_bytes_sent_total", float64(d.ctr.sent.Load()), db, user)
-		counter("poolerd_prepared_client_parses_total", float64(d.ctr.clientParses.Load()), db, user)
-		counter("poolerd_prepared_server_parses_total", float64(d.ctr.serverParses.Load()), db, user)
-		counter("poolerd_prepared_cache_hits_total", float64(d.ctr.cacheHits.Load()), db, user)
-		counter("poolerd_prepared_evictions_total", float64(d.ctr.stmtEvictions.Load()), db, user)
-		for i, r := range pinReasons {
-			gauge("poolerd_pinned_clients", float64(d.ctr.pinnedNow[i].Load()), db, user, r)
-			counter("poolerd_pins_total", float64(d.ctr.pinsTotal[i].Load()), db, user, r)
+		counter("poolerd_client_bytes_received_total", float64(ps.Traffic.Received), db, user)
+		counter("poolerd_client_bytes_sent_total", float64(ps.Traffic.Sent), db, user)
+		counter("poolerd_prepared_client_parses_total", float64(ps.Traffic.ClientParses), db, user)
+		counter("poolerd_prepared_server_parses_total", float64(ps.Traffic.ServerParses), db, user)
+		counter("poolerd_prepared_cache_hits_total", float64(ps.PreparedCacheHits), db, user)
+		counter("poolerd_prepared_evictions_total", float64(ps.PreparedEvictions), db, user)
+		for _, p := range ps.Pins {
+			gauge("poolerd_pinned_clients", float64(p.Now), db, user, p.Reason)
+			counter("poolerd_pins_total", float64(p.Total), db, user, p.Reason)
 		}
-		for class, n := range d.ctr.errorCounts() {
+		for class, n := range ps.ClientErrors {
 			counter("poolerd_client_errors_total", float64(n), db, user, class)
 		}
 	}

@@ -1,9 +1,15 @@
-package proxy
+// The /stats document: the health of poolerd and of each pool, built from
+// the proxy's snapshots.
+
+package observe
 
 import (
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/poolerd/poolerd/internal/pool"
+	"github.com/poolerd/poolerd/internal/proxy"
 )
 
 // HealthReport is the /stats document: seed 004's health check response
@@ -53,32 +59,37 @@ type PoolCounts struct {
 	PoolCreatedAt         string  `json:"pool_created_at"`
 }
 
-// HealthReport builds the /stats document.
-func (srv *Server) HealthReport() HealthReport {
-	r := HealthReport{Timestamp: time.Now().UTC(), Clients: srv.ClientCount(), Pools: []PoolHealth{}}
-	srv.mu.Lock()
-	warm := append([]*dbPool(nil), srv.warm...)
-	globalPause := srv.paused
-	srv.mu.Unlock()
-	isWarm := map[*dbPool]bool{}
+// Report builds the /stats document of src.
+func Report(src Source) HealthReport {
+	r := HealthReport{Timestamp: time.Now().UTC(), Clients: src.ClientCount(), Pools: []PoolHealth{}}
+	warm := src.ConfiguredPools()
+	globalPause := src.Paused()
+	type key struct{ database, user string }
+	isWarm := map[key]bool{}
 	for _, p := range warm {
-		isWarm[p] = true
+		isWarm[key{p.Database, p.User}] = true
 	}
+	pools := src.Pools()
+	slices.SortFunc(pools, func(a, b proxy.PoolStats) int {
+		if c := strings.Compare(a.Database, b.Database); c != 0 {
+			return c
+		}
+		return strings.Compare(a.User, b.User)
+	})
 	worst := "healthy"
-	for _, p := range srv.sortedPools() {
+	for _, p := range pools {
 		ph := poolHealth(p)
 		r.Pools = append(r.Pools, ph)
-		if isWarm[p] {
+		if isWarm[key{p.Database, p.User}] {
 			worst = worse(worst, ph)
 		}
 	}
-	for _, p := range warm {
-		ph := poolHealth(p)
+	if len(warm) > 0 {
+		ph := poolHealth(warm[0])
 		r.Database = &ph
-		break
 	}
-	switch ok, _ := srv.Ready(); {
-	case srv.shuttingDown():
+	switch ok, _ := src.Ready(); {
+	case src.ShuttingDown():
 		r.Status = "shutting_down"
 	case globalPause:
 		r.Status = "paused"
@@ -92,6 +103,8 @@ func (srv *Server) HealthReport() HealthReport {
 
 var statusRank = map[string]int{"healthy": 0, "degraded": 1, "starting": 2, "paused": 3, "unhealthy": 4}
 
+// worse returns the worse of the status cur and the one pool ph stands
+// for.
 func worse(cur string, ph PoolHealth) string {
 	s := ph.Health
 	switch ph.Health {
@@ -111,10 +124,10 @@ func worse(cur string, ph PoolHealth) string {
 	return cur
 }
 
-func poolHealth(p *dbPool) PoolHealth {
-	st := p.pool.Stats()
+func poolHealth(ps proxy.PoolStats) PoolHealth {
+	st := ps.Stats
 	ph := PoolHealth{
-		Name: p.key.database, User: p.key.user, Health: st.State.String(),
+		Name: ps.Database, User: ps.User, Health: st.State.String(),
 		Pool: PoolCounts{
 			Total: st.Total, Idle: st.Idle, Active: st.Active, Waiting: st.Waiting,
 			MaxSize: st.MaxSize, MinSize: st.MinSize,
