@@ -8,6 +8,8 @@ package config
 import (
 	"fmt"
 	"reflect"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -154,6 +156,14 @@ type PoolSettings struct {
 	// SQL PREPARE, DECLARE WITH HOLD, SET ROLE) gets: pin (it keeps its server
 	// connection until it leaves) or refuse (an error).
 	SessionState string `mapstructure:"session_state"`
+	// MaxPinnedClients caps how many clients of one pool may be pinned to
+	// their server connection at once: a number, or a share of MaxSize
+	// ("50%"). A statement that would pin one more is refused (53400).
+	MaxPinnedClients string `mapstructure:"max_pinned_clients"`
+	// PinnedIdleTimeout ends a pinned client that stays idle outside a
+	// transaction this long, so that its server connection is freed; 0
+	// disables.
+	PinnedIdleTimeout time.Duration `mapstructure:"pinned_idle_timeout"`
 	// MaxSize is the most server connections one (database, user) pool opens.
 	MaxSize int `mapstructure:"max_size"`
 	// MinSize is how many server connections a pool keeps open.
@@ -289,6 +299,8 @@ type Overrides struct {
 	PoolMode               *string        `mapstructure:"pool_mode"`
 	MaxPreparedStatements  *int           `mapstructure:"max_prepared_statements"`
 	SessionState           *string        `mapstructure:"session_state"`
+	MaxPinnedClients       *string        `mapstructure:"max_pinned_clients"`
+	PinnedIdleTimeout      *time.Duration `mapstructure:"pinned_idle_timeout"`
 	MaxSize                *int           `mapstructure:"max_size"`
 	MinSize                *int           `mapstructure:"min_size"`
 	CheckoutTimeout        *time.Duration `mapstructure:"checkout_timeout"`
@@ -318,6 +330,7 @@ func Defaults() Config {
 			PoolMode:               PoolTransaction,
 			MaxPreparedStatements:  200,
 			SessionState:           SessionStatePin,
+			MaxPinnedClients:       "100%",
 			MaxSize:                20,
 			MinSize:                0,
 			CheckoutTimeout:        30 * time.Second,
@@ -368,4 +381,23 @@ func (base PoolSettings) Effective(over ...Overrides) PoolSettings {
 // String describes a database entry without its password.
 func (d Database) String() string {
 	return fmt.Sprintf("database %q (host %s port %d)", d.Name, d.Host, d.Port)
+}
+
+// PinnedCap is how many clients of a pool with these settings may be
+// pinned at once: MaxPinnedClients as a number, or as a share of MaxSize
+// (rounded down, at least 1).
+func (p PoolSettings) PinnedCap() (int, error) {
+	v := strings.TrimSpace(p.MaxPinnedClients)
+	if pct, ok := strings.CutSuffix(v, "%"); ok {
+		n, err := strconv.Atoi(strings.TrimSpace(pct))
+		if err != nil || n < 1 || n > 100 {
+			return 0, fmt.Errorf("max_pinned_clients %q: a share must be 1%% to 100%% of max_size", p.MaxPinnedClients)
+		}
+		return max(1, p.MaxSize*n/100), nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("max_pinned_clients %q is not a number of clients (at least 1) or a share of max_size like 50%%; session_state: refuse forbids pinning altogether", p.MaxPinnedClients)
+	}
+	return n, nil
 }

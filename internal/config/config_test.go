@@ -75,7 +75,7 @@ func TestEveryKeyHasAnEnvVar(t *testing.T) {
 					"pool_mode": "session", "server_reset_query": "SELECT 2", "log_format": "json", "log_level": "warn",
 					"startup_mode": "fail-fast", "validation_query": "SELECT 2",
 					"rate_limit_backend": "redis", "redis_url": "redis://h:1/0", "on_redis_error": "deny",
-					"session_state": "refuse", "http_probe_listen": "127.0.0.1:7002"}[k.Name]
+					"session_state": "refuse", "http_probe_listen": "127.0.0.1:7002", "max_pinned_clients": "50%"}[k.Name]
 				if k.Name == "rate_limit_backend" {
 					t.Setenv("POOLERD_REDIS_URL", "redis://h:1/0")
 				}
@@ -256,5 +256,28 @@ func TestListsFromEnvAreTrimmed(t *testing.T) {
 	}
 	if len(c.AdminUsers) != 2 || c.AdminUsers[1] != "alice" {
 		t.Fatalf("admin_users %q", c.AdminUsers)
+	}
+}
+
+func TestPinnedCap(t *testing.T) {
+	for _, c := range []struct {
+		v    string
+		size int
+		want int
+		ok   bool
+	}{
+		{"100%", 4, 4, true}, {"50%", 4, 2, true}, {"10%", 4, 1, true}, {" 3 ", 4, 3, true}, {"30", 4, 30, true},
+		{"0", 4, 0, false}, {"-1", 4, 0, false}, {"0%", 4, 0, false}, {"101%", 4, 0, false}, {"half", 4, 0, false}, {"", 4, 0, false},
+	} {
+		got, err := PoolSettings{MaxPinnedClients: c.v, MaxSize: c.size}.PinnedCap()
+		if (err == nil) != c.ok || got != c.want {
+			t.Errorf("max_pinned_clients %q, max_size %d: got %d, %v; want %d (ok %v)", c.v, c.size, got, err, c.want, c.ok)
+		}
+	}
+	cfg := Defaults()
+	cfg.Upstream = "postgres://app:secret@db/app"
+	cfg.MaxPinnedClients = "half"
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "max_pinned_clients") {
+		t.Fatalf("validation: %v", err)
 	}
 }

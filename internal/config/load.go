@@ -45,6 +45,8 @@ func Keys() []Key {
 		{Name: "pool_mode", Flag: "pool-mode", Help: "session, transaction or statement"},
 		{Name: "max_prepared_statements", Help: "protocol-level prepared statements kept per server connection in transaction/statement mode (0 = pass names through)"},
 		{Name: "session_state", Help: "pin or refuse a transaction-mode client that creates session state (temp table, LISTEN, advisory lock, ...)"},
+		{Name: "max_pinned_clients", Help: "most clients of one pool pinned at once: a number, or a share of max_size like 50%"},
+		{Name: "pinned_idle_timeout", Help: "end a pinned client idle outside a transaction this long (0 = off)"},
 		{Name: "max_size", Flag: "pool-size", Help: "most server connections per (database, user) pool"},
 		{Name: "min_size", Flag: "min-pool-size", Help: "server connections a pool keeps open"},
 		{Name: "checkout_timeout", Flag: "checkout-timeout", Help: "how long a client waits for a server connection (0 = no limit)"},

@@ -434,6 +434,9 @@ func (p PoolSettings) validate(where string, bad func(string, ...any)) {
 	default:
 		bad("%ssession_state %q is not pin or refuse", where, p.SessionState)
 	}
+	if _, err := p.PinnedCap(); err != nil {
+		bad("%s%v", where, err)
+	}
 	if p.MaxPreparedStatements < 0 {
 		bad("%smax_prepared_statements %d must not be negative (0 passes statement names through)", where, p.MaxPreparedStatements)
 	}

@@ -57,6 +57,8 @@ var poolMetricDefs = []metricDef{
 	{"poolerd_prepared_evictions_total", "Statements closed on a server connection to stay within max_prepared_statements.", nil},
 	{"poolerd_pinned_clients", "Transaction- or statement-mode clients pinned to their server connection by session state, by reason.", []string{"reason"}},
 	{"poolerd_pins_total", "Clients pinned to their server connection, by reason.", []string{"reason"}},
+	{"poolerd_unpins_total", "Pinned clients returned to transaction pooling because a check found their session state gone, by the reason they were pinned for.", []string{"reason"}},
+	{"poolerd_pinned_client_age_seconds", "How long the client pinned longest for this reason has been pinned; 0 when none is.", []string{"reason"}},
 }
 
 func newCollector(src Source) *collector {
@@ -141,6 +143,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		for _, p := range ps.Pins {
 			gauge("poolerd_pinned_clients", float64(p.Now), db, user, p.Reason)
 			counter("poolerd_pins_total", float64(p.Total), db, user, p.Reason)
+			counter("poolerd_unpins_total", float64(p.Unpins), db, user, p.Reason)
+			gauge("poolerd_pinned_client_age_seconds", p.Oldest.Seconds(), db, user, p.Reason)
 		}
 		for class, n := range ps.ClientErrors {
 			counter("poolerd_client_errors_total", float64(n), db, user, class)

@@ -69,8 +69,9 @@ type dbPool struct {
 	// ctr counts traffic; met holds this pool's metric children.
 	ctr counters
 	met poolMetrics
-	// clients is the number of logged-in clients of this pool.
-	clients atomic.Int64
+	// clients is the number of logged-in clients of this pool, pins the
+	// number of them pinned (see session.pin).
+	clients, pins atomic.Int64
 	// retired: the database left the configuration (see Server.retire).
 	retired, closing atomic.Bool
 }
@@ -437,4 +438,34 @@ func (d *dbPool) setClientKey(k []byte) {
 	d.mu.Lock()
 	d.clientKey = k
 	d.mu.Unlock()
+}
+
+// takePin takes a place for a pinned client under max_pinned_clients, or
+// reports that there is none; force takes one beyond the cap.
+func (d *dbPool) takePin(force bool) bool {
+	if force {
+		d.pins.Add(1)
+		return true
+	}
+	limit := d.pinCap()
+	for {
+		n := d.pins.Load()
+		if n >= int64(limit) {
+			return false
+		}
+		if d.pins.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// pinCap is max_pinned_clients for this pool (validated with the
+// configuration).
+func (d *dbPool) pinCap() int {
+	set := d.route().Settings
+	n, err := set.PinnedCap()
+	if err != nil {
+		return set.MaxSize
+	}
+	return n
 }

@@ -101,6 +101,17 @@ func errProtocol(msg string) *wire.Error {
 		Hint: "the client sent a message poolerd does not know in this state; check the driver"}
 }
 
+// errPinCap refuses a statement that would pin one more client of a pool
+// whose max_pinned_clients are all taken.
+func (d *dbPool) errPinCap(reason string) *wire.Error {
+	set := d.route().Settings
+	return &wire.Error{Severity: "ERROR", Code: "53400",
+		Message: fmt.Sprintf("too many pinned clients: %s would keep this client on its server connection, and %d clients of pool %s/%s are pinned already (max_pinned_clients %s)",
+			pinWhat(reason), d.pins.Load(), d.key.database, d.key.user, set.MaxPinnedClients),
+		Detail: "a pinned client keeps its server connection until its session state is gone; the cap keeps connections for the other clients",
+		Hint:   "undo session state when done (CLOSE the cursor, UNLISTEN, pg_advisory_unlock, DROP the temporary table, DEALLOCATE, RESET ROLE) so that pins end, raise max_pinned_clients (POOLERD_MAX_PINNED_CLIENTS), or use pool_mode session for this client"}
+}
+
 // errTimedOut ends a session whose limit of kind expired.
 func errTimedOut(kind timeoutKind, limit time.Duration) *wire.Error {
 	switch kind {
@@ -120,6 +131,11 @@ func errTimedOut(kind timeoutKind, limit time.Duration) *wire.Error {
 		return &wire.Error{Severity: "FATAL", Code: "57P05",
 			Message: fmt.Sprintf("terminating connection due to client_idle_timeout (%s)", limit),
 			Hint:    "reconnect; raise client_idle_timeout if clients legitimately stay idle this long"}
+	case timeoutPinnedIdle:
+		return &wire.Error{Severity: "FATAL", Code: "57P05",
+			Message: fmt.Sprintf("terminating connection due to pinned_idle_timeout (%s)", limit),
+			Detail:  "the client was pinned to its server connection by session state and stayed idle; the connection is freed for other clients",
+			Hint:    "undo session state when done (CLOSE the cursor, UNLISTEN, pg_advisory_unlock, ...) so that the client is unpinned, or raise pinned_idle_timeout"}
 	default: // timeoutServerResponse
 		return &wire.Error{Severity: "FATAL", Code: "08006",
 			Message: fmt.Sprintf("server did not respond within server_response_timeout (%s); its connection was closed", limit),

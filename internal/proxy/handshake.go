@@ -272,7 +272,7 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 		return false
 	}
 	s.srv.register(s)
-	if s.timeouts().clientIdleTimeout != 0 {
+	if s.timeouts().idleTracked() {
 		s.noteActive(s.srv.nanotime())
 	}
 	welcome := make([]byte, 0, 512)

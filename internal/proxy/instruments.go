@@ -27,7 +27,7 @@ type counters struct {
 	// Transaction-mode prepared statements and session state.
 	clientParses, serverParses, cacheHits, stmtEvictions, binds atomic.Uint64
 	pinnedNow                                                   [len(pinReasons)]atomic.Int64
-	pinsTotal                                                   [len(pinReasons)]atomic.Uint64
+	pinsTotal, unpinsTotal                                      [len(pinReasons)]atomic.Uint64
 }
 
 // pinReasons are the reasons a client is pinned, as metric labels.
@@ -36,14 +36,38 @@ var pinReasons = [...]string{sqlscan.PinTempTable, sqlscan.PinPrepare, sqlscan.P
 
 // pinned counts a client pinned (delta 1) or unpinned (-1) for reason.
 func (c *counters) pinned(reason string, delta int64) {
-	for i, r := range pinReasons {
-		if r == reason {
-			c.pinnedNow[i].Add(delta)
-			if delta > 0 {
-				c.pinsTotal[i].Add(1)
-			}
+	if i := pinIndex(reason); i >= 0 {
+		c.pinnedNow[i].Add(delta)
+		if delta > 0 {
+			c.pinsTotal[i].Add(1)
 		}
 	}
+}
+
+// repinned moves a pinned client from one reason to another (a pin check
+// found the state of from gone, but that of to left).
+func (c *counters) repinned(from, to string) {
+	c.pinned(from, -1)
+	if i := pinIndex(to); i >= 0 {
+		c.pinnedNow[i].Add(1)
+	}
+}
+
+// unpinned counts a client unpinned because a pin check found its session
+// state gone (before unpin, which counts it out of pinnedNow).
+func (c *counters) unpinned(reason string) {
+	if i := pinIndex(reason); i >= 0 {
+		c.unpinsTotal[i].Add(1)
+	}
+}
+
+func pinIndex(reason string) int {
+	for i, r := range pinReasons {
+		if r == reason {
+			return i
+		}
+	}
+	return -1
 }
 
 // countError counts an error sent to a client by its SQLSTATE class.

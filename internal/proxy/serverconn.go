@@ -68,6 +68,12 @@ type serverConn struct {
 	snapZ    atomic.Int64
 	snapRows map[string]string
 	snapGen  uint64 // the owner's dirtyGen when the snapshot was sent (mu)
+	// checkZ is the group of a pin check (see pinCheckSQL) whose row the
+	// reader keeps in checkRow (-1: none); checkGen is the owner's pinGen
+	// when it was sent (mu).
+	checkZ   atomic.Int64
+	checkRow []byte
+	checkGen uint64
 	// nops and nqundo are the lengths of stq and qundo, for the reader's
 	// lock-free checks.
 	nops, nqundo atomic.Int32
@@ -185,6 +191,7 @@ func newServerConn(dbp *dbPool, c *backend.Conn) *serverConn {
 	}
 	sc.nextSwallow.Store(-1)
 	sc.snapZ.Store(-1)
+	sc.checkZ.Store(-1)
 	if rio, err := wire.NewConnReader(c.Conn, nil); err == nil {
 		sc.io = rio
 	}
@@ -277,7 +284,7 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 					sc.drop = true
 				}
 			case 'D':
-				if sc.drop && sc.snapZ.Load() == sc.zRecv {
+				if sc.drop && (sc.snapZ.Load() == sc.zRecv || sc.checkZ.Load() == sc.zRecv) {
 					sc.cur.Capture(maxCapture)
 				}
 			case 'E':
@@ -314,8 +321,12 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 				}
 				sc.zRecv++
 			case 'D':
-				if sc.drop && sc.snapZ.Load() == sc.zRecv {
+				switch {
+				case !sc.drop:
+				case sc.snapZ.Load() == sc.zRecv:
 					sc.snapRow(sc.cur.Body())
+				case sc.checkZ.Load() == sc.zRecv:
+					sc.checkRow = append(sc.checkRow[:0], sc.cur.Body()...)
 				}
 			case 'C':
 				if !sc.drop && sc.nqundo.Load() > 0 {
@@ -446,7 +457,7 @@ func (sc *serverConn) settleRead(rfqs, answered int, status byte, midFrame bool,
 	if own != nil && idleTx != 0 {
 		own.noteIdleInTx(idleTx)
 	}
-	if own != nil && idle != 0 && own.timeouts().clientIdleTimeout != 0 {
+	if own != nil && idle != 0 && own.timeouts().idleTracked() {
 		own.noteActive(idle) // the client is idle from its last answer on
 	}
 }
@@ -524,6 +535,11 @@ func (sc *serverConn) settleLocked(rfqs int, status byte) {
 		// they are now before anyone else gets the connection.
 		release = false
 		sc.snapshotLocked(own)
+	}
+	if own != nil && !release && sc.cleanLocked() && own.pinCheckDue() {
+		// A pinned client ran what may have undone its session state:
+		// ask the server whether any is left (pinChecked).
+		sc.pinCheckLocked(own)
 	}
 	if release {
 		sc.detachLocked(own)
@@ -681,6 +697,14 @@ func (sc *serverConn) swallowed(own *session, status byte) {
 		sc.snapZ.Store(-1)
 	}
 	failed := sc.opErr != nil
+	if sc.checkZ.Load() == sc.zRecv {
+		sc.checkZ.Store(-1)
+		if own != nil {
+			own.pinChecked(sc.checkRow, failed, sc.checkGen)
+		}
+		sc.checkRow = sc.checkRow[:0]
+		sc.opErr = nil
+	}
 	if sc.resetZ == sc.zRecv {
 		sc.resetZ = -1
 		if failed {
@@ -798,6 +822,20 @@ func (sc *serverConn) snapshotLocked(own *session) {
 	sc.swallowGroupLocked(sc.zSent)
 	sc.zSent++
 	if _, err := sc.Conn.Write(wire.AppendQuery(nil, snapshotSQL(own.customOptions()))); err != nil {
+		sc.broken = true
+	}
+}
+
+// pinCheckLocked sends the pin check query for own on a clean connection,
+// as snapshotLocked sends its query (and for the same reason, under mu).
+func (sc *serverConn) pinCheckLocked(own *session) {
+	sc.pending++
+	sc.unnamedBy = nil
+	sc.checkGen = own.pinGen.Load()
+	sc.checkZ.Store(sc.zSent)
+	sc.swallowGroupLocked(sc.zSent)
+	sc.zSent++
+	if _, err := sc.Conn.Write(wire.AppendQuery(nil, pinCheckSQL(sc.loginAuth))); err != nil {
 		sc.broken = true
 	}
 }

@@ -122,9 +122,16 @@ type session struct {
 	server atomic.Pointer[serverConn]
 	// dirtyGen counts the requests that may have changed the client's
 	// settings, cleanGen the last of them a snapshot has seen (see
-	// settingsDirty). pinReason is set while it is pinned.
+	// settingsDirty).
 	dirtyGen, cleanGen atomic.Uint64
-	pinReason          atomic.Pointer[string]
+	// pinReason is set while the session is pinned, since pinnedSince
+	// (nanotime); pinGen counts the requests that created session state
+	// (pinned or not), pinUndo is set when a pinned client ran one that
+	// may have undone it, until a pin check is sent (see pinCheckDue).
+	pinReason   atomic.Pointer[string]
+	pinnedSince atomic.Int64
+	pinGen      atomic.Uint64
+	pinUndo     atomic.Bool
 	// timeoutsP are the session's limits (timeouts.go); a reload replaces
 	// them.
 	timeoutsP atomic.Pointer[timeouts]
@@ -310,7 +317,7 @@ func (s *session) relay(fresh bool) (parked bool) {
 		if !s.active.Load() { // a load is cheaper than a store per read
 			s.active.Store(true)
 		}
-		if s.timeouts().clientIdleTimeout != 0 {
+		if s.timeouts().idleTracked() {
 			s.noteActive(s.srv.nanotime())
 		}
 		s.inRead.Store(true)

@@ -636,6 +636,9 @@ func (s *session) stateEffects(eff sqlscan.Effects, canRefuse bool) error {
 			Detail:  "in statement mode every statement may run on a different server connection",
 			Hint:    "send the transaction as one query string, or use pool_mode transaction or session for this database or user"}
 	}
+	if eff.Pin != "" {
+		s.pinGen.Add(1) // a pin check sent before this request is void
+	}
 	if eff.Pin != "" && s.pinReason.Load() == nil {
 		if s.refuseState && canRefuse {
 			return &wire.Error{Severity: "ERROR", Code: "0A000",
@@ -643,7 +646,12 @@ func (s *session) stateEffects(eff sqlscan.Effects, canRefuse bool) error {
 				Detail:  "the next transaction of this client may run on another server connection, where it would not exist",
 				Hint:    "connect to a database or user with pool_mode session, or set session_state: pin to keep such clients on one server connection"}
 		}
-		s.pin(eff.Pin)
+		if !s.pin(eff.Pin, !canRefuse) {
+			return s.dbp.errPinCap(eff.Pin)
+		}
+	}
+	if !eff.Undo.Empty() && s.pinReason.Load() != nil {
+		s.pinUndo.Store(true)
 	}
 	if eff.Settings {
 		s.markSettings()
@@ -714,22 +722,98 @@ func pinWhat(reason string) string {
 // the server's reader.
 func (s *session) roleChanged() {
 	if s.stateful {
-		s.pin(sqlscan.PinRole)
+		s.pinGen.Add(1)
+		s.pin(sqlscan.PinRole, true)
 	}
 }
 
-// pin keeps the session on its server connection until it leaves (or
-// discards its state with DISCARD ALL).
-func (s *session) pin(reason string) {
-	if s.pinReason.CompareAndSwap(nil, &reason) {
-		s.dbp.ctr.pinned(reason, 1)
-		s.log.Debug("client pinned to its server connection", zap.String("reason", reason))
+// pin keeps the session on its server connection until its session state
+// is gone (pinChecked) or it leaves. A pin takes one of the pool's
+// max_pinned_clients places: without one it reports false, unless force
+// (the statement is on its way already), which takes a place beyond the
+// cap.
+func (s *session) pin(reason string, force bool) bool {
+	if s.pinReason.Load() != nil {
+		return true
 	}
+	if !s.dbp.takePin(force) {
+		return false
+	}
+	if !s.pinReason.CompareAndSwap(nil, &reason) {
+		s.dbp.pins.Add(-1) // pinned meanwhile by the server's reader
+		return true
+	}
+	now := s.srv.nanotime()
+	s.pinnedSince.Store(now)
+	s.dbp.ctr.pinned(reason, 1)
+	s.log.Debug("client pinned to its server connection", zap.String("reason", reason))
+	if t := s.timeouts().pinnedIdleTimeout; t != 0 {
+		s.arm(max(s.wd.lastActive.Load(), now) + t)
+	}
+	return true
 }
 
 func (s *session) unpin() {
 	if r := s.pinReason.Swap(nil); r != nil {
 		s.dbp.ctr.pinned(*r, -1)
+		s.dbp.pins.Add(-1)
+		s.pinnedSince.Store(0)
+	}
+}
+
+// pinCheckDue reports, once, that a pinned client ran a statement that may
+// have undone its session state, so a pin check is due when its
+// transaction ends. Called with the server's mu held.
+func (s *session) pinCheckDue() bool {
+	return s.pinReason.Load() != nil && s.pinUndo.Load() && s.pinUndo.CompareAndSwap(true, false)
+}
+
+// pinCheckSQL asks a server connection, in one row of integers, what
+// session state it holds, one column per kind in pinCheckKinds: WITH HOLD
+// cursors, channels listened to, session advisory locks, relations in its
+// temporary schema, SQL-level prepared statements, and whether the role or
+// session authorization differs from the login role's (login).
+func pinCheckSQL(login string) string {
+	return "SELECT (SELECT pg_catalog.count(*) FROM pg_catalog.pg_cursors WHERE is_holdable)," +
+		" (SELECT pg_catalog.count(*) FROM pg_catalog.pg_listening_channels())," +
+		" (SELECT pg_catalog.count(*) FROM pg_catalog.pg_locks WHERE locktype OPERATOR(pg_catalog.=) 'advisory' AND pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())," +
+		" (SELECT pg_catalog.count(*) FROM pg_catalog.pg_class WHERE relnamespace OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema())," +
+		" (SELECT pg_catalog.count(*) FROM pg_catalog.pg_prepared_statements WHERE from_sql)," +
+		" (current_user OPERATOR(pg_catalog.<>) session_user OR session_user OPERATOR(pg_catalog.<>) " + quoteLiteral(login) + ")::pg_catalog.int4"
+}
+
+// pinCheckKinds are the kinds of session state, in pinCheckSQL's column
+// order.
+var pinCheckKinds = [...]string{sqlscan.PinCursorOnHold, sqlscan.PinListen, sqlscan.PinAdvisoryLock,
+	sqlscan.PinTempTable, sqlscan.PinPrepare, sqlscan.PinRole}
+
+// pinChecked takes the answer to a pin check (row, the DataRow's body;
+// failed if it got an error; gen, pinGen when it was sent): when no state
+// is left and the client created none since, the client is unpinned, and
+// its connection goes back to the pool once clean; when some is left, the
+// pin's reason becomes the first kind left. Called by the server's reader
+// with the connection's mu held.
+func (s *session) pinChecked(row []byte, failed bool, gen uint64) {
+	cols, ok := dataRow(row, len(pinCheckKinds))
+	if failed || !ok || s.pinGen.Load() != gen {
+		return // stays pinned: nothing is provable
+	}
+	left := ""
+	for i, c := range cols {
+		if string(c) != "0" {
+			left = pinCheckKinds[i]
+			break
+		}
+	}
+	cur := s.pinReason.Load()
+	switch {
+	case cur == nil:
+	case left == "":
+		s.log.Debug("client unpinned: its session state is gone", zap.String("reason", *cur))
+		s.dbp.ctr.unpinned(*cur)
+		s.unpin()
+	case left != *cur && s.pinReason.CompareAndSwap(cur, &left):
+		s.dbp.ctr.repinned(*cur, left)
 	}
 }
 

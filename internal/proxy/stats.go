@@ -44,9 +44,15 @@ type PinStats struct {
 	Reason string // a sqlscan.Pin* constant
 	Now    int64  // clients pinned at this moment
 	Total  uint64 // pins since the pool was created
+	// Unpins counts clients unpinned because their session state was
+	// found gone (not counting those that left pinned).
+	Unpins uint64
+	// Oldest is how long the client pinned longest for this reason has
+	// been pinned; 0 when none is.
+	Oldest time.Duration
 }
 
-func (p *dbPool) snapshot() PoolStats {
+func (p *dbPool) snapshot(oldest *[len(pinReasons)]time.Duration) PoolStats {
 	st := p.pool.Stats()
 	ps := PoolStats{Database: p.key.database, User: p.key.user, Mode: p.route().Settings.PoolMode,
 		Stats: st, SessionTimeouts: make(map[string]uint64, numTimeoutKinds), Leaks: p.leaks.Load(),
@@ -57,17 +63,52 @@ func (p *dbPool) snapshot() PoolStats {
 		ps.SessionTimeouts[k.String()] = p.timeoutCounts[k].Load()
 	}
 	for i, r := range pinReasons {
-		ps.Pins[i] = PinStats{Reason: r, Now: p.ctr.pinnedNow[i].Load(), Total: p.ctr.pinsTotal[i].Load()}
+		ps.Pins[i] = PinStats{Reason: r, Now: p.ctr.pinnedNow[i].Load(), Total: p.ctr.pinsTotal[i].Load(),
+			Unpins: p.ctr.unpinsTotal[i].Load()}
+		if oldest != nil {
+			ps.Pins[i].Oldest = oldest[i]
+		}
 	}
 	return ps
 }
 
 // Pools returns a snapshot of every pool.
 func (srv *Server) Pools() []PoolStats {
-	pools := srv.poolList()
+	return srv.snapshots(srv.poolList())
+}
+
+// snapshots returns a snapshot of each of pools.
+func (srv *Server) snapshots(pools []*dbPool) []PoolStats {
+	oldest := srv.oldestPins()
 	out := make([]PoolStats, 0, len(pools))
 	for _, p := range pools {
-		out = append(out, p.snapshot())
+		out = append(out, p.snapshot(oldest[p]))
+	}
+	return out
+}
+
+// oldestPins finds, per pool and pin reason, how long its longest-pinned
+// client has been pinned.
+func (srv *Server) oldestPins() map[*dbPool]*[len(pinReasons)]time.Duration {
+	now := srv.nanotime()
+	out := map[*dbPool]*[len(pinReasons)]time.Duration{}
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	for _, s := range srv.sessions {
+		r, since := s.pinReason.Load(), s.pinnedSince.Load()
+		if r == nil || since == 0 || s.dbp == nil {
+			continue
+		}
+		i := pinIndex(*r)
+		if i < 0 {
+			continue
+		}
+		ages := out[s.dbp]
+		if ages == nil {
+			ages = new([len(pinReasons)]time.Duration)
+			out[s.dbp] = ages
+		}
+		ages[i] = max(ages[i], time.Duration(now-since))
 	}
 	return out
 }
@@ -79,11 +120,7 @@ func (srv *Server) ConfiguredPools() []PoolStats {
 	srv.mu.Lock()
 	warm := append([]*dbPool(nil), srv.warm...)
 	srv.mu.Unlock()
-	out := make([]PoolStats, 0, len(warm))
-	for _, p := range warm {
-		out = append(out, p.snapshot())
-	}
-	return out
+	return srv.snapshots(warm)
 }
 
 // ClientCount returns the number of logged-in clients.

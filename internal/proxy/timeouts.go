@@ -28,10 +28,11 @@ const (
 	timeoutIdleTransaction
 	timeoutClientIdle
 	timeoutServerResponse
+	timeoutPinnedIdle
 	numTimeoutKinds
 )
 
-var timeoutKindNames = [numTimeoutKinds]string{"query", "transaction", "idle_transaction", "client_idle", "server_response"}
+var timeoutKindNames = [numTimeoutKinds]string{"query", "transaction", "idle_transaction", "client_idle", "server_response", "pinned_idle"}
 
 func (k timeoutKind) String() string { return timeoutKindNames[k] }
 
@@ -96,7 +97,7 @@ func (srv *Server) nanotime() int64 { return int64(time.Since(srv.started)) + 1 
 type timeouts struct {
 	queryTimeout, transactionTimeout, idleTransactionTimeout int64
 	clientIdleTimeout, serverResponseTimeout                 int64
-	leakDetectionThreshold                                   int64
+	leakDetectionThreshold, pinnedIdleTimeout                int64
 }
 
 // timeoutsOf converts a route's settings.
@@ -108,13 +109,18 @@ func timeoutsOf(set config.PoolSettings) *timeouts {
 		clientIdleTimeout:      int64(set.ClientIdleTimeout),
 		serverResponseTimeout:  int64(set.ServerResponseTimeout),
 		leakDetectionThreshold: int64(set.LeakDetectionThreshold),
+		pinnedIdleTimeout:      int64(set.PinnedIdleTimeout),
 	}
 }
 
 func (t timeouts) any() bool {
 	return t.queryTimeout|t.transactionTimeout|t.idleTransactionTimeout|
-		t.clientIdleTimeout|t.serverResponseTimeout|t.leakDetectionThreshold != 0
+		t.clientIdleTimeout|t.serverResponseTimeout|t.leakDetectionThreshold|t.pinnedIdleTimeout != 0
 }
+
+// idleTracked reports whether the client's idle periods are timed
+// (client_idle_timeout, pinned_idle_timeout).
+func (t timeouts) idleTracked() bool { return t.clientIdleTimeout|t.pinnedIdleTimeout != 0 }
 
 // of returns the limit of a kind.
 func (t timeouts) of(kind timeoutKind) int64 {
@@ -129,6 +135,8 @@ func (t timeouts) of(kind timeoutKind) int64 {
 		return t.clientIdleTimeout
 	case timeoutServerResponse:
 		return t.serverResponseTimeout
+	case timeoutPinnedIdle:
+		return t.pinnedIdleTimeout
 	}
 	return 0
 }
@@ -174,8 +182,12 @@ func (s *session) stopWatch() {
 // noteActive records client activity (for client_idle_timeout).
 func (s *session) noteActive(now int64) {
 	s.wd.lastActive.Store(now)
-	if s.timeouts().clientIdleTimeout != 0 {
-		s.arm(now + s.timeouts().clientIdleTimeout)
+	t := s.timeouts()
+	if t.clientIdleTimeout != 0 {
+		s.arm(now + t.clientIdleTimeout)
+	}
+	if t.pinnedIdleTimeout != 0 && s.pinReason.Load() != nil {
+		s.arm(now + t.pinnedIdleTimeout)
 	}
 }
 
@@ -300,6 +312,9 @@ func (s *session) fire() {
 	if l.clientIdleTimeout != 0 && idleOutside {
 		check(timeoutClientIdle, w.lastActive.Load()+l.clientIdleTimeout)
 	}
+	if l.pinnedIdleTimeout != 0 && idleOutside && s.pinReason.Load() != nil {
+		check(timeoutPinnedIdle, max(w.lastActive.Load(), s.pinnedSince.Load())+l.pinnedIdleTimeout)
+	}
 	retryQuery := expired == timeoutQuery && w.cancelled != t.queryStart
 	if retryQuery {
 		w.cancelled, w.cancelAt = t.queryStart, now
@@ -362,13 +377,13 @@ func (s *session) timedOut(kind timeoutKind, sc *serverConn) {
 	if sc != nil {
 		fields = append(fields, zap.Uint64("conn_id", sc.ID()))
 	}
-	if kind != timeoutClientIdle {
+	if kind != timeoutClientIdle && kind != timeoutPinnedIdle {
 		fields = append(fields, zap.String("query", s.queryText()))
 	}
 	s.log.Warn("client connection closed: timeout", fields...)
 	s.setDropReason(evictTimeout)
 	switch {
-	case sc == nil, kind == timeoutClientIdle:
+	case sc == nil, kind == timeoutClientIdle, kind == timeoutPinnedIdle:
 		// An idle client's server (session mode) is clean: it goes back
 		// to the pool when the session ends.
 	case kind == timeoutServerResponse:
