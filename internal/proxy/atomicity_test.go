@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -89,22 +88,7 @@ func TestServerDiesBetweenReadAndForward(t *testing.T) {
 		}
 		killed.Add(1)
 	}
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = srv.Serve(ln)
-	}()
-	defer func() {
-		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer scancel()
-		_ = srv.Shutdown(sctx)
-		<-done
-	}()
-	dsn := "postgres://app:" + pgtest.Password + "@" + ln.Addr().String() + "/app?sslmode=disable"
+	dsn := "postgres://app:" + pgtest.Password + "@" + serveTest(t, srv) + "/app?sslmode=disable"
 
 	check := func(t *testing.T, note string, sendErr error) {
 		t.Helper()

@@ -77,28 +77,14 @@ func startRelay(tb testing.TB, fb *fakeBackend, poolSize int) *relay {
 	if err := srv.Instrument(prometheus.NewRegistry()); err != nil {
 		tb.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		tb.Fatal(err)
-	}
 	srv.Warm()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = srv.Serve(ln)
-	}()
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-		<-done
-	})
+	addr := serveTest(tb, srv)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := srv.WaitWarm(ctx, 3); err != nil {
 		tb.Fatalf("pool warm-up: %v", err)
 	}
-	return &relay{srv: srv, addr: ln.Addr().String()}
+	return &relay{srv: srv, addr: addr}
 }
 
 // warmup is how many round trips each client makes before the clock starts:

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bufio"
-	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -40,23 +39,7 @@ func startLoginServer(t *testing.T, authType string) (addr string, logs *observe
 		t.Fatal(err)
 	}
 	core, logs := observer.New(zapcore.DebugLevel)
-	srv := New(&cfg, zap.New(core))
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = srv.Serve(ln)
-	}()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-		<-done
-	})
-	return ln.Addr().String(), logs
+	return serveTest(t, New(&cfg, zap.New(core))), logs
 }
 
 // rawClient is a client that writes raw bytes and reads backend messages.
