@@ -22,6 +22,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/internal/console"
 	"github.com/poolerd/poolerd/internal/health"
 	"github.com/poolerd/poolerd/internal/proxy"
 )
@@ -122,6 +123,7 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 	}
 	srv := proxy.New(cfg, log)
 	srv.SetVersion(version)
+	srv.SetConsole(console.New(srv))
 	srv.SetReloader(loader.Load, func(l string) error {
 		lvl, err := zapcore.ParseLevel(l)
 		if err == nil {

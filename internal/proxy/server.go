@@ -1,6 +1,9 @@
 // Package proxy is poolerd's front end: the client listener, the startup
 // and authentication handshake, the relay between client sessions and pooled
-// server connections, cancel requests and graceful shutdown.
+// server connections, cancel requests and graceful shutdown. Admin console
+// logins are authenticated here and handed to a Console (internal/console),
+// which reads the proxy through the snapshots of snapshot.go and drives it
+// through the methods of control.go.
 package proxy
 
 import (
@@ -55,7 +58,9 @@ type Server struct {
 
 	mu        sync.Mutex
 	pools     map[poolKey]*dbPool
-	sessions  map[uint32]*session // by the pid of the key we issued
+	sessions  map[uint32]*session     // by the pid of the key we issued
+	consoles  map[uint32]*ConsoleConn // admin console connections, likewise
+	console   Console                 // serves console logins (SetConsole)
 	verifiers map[string]*auth.SCRAMVerifier
 	listeners map[net.Listener]struct{}
 	logins    map[net.Conn]struct{} // connections still in their handshake
@@ -98,6 +103,7 @@ func New(cfg *config.Config, log *zap.Logger) *Server {
 		started:     time.Now(),
 		pools:       map[poolKey]*dbPool{},
 		sessions:    map[uint32]*session{},
+		consoles:    map[uint32]*ConsoleConn{},
 		verifiers:   map[string]*auth.SCRAMVerifier{},
 		listeners:   map[net.Listener]struct{}{},
 		logins:      map[net.Conn]struct{}{},
@@ -285,6 +291,7 @@ func (srv *Server) Shutdown(ctx context.Context) error {
 	for _, s := range sessions {
 		s.terminateIfIdle()
 	}
+	srv.endConsoles()
 	done := make(chan struct{})
 	go func() { srv.sessWG.Wait(); close(done) }()
 	var err error
@@ -344,18 +351,12 @@ func (srv *Server) Drain(ctx context.Context) error {
 	return err
 }
 
-// clientSessions counts connected clients (not console sessions) and
+// clientSessions counts connected clients (not console connections) and
 // connections still logging in.
 func (srv *Server) clientSessions() int {
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
-	n := len(srv.logins)
-	for _, s := range srv.sessions {
-		if !s.admin {
-			n++
-		}
-	}
-	return n
+	return len(srv.logins) + len(srv.sessions)
 }
 
 // Close ends every client and server connection at once.
@@ -365,6 +366,7 @@ func (srv *Server) Close() {
 	for _, s := range sessions {
 		s.terminate(errShuttingDown)
 	}
+	srv.endConsoles()
 }
 
 // trackLogin records a connection that is logging in (add true) or done
@@ -428,21 +430,24 @@ func (srv *Server) register(s *session) {
 	// From now on other goroutines (shutdown, KILL_CLIENT) may end the
 	// session: fail closes the connection itself again.
 	s.handshaking.Store(false)
-	var b [8]byte
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
+	s.pid, s.key = srv.newKeyLocked()
+	srv.sessions[s.pid] = s
+}
+
+// newKeyLocked returns a random BackendKeyData whose pid no session or
+// console connection has (srv.mu held).
+func (srv *Server) newKeyLocked() (pid, key uint32) {
+	var b [8]byte
 	for {
 		_, _ = rand.Read(b[:])
-		pid := binary.BigEndian.Uint32(b[:4]) & 0x7fffffff
-		if pid == 0 {
-			continue
+		pid = binary.BigEndian.Uint32(b[:4]) & 0x7fffffff
+		_, session := srv.sessions[pid]
+		_, console := srv.consoles[pid]
+		if pid != 0 && !session && !console {
+			return pid, binary.BigEndian.Uint32(b[4:])
 		}
-		if _, taken := srv.sessions[pid]; taken {
-			continue
-		}
-		s.pid, s.key = pid, binary.BigEndian.Uint32(b[4:])
-		srv.sessions[pid] = s
-		return
 	}
 }
 
@@ -531,10 +536,16 @@ type PoolStats struct {
 	SessionTimeouts map[string]uint64
 	// Leaks counts leak warnings.
 	Leaks uint64
+	// ServerUser is the role its server connections log in as; Clients
+	// counts its logged-in clients.
+	ServerUser string
+	Clients    int
 }
 
 func (p *dbPool) snapshot() PoolStats {
-	ps := PoolStats{Database: p.key.database, User: p.key.user, Mode: p.route().Settings.PoolMode,
+	route := p.route()
+	ps := PoolStats{Database: p.key.database, User: p.key.user, Mode: route.Settings.PoolMode,
+		ServerUser: route.ServerUser, Clients: int(p.clients.Load()),
 		Stats: p.pool.Stats(), SessionTimeouts: make(map[string]uint64, numTimeoutKinds), Leaks: p.leaks.Load()}
 	for k := range numTimeoutKinds {
 		ps.SessionTimeouts[k.String()] = p.timeouts[k].Load()
@@ -555,11 +566,12 @@ func (srv *Server) Pools() []PoolStats {
 	return out
 }
 
-// ClientCount returns the number of logged-in clients.
+// ClientCount returns the number of logged-in clients, console
+// connections included.
 func (srv *Server) ClientCount() int {
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
-	return len(srv.sessions)
+	return len(srv.sessions) + len(srv.consoles)
 }
 
 // terminateIfIdle ends the session with 57P01 now if it is idle: outside a

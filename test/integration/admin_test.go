@@ -34,6 +34,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/internal/console"
 	"github.com/poolerd/poolerd/internal/health"
 	"github.com/poolerd/poolerd/internal/proxy"
 	"github.com/poolerd/poolerd/test/pgtest"
@@ -104,6 +105,7 @@ func obStart(t *testing.T, o obOpts) *obInst {
 	}
 	srv := proxy.New(&cfg, log)
 	srv.SetVersion("ob-test")
+	srv.SetConsole(console.New(srv))
 	reg := prometheus.NewRegistry()
 	if o.metrics {
 		if err := srv.Instrument(reg); err != nil {
