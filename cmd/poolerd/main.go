@@ -25,6 +25,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/internal/console"
 	"github.com/poolerd/poolerd/internal/health"
 	"github.com/poolerd/poolerd/internal/observe"
 	"github.com/poolerd/poolerd/internal/proxy"
@@ -134,7 +135,7 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 		return err
 	})
 	stats := observe.NewStats(srv, log)
-	srv.SetAverages(stats.DatabaseAverages)
+	srv.SetConsole(console.New(srv, stats))
 	statsCtx, stopStats := context.WithCancel(context.Background())
 	defer stopStats()
 	go stats.Run(statsCtx)

@@ -18,7 +18,11 @@ import (
 // SHOW STATS reports them. The type is declared in proxy, next to Totals,
 // only because the admin console that shows them is still part of proxy,
 // which cannot import observe; observe is what computes them.
-type Averages = proxy.Averages
+type Averages struct {
+	ServerAssignments, Xacts, Queries, Received, Sent uint64
+	XactTimeUs, QueryTimeUs, WaitTimeUs               uint64
+	ClientParses, ServerParses, Binds                 uint64
+}
 
 // Stats keeps each database's averages over the last stats_period, and
 // logs the stats line every period when log_stats is on. Create it with

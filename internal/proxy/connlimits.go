@@ -71,7 +71,7 @@ func (srv *Server) admitClient(database, user string) error {
 	_, dbMax := cfg.DBLimits(database)
 	_, userMax := cfg.UserLimits(user)
 	srv.mu.Lock()
-	total := len(srv.logins) + len(srv.sessions)
+	total := len(srv.logins) + len(srv.sessions) + len(srv.consoles)
 	srv.mu.Unlock()
 	if cfg.MaxClientConn > 0 && total > cfg.MaxClientConn {
 		srv.rateMet.refusals.WithLabelValues("max_client_conn").Inc()

@@ -74,7 +74,7 @@ func startFakeBackend(tb testing.TB, size int) *fakeBackend {
 		value[i] = byte('a' + i%26)
 	}
 	fb.execReply = fbDataRow(nil, value)
-	fb.execReply = fbCommandComplete(fb.execReply, "SELECT 1")
+	fb.execReply = wire.AppendCommandComplete(fb.execReply, "SELECT 1")
 	fb.queryReply = append(append([]byte(nil), fb.rowDesc...), fb.execReply...)
 	fb.queryReply = wire.AppendReadyForQuery(fb.queryReply, wire.TxIdle)
 	fb.wg.Add(1)
@@ -300,16 +300,6 @@ func fbDataRow(dst, value []byte) []byte {
 	dst = binary.BigEndian.AppendUint16(dst, 1)
 	dst = binary.BigEndian.AppendUint32(dst, uint32(len(value)))
 	dst = append(dst, value...)
-	binary.BigEndian.PutUint32(dst[start+1:], uint32(len(dst)-start-1))
-	return dst
-}
-
-// fbCommandComplete appends a CommandComplete with the given tag.
-func fbCommandComplete(dst []byte, tag string) []byte {
-	start := len(dst)
-	dst = append(dst, 'C', 0, 0, 0, 0)
-	dst = append(dst, tag...)
-	dst = append(dst, 0)
 	binary.BigEndian.PutUint32(dst[start+1:], uint32(len(dst)-start-1))
 	return dst
 }

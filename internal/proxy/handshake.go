@@ -55,8 +55,8 @@ func (srv *Server) serveConn(nc net.Conn) {
 		s.end(err)
 		return
 	}
-	if s.admin {
-		s.runAdmin()
+	if IsConsoleDatabase(s.database) {
+		srv.serveConsole(s)
 		return
 	}
 	// The relay runs on a fresh goroutine: the login's deep stack (SCRAM,
@@ -171,7 +171,7 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	}
 	// Connection limits and login rate limits come before any
 	// authentication work, so that a login storm costs little.
-	if !isAdminDB(s.database) {
+	if !IsConsoleDatabase(s.database) {
 		if werr := s.srv.admitClient(s.database, s.user); werr != nil {
 			s.refuseLogin(werr)
 			return false
@@ -198,8 +198,12 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	if !s.authenticate(cfg) {
 		return false
 	}
-	if isAdminDB(s.database) {
-		return s.adminLogin()
+	if IsConsoleDatabase(s.database) {
+		if s.srv.consoleServer() == nil {
+			s.refuseLogin(errNoConsole)
+			return false
+		}
+		return true // serveConn hands the connection to the console
 	}
 	if _, disabled := s.srv.dbFlags(s.database); disabled {
 		s.refuseLogin(&wire.Error{Severity: "FATAL", Code: "08P01", Message: fmt.Sprintf("database %q is disabled", s.database),
@@ -465,6 +469,9 @@ func (srv *Server) handleCancel(body []byte) {
 	pid := binary.BigEndian.Uint32(body[4:])
 	key := binary.BigEndian.Uint32(body[8:])
 	s := srv.lookupSession(pid)
+	if s == nil && srv.cancelConsole(pid, key) {
+		return
+	}
 	if s == nil || subtle.ConstantTimeEq(int32(s.key), int32(key)) != 1 {
 		srv.log.Debug("cancel request for an unknown session")
 		return

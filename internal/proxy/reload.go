@@ -11,9 +11,9 @@ import (
 	"github.com/poolerd/poolerd/internal/config"
 )
 
-// restartRequired lists the keys a running poolerd cannot change: the
-// listening sockets and how the process was set up.
-func restartRequired(key string) bool {
+// RestartRequired reports whether key is one a running poolerd cannot
+// change: the listening sockets and how the process was set up.
+func RestartRequired(key string) bool {
 	switch key {
 	case "listen", "http_listen", "http_probe_listen", "http_web_config_file", "http_pprof", "log_format":
 		return true
@@ -77,7 +77,7 @@ func (srv *Server) apply(next *config.Config) error {
 	cur := srv.cfg()
 	var restart []string
 	for _, k := range config.Keys() {
-		if restartRequired(k.Name) && config.FormatValue(cur, k.Name) != config.FormatValue(next, k.Name) {
+		if RestartRequired(k.Name) && config.FormatValue(cur, k.Name) != config.FormatValue(next, k.Name) {
 			restart = append(restart, k.Name)
 		}
 	}
@@ -118,9 +118,7 @@ func (srv *Server) apply(next *config.Config) error {
 	srv.mu.Lock()
 	sessions := make([]*session, 0, len(srv.sessions))
 	for _, s := range srv.sessions {
-		if !s.admin {
-			sessions = append(sessions, s)
-		}
+		sessions = append(sessions, s)
 	}
 	srv.mu.Unlock()
 	rl := srv.rates.Load()
@@ -161,12 +159,6 @@ func (p *dbPool) closeIfUnused() {
 			p.srv.metrics.forget(p.key.database, p.key.user)
 		}()
 	}
-}
-
-// logField is a log field for a configuration value, with the passwords of
-// the upstream and Redis URLs hidden.
-func logField(key, value string) zap.Field {
-	return zap.String(key, config.Redact(key, value))
 }
 
 // rateConfigChanged reports whether a reload changes the rate limits; if

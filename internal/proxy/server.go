@@ -1,6 +1,9 @@
 // Package proxy is poolerd's front end: the client listener, the startup
 // and authentication handshake, the relay between client sessions and pooled
-// server connections, cancel requests and graceful shutdown.
+// server connections, cancel requests and graceful shutdown. Admin console
+// logins are authenticated here and handed to a Console (internal/console),
+// which reads the proxy through the snapshots of snapshot.go and drives it
+// through the methods of control.go.
 package proxy
 
 import (
@@ -54,7 +57,9 @@ type Server struct {
 
 	mu        sync.Mutex
 	pools     map[poolKey]*dbPool
-	sessions  map[uint32]*session // by the pid of the key we issued
+	sessions  map[uint32]*session     // by the pid of the key we issued
+	consoles  map[uint32]*ConsoleConn // admin console connections, likewise
+	console   Console                 // serves console logins (SetConsole)
 	verifiers map[string]*auth.SCRAMVerifier
 	listeners map[net.Listener]struct{}
 	logins    map[net.Conn]struct{} // connections still in their handshake
@@ -74,8 +79,6 @@ type Server struct {
 	setLevel    func(string) error
 	shutdownReq chan string
 	ver         atomic.Pointer[string]
-	// averages are the console's stats-period averages (SetAverages; mu).
-	averages func() map[string]Averages
 
 	// onFrame, set only by tests before Serve, is called on a client
 	// session's goroutine for each frame header it reads, before the frame
@@ -98,6 +101,7 @@ func New(cfg *config.Config, log *zap.Logger) *Server {
 		started:     time.Now(),
 		pools:       map[poolKey]*dbPool{},
 		sessions:    map[uint32]*session{},
+		consoles:    map[uint32]*ConsoleConn{},
 		verifiers:   map[string]*auth.SCRAMVerifier{},
 		listeners:   map[net.Listener]struct{}{},
 		logins:      map[net.Conn]struct{}{},
@@ -285,6 +289,7 @@ func (srv *Server) Shutdown(ctx context.Context) error {
 	for _, s := range sessions {
 		s.terminateIfIdle()
 	}
+	srv.endConsoles()
 	done := srv.sessionsEnded()
 	var err error
 	select {
@@ -350,18 +355,12 @@ func (srv *Server) closeAndWait(done <-chan struct{}) {
 	}
 }
 
-// clientSessions counts connected clients (not console sessions) and
+// clientSessions counts connected clients (not console connections) and
 // connections still logging in.
 func (srv *Server) clientSessions() int {
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
-	n := len(srv.logins)
-	for _, s := range srv.sessions {
-		if !s.admin {
-			n++
-		}
-	}
-	return n
+	return len(srv.logins) + len(srv.sessions)
 }
 
 // Close ends every client and server connection at once.
@@ -371,6 +370,7 @@ func (srv *Server) Close() {
 	for _, s := range sessions {
 		s.terminate(errShuttingDown())
 	}
+	srv.endConsoles()
 }
 
 // trackLogin records a connection that is logging in (add true) or done
@@ -434,21 +434,24 @@ func (srv *Server) register(s *session) {
 	// From now on other goroutines (shutdown, KILL_CLIENT) may end the
 	// session: fail closes the connection itself again.
 	s.handshaking.Store(false)
-	var b [8]byte
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
+	s.pid, s.key = srv.newKeyLocked()
+	srv.sessions[s.pid] = s
+}
+
+// newKeyLocked returns a random BackendKeyData whose pid no session or
+// console connection has (srv.mu held).
+func (srv *Server) newKeyLocked() (pid, key uint32) {
+	var b [8]byte
 	for {
 		_, _ = rand.Read(b[:])
-		pid := binary.BigEndian.Uint32(b[:4]) & 0x7fffffff
-		if pid == 0 {
-			continue
+		pid = binary.BigEndian.Uint32(b[:4]) & 0x7fffffff
+		_, session := srv.sessions[pid]
+		_, console := srv.consoles[pid]
+		if pid != 0 && !session && !console {
+			return pid, binary.BigEndian.Uint32(b[4:])
 		}
-		if _, taken := srv.sessions[pid]; taken {
-			continue
-		}
-		s.pid, s.key = pid, binary.BigEndian.Uint32(b[4:])
-		srv.sessions[pid] = s
-		return
 	}
 }
 

@@ -45,8 +45,6 @@ type session struct {
 	addr           string
 	database, user string
 	dbp            *dbPool
-	admin          bool // an admin console session (no pool)
-	adminAll       bool // ... whose user is in admin_users
 	connectedAt    time.Time
 	mode           string
 	clientKey      []byte // SCRAM ClientKey recovered at login, for pass-through
@@ -339,7 +337,7 @@ func (s *session) relay(fresh bool) (parked bool) {
 // parkable reports whether the session could be parked: an idle client
 // session holding no server connection.
 func (s *session) parkable() bool {
-	return !s.admin && !s.parked.Load() && !s.closed.Load() && s.endErr.Load() == nil && s.server.Load() == nil && s.waitSince.Load() == 0
+	return !s.parked.Load() && !s.closed.Load() && s.endErr.Load() == nil && s.server.Load() == nil && s.waitSince.Load() == 0
 }
 
 // tryPark parks the session if it is parkable. It returns true if it did:
@@ -1212,13 +1210,6 @@ func (s *session) end(err error) {
 		s.unpin()
 		if s.tracked {
 			s.forgetStatements()
-		}
-		if s.admin {
-			s.waitMu.Lock()
-			if s.waitCancel != nil {
-				s.waitCancel(errTerminated) // a PAUSE or WAIT_CLOSE in progress
-			}
-			s.waitMu.Unlock()
 		}
 		if s.srv.cfg().LogDisconnections {
 			fields := []zap.Field{zap.Duration("duration", time.Since(s.connectedAt).Round(time.Millisecond))}

@@ -14,6 +14,8 @@ import (
 type PoolStats struct {
 	Database, User string
 	Mode           string
+	// ServerUser is the role its server connections log in as.
+	ServerUser string
 	pool.Stats
 	// SessionTimeouts counts sessions' timeouts by kind: query,
 	// transaction, idle_transaction, client_idle, server_response (the
@@ -54,7 +56,8 @@ type PinStats struct {
 
 func (p *dbPool) snapshot(oldest *[len(pinReasons)]time.Duration) PoolStats {
 	st := p.pool.Stats()
-	ps := PoolStats{Database: p.key.database, User: p.key.user, Mode: p.route().Settings.PoolMode,
+	route := p.route()
+	ps := PoolStats{Database: p.key.database, User: p.key.user, Mode: route.Settings.PoolMode, ServerUser: route.ServerUser,
 		Stats: st, SessionTimeouts: make(map[string]uint64, numTimeoutKinds), Leaks: p.leaks.Load(),
 		Clients: p.clients.Load(), Traffic: p.traffic(st),
 		PreparedCacheHits: p.ctr.cacheHits.Load(), PreparedEvictions: p.ctr.stmtEvictions.Load(),
@@ -123,11 +126,12 @@ func (srv *Server) ConfiguredPools() []PoolStats {
 	return srv.snapshots(warm)
 }
 
-// ClientCount returns the number of logged-in clients.
+// ClientCount returns the number of logged-in clients, console
+// connections included.
 func (srv *Server) ClientCount() int {
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
-	return len(srv.sessions)
+	return len(srv.sessions) + len(srv.consoles)
 }
 
 // ParkedClients returns the number of idle client sessions held without a
@@ -182,17 +186,6 @@ func (t *Totals) Add(o Totals) {
 	t.WaitTimeUs += o.WaitTimeUs
 }
 
-// Averages are rates and mean durations over the last stats period, as
-// SHOW STATS reports them: counts and bytes per second, times in
-// microseconds per transaction, query and assignment. internal/observe
-// computes them (observe.Stats); the type is declared here, beside Totals,
-// so that the admin console can show them without proxy importing observe.
-type Averages struct {
-	ServerAssignments, Xacts, Queries, Received, Sent uint64
-	XactTimeUs, QueryTimeUs, WaitTimeUs               uint64
-	ClientParses, ServerParses, Binds                 uint64
-}
-
 // totals reads a pool's counters.
 func (d *dbPool) totals() Totals { return d.traffic(d.pool.Stats()) }
 
@@ -222,24 +215,4 @@ func (srv *Server) DatabaseTotals() map[string]Totals {
 		out[p.key.database] = t
 	}
 	return out
-}
-
-// SetAverages sets where the admin console's SHOW STATS, STATS_AVERAGES and
-// TOTALS read the averages of the last stats period from (an
-// observe.Stats's DatabaseAverages). Without it they show zeros.
-func (srv *Server) SetAverages(f func() map[string]Averages) {
-	srv.mu.Lock()
-	defer srv.mu.Unlock()
-	srv.averages = f
-}
-
-// databaseAverages returns the averages SetAverages provides, by database.
-func (srv *Server) databaseAverages() map[string]Averages {
-	srv.mu.Lock()
-	f := srv.averages
-	srv.mu.Unlock()
-	if f == nil {
-		return nil
-	}
-	return f()
 }

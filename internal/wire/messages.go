@@ -91,10 +91,17 @@ func AppendBackendKeyData(dst []byte, pid, key uint32) []byte {
 }
 
 // AppendQuery appends a simple Query message.
-func AppendQuery(dst []byte, sql string) []byte {
+func AppendQuery(dst []byte, sql string) []byte { return appendStringMessage(dst, 'Q', sql) }
+
+// AppendCommandComplete appends a CommandComplete message with tag.
+func AppendCommandComplete(dst []byte, tag string) []byte { return appendStringMessage(dst, 'C', tag) }
+
+// appendStringMessage appends a message of type typ whose body is s and a
+// NUL.
+func appendStringMessage(dst []byte, typ byte, s string) []byte {
 	start := len(dst)
-	dst = append(dst, 'Q', 0, 0, 0, 0)
-	dst = append(dst, sql...)
+	dst = append(dst, typ, 0, 0, 0, 0)
+	dst = append(dst, s...)
 	dst = append(dst, 0)
 	binary.BigEndian.PutUint32(dst[start+1:], uint32(len(dst)-start-1))
 	return dst

@@ -34,6 +34,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/internal/console"
 	"github.com/poolerd/poolerd/internal/health"
 	"github.com/poolerd/poolerd/internal/observe"
 	"github.com/poolerd/poolerd/internal/proxy"
@@ -131,9 +132,10 @@ func obStart(t *testing.T, o obOpts) *obInst {
 	statsDone := make(chan struct{})
 	if o.stats {
 		stats := observe.NewStats(srv, log)
-		srv.SetAverages(stats.DatabaseAverages)
+		srv.SetConsole(console.New(srv, stats))
 		go func() { defer close(statsDone); stats.Run(statsCtx) }()
 	} else {
+		srv.SetConsole(console.New(srv, nil))
 		close(statsDone)
 	}
 	srv.Warm()

@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/internal/console"
 	"github.com/poolerd/poolerd/internal/proxy"
 	"github.com/poolerd/poolerd/test/pgtest"
 )
@@ -107,6 +108,7 @@ func startPoolerd(t *testing.T, mutate func(c *config.Config)) *instance {
 		t.Fatal(err)
 	}
 	srv := proxy.New(&cfg, log)
+	srv.SetConsole(console.New(srv, nil))
 	srv.Warm()
 	done := make(chan struct{})
 	go func() {

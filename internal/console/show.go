@@ -1,13 +1,17 @@
-package proxy
+package console
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/internal/observe"
+	"github.com/poolerd/poolerd/internal/proxy"
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
@@ -27,115 +31,88 @@ const adminHelp = "\n\tSHOW HELP|CONFIG|DATABASES|POOLS|CLIENTS|SERVERS|USERS|VE
 	"\n\tSHUTDOWN WAIT_FOR_SERVERS|WAIT_FOR_CLIENTS" +
 	"\n\tWAIT_CLOSE [<db>]"
 
-func text(name string) column    { return column{name, oidText} }
-func int4(name string) column    { return column{name, oidInt4} }
-func numeric(name string) column { return column{name, oidNumeric} }
-
-// adminShow answers SHOW what.
-func (s *session) adminShow(what, sql string) ([]byte, bool, *wire.Error) {
-	srv := s.srv
-	var r *resultSet
-	switch what {
-	case "HELP":
+// show answers SHOW what.
+func (c *Console) show(what, sql string) ([]byte, bool, *wire.Error) {
+	if what == "HELP" {
 		notice := &wire.Error{Severity: "NOTICE", Code: "00000", Message: "Console usage", Detail: adminHelp}
-		return appendCommandComplete(notice.AppendNotice(nil), "SHOW"), false, nil
-	case "VERSION":
-		r = newResult(text("version"))
-		r.row(fmt.Sprintf("PgBouncer %s (poolerd %s)", pgbouncerVersion, srv.version()))
-	case "STATE":
-		srv.mu.Lock()
-		paused := srv.paused
-		srv.mu.Unlock()
-		r = newResult(text("key"), text("value"))
-		r.row("active", yesNo(!paused))
-		r.row("paused", yesNo(paused))
-		r.row("suspended", "no")
-	case "POOLS":
-		r = srv.showPools()
-	case "STATS":
-		r = srv.showStats()
-	case "STATS_TOTALS", "STATS_AVERAGES":
-		r = srv.showStatsTable(what == "STATS_AVERAGES")
-	case "TOTALS":
-		r = srv.showTotals()
-	case "CLIENTS":
-		r = srv.showClients()
-	case "SERVERS":
-		r = srv.showServers()
-	case "DATABASES":
-		r = srv.showDatabases()
-	case "USERS":
-		r = srv.showUsers()
-	case "CONFIG":
-		r = srv.showConfig()
-	case "LISTS":
-		r = srv.showLists()
-	default:
-		return nil, false, adminError("invalid command '%s', use SHOW HELP;", sql)
+		return wire.AppendCommandComplete(notice.AppendNotice(nil), "SHOW"), false, nil
 	}
-	return r.done("SHOW"), false, nil
+	build, ok := map[string]func() *resultSet{
+		"VERSION": c.showVersion, "STATE": c.showState, "POOLS": c.showPools, "STATS": c.showStats,
+		"STATS_TOTALS":   func() *resultSet { return c.showStatsTable(false) },
+		"STATS_AVERAGES": func() *resultSet { return c.showStatsTable(true) },
+		"TOTALS":         c.showTotals, "CLIENTS": c.showClients, "SERVERS": c.showServers, "DATABASES": c.showDatabases,
+		"USERS": c.showUsers, "CONFIG": c.showConfig, "LISTS": c.showLists,
+	}[what]
+	if !ok {
+		return nil, false, errInvalidCommand(sql)
+	}
+	return build().done("SHOW"), false, nil
 }
 
-func yesNo(b bool) string {
-	if b {
-		return "yes"
-	}
-	return "no"
+func (c *Console) showVersion() *resultSet {
+	r := newResult(text("version"))
+	r.row(fmt.Sprintf("PgBouncer %s (poolerd %s)", pgbouncerVersion, c.p.Version()))
+	return r
 }
 
-// pools sorted by database and user, for stable console output.
-func (srv *Server) sortedPools() []*dbPool {
-	ps := srv.poolList()
+// showState: PgBouncer's 3 rows.
+func (c *Console) showState() *resultSet {
+	paused := c.p.PauseState().Paused
+	r := newResult(text("key"), text("value"))
+	r.row("active", yesNo(!paused))
+	r.row("paused", yesNo(paused))
+	r.row("suspended", "no")
+	return r
+}
+
+// sortedPools returns the pools by database and user, for stable output.
+func (c *Console) sortedPools() []proxy.PoolStats {
+	ps := c.p.Pools()
 	sort.Slice(ps, func(i, j int) bool {
-		if ps[i].key.database != ps[j].key.database {
-			return ps[i].key.database < ps[j].key.database
+		if ps[i].Database != ps[j].Database {
+			return ps[i].Database < ps[j].Database
 		}
-		return ps[i].key.user < ps[j].key.user
+		return ps[i].User < ps[j].User
 	})
 	return ps
 }
 
-func (srv *Server) adminSessions() int {
-	srv.mu.Lock()
-	defer srv.mu.Unlock()
-	n := 0
-	for _, s := range srv.sessions {
-		if s.admin {
-			n++
-		}
-	}
-	return n
-}
+// consoleSessions counts the logged-in console connections.
+func (c *Console) consoleSessions() int { return int(c.sessions.Load()) }
 
 // showPools: exactly PgBouncer 1.25's 17 columns (tools pick a layout by
 // column count; poolerd's health is in /stats and the metrics).
-func (srv *Server) showPools() *resultSet {
+func (c *Console) showPools() *resultSet {
 	r := newResult(text("database"), text("user"), int4("cl_active"), int4("cl_waiting"),
 		int4("cl_active_cancel_req"), int4("cl_waiting_cancel_req"), int4("sv_active"), int4("sv_active_cancel"),
 		int4("sv_being_canceled"), int4("sv_idle"), int4("sv_used"), int4("sv_tested"), int4("sv_login"),
 		int4("maxwait"), int4("maxwait_us"), text("pool_mode"), text("load_balance_hosts"))
-	r.row(adminDatabase, adminDatabase, srv.adminSessions(), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, "statement", null{})
-	for _, p := range srv.sortedPools() {
-		st := p.pool.Stats()
-		c := p.serverCounts()
-		clients := int(p.clients.Load())
-		wait := st.OldestWait
-		r.row(p.key.database, p.key.user, max(clients-st.Waiting, 0), st.Waiting, 0, 0,
-			c.active, c.cancelling, 0, c.idle, c.used, c.tested, st.Opening,
+	r.row(adminDatabase, adminDatabase, c.consoleSessions(), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, "statement", null{})
+	counts := serverCountsByPool(c.p.Servers())
+	for _, p := range c.sortedPools() {
+		sc := counts[poolKey{p.Database, p.User}]
+		wait := p.OldestWait
+		r.row(p.Database, p.User, max(int(p.Clients)-p.Waiting, 0), p.Waiting, 0, 0,
+			sc.active, sc.cancelling, 0, sc.idle, sc.used, sc.tested, p.Opening,
 			int(wait/time.Second), int((wait%time.Second)/time.Microsecond),
-			p.route().Settings.PoolMode, null{})
+			p.Mode, null{})
 	}
 	return r
 }
 
+type poolKey struct{ database, user string }
+
 type serverCounts struct{ active, cancelling, idle, used, tested int }
 
-// serverCounts classifies a pool's open connections like PgBouncer's
-// server states.
-func (p *dbPool) serverCounts() serverCounts {
-	var c serverCounts
-	for _, sc := range p.pool.All() {
-		switch p.serverState(sc) {
+// serverCountsByPool classifies each pool's open connections like
+// PgBouncer's server states.
+func serverCountsByPool(servers []proxy.ServerInfo) map[poolKey]serverCounts {
+	out := map[poolKey]serverCounts{}
+	for _, si := range servers {
+		k := poolKey{si.Database, si.User}
+		c := out[k]
+		switch serverState(si) {
 		case "active":
 			c.active++
 		case "active_cancel":
@@ -147,36 +124,33 @@ func (p *dbPool) serverCounts() serverCounts {
 		case "tested":
 			c.tested++
 		}
+		out[k] = c
 	}
-	return c
+	return out
 }
 
 // serverState is a connection's state in PgBouncer's terms: active (held by
 // a client), active_cancel (a cancel request for it is in flight), idle,
 // used (idle long enough to need validation before use), tested (poolerd
 // runs its own query: validation, reset, parameter check).
-func (p *dbPool) serverState(sc *serverConn) string {
-	info := p.pool.Info(sc)
-	sc.mu.Lock()
-	cancelling := sc.cancelling
-	sc.mu.Unlock()
+func serverState(si proxy.ServerInfo) string {
 	switch {
-	case cancelling:
+	case si.Cancelling:
 		return "active_cancel"
-	case sc.owner.Load() != nil:
+	case si.Link != "":
 		return "active"
-	case info.Idle && info.Stale:
+	case si.Idle && si.Stale:
 		return "used"
-	case info.Idle:
+	case si.Idle:
 		return "idle"
 	default:
 		return "tested"
 	}
 }
 
-// statsColumns are SHOW STATS' 23 columns (total_server_assignment_count
+// showStats: SHOW STATS' 23 columns (total_server_assignment_count
 // second, as PgBouncer 1.25 sends them).
-func (srv *Server) showStats() *resultSet {
+func (c *Console) showStats() *resultSet {
 	r := newResult(text("database"), numeric("total_server_assignment_count"), numeric("total_xact_count"),
 		numeric("total_query_count"), numeric("total_received"), numeric("total_sent"), numeric("total_xact_time"),
 		numeric("total_query_time"), numeric("total_wait_time"), numeric("total_client_parse_count"),
@@ -184,7 +158,7 @@ func (srv *Server) showStats() *resultSet {
 		numeric("avg_xact_count"), numeric("avg_query_count"), numeric("avg_recv"), numeric("avg_sent"),
 		numeric("avg_xact_time"), numeric("avg_query_time"), numeric("avg_wait_time"), numeric("avg_client_parse_count"),
 		numeric("avg_server_parse_count"), numeric("avg_bind_count"))
-	totals, avgs := srv.DatabaseTotals(), srv.databaseAverages()
+	totals, avgs := c.p.DatabaseTotals(), c.averages()
 	for _, db := range statsDatabases(totals) {
 		t, a := totals[db], avgs[db]
 		r.row(db, t.ServerAssignments, t.Xacts, t.Queries, t.Received, t.Sent, t.XactTimeUs, t.QueryTimeUs, t.WaitTimeUs,
@@ -196,7 +170,7 @@ func (srv *Server) showStats() *resultSet {
 }
 
 // statsDatabases lists the admin database and every database with a pool.
-func statsDatabases(totals map[string]Totals) []string {
+func statsDatabases(totals map[string]proxy.Totals) []string {
 	dbs := []string{adminDatabase}
 	for db := range totals {
 		if db != adminDatabase {
@@ -209,7 +183,7 @@ func statsDatabases(totals map[string]Totals) []string {
 
 // showStatsTable: SHOW STATS_TOTALS or SHOW STATS_AVERAGES (12 columns;
 // only the averages' last three carry an avg_ prefix, as in PgBouncer).
-func (srv *Server) showStatsTable(averages bool) *resultSet {
+func (c *Console) showStatsTable(averages bool) *resultSet {
 	last := []string{"client_parse_count", "server_parse_count", "bind_count"}
 	if averages {
 		for i := range last {
@@ -219,7 +193,7 @@ func (srv *Server) showStatsTable(averages bool) *resultSet {
 	r := newResult(text("database"), numeric("server_assignment_count"), numeric("xact_count"), numeric("query_count"),
 		numeric("bytes_received"), numeric("bytes_sent"), numeric("xact_time"), numeric("query_time"), numeric("wait_time"),
 		numeric(last[0]), numeric(last[1]), numeric(last[2]))
-	totals, avgs := srv.DatabaseTotals(), srv.databaseAverages()
+	totals, avgs := c.p.DatabaseTotals(), c.averages()
 	for _, db := range statsDatabases(totals) {
 		if averages {
 			a := avgs[db]
@@ -235,14 +209,14 @@ func (srv *Server) showStatsTable(averages bool) *resultSet {
 }
 
 // showTotals: SHOW TOTALS, name and value over all databases.
-func (srv *Server) showTotals() *resultSet {
-	var t Totals
-	for _, x := range srv.DatabaseTotals() {
+func (c *Console) showTotals() *resultSet {
+	var t proxy.Totals
+	for _, x := range c.p.DatabaseTotals() {
 		t.Add(x)
 	}
-	var a Averages
+	var a observe.Averages
 	var xw, qw, ww uint64 // rate-weighted sums of the mean times
-	for _, x := range srv.databaseAverages() {
+	for _, x := range c.averages() {
 		a.ServerAssignments += x.ServerAssignments
 		a.Xacts += x.Xacts
 		a.Queries += x.Queries
@@ -291,105 +265,52 @@ func socketColumns() []column {
 		text("application_name"), int4("prepared_statements"), int4("id")}
 }
 
-func ptr(v any) string { return fmt.Sprintf("%p", v) }
-
-// showClients lists client connections.
-func (srv *Server) showClients() *resultSet {
+// showClients lists client connections, console connections included.
+func (c *Console) showClients() *resultSet {
 	r := newResult(append(socketColumns(), text("pinned"))...)
-	srv.mu.Lock()
-	sessions := make([]*session, 0, len(srv.sessions))
-	for _, s := range srv.sessions {
-		sessions = append(sessions, s)
-	}
-	srv.mu.Unlock()
-	sort.Slice(sessions, func(i, j int) bool { return sessions[i].id < sessions[j].id })
-	for _, s := range sessions {
-		state, link, waitFor := "idle", "", time.Duration(0)
-		if sc := s.server.Load(); sc != nil {
-			state, link = "active", ptr(sc)
-		} else if since := s.waitSince.Load(); since != 0 {
-			state, waitFor = "waiting", time.Duration(srv.nanotime()-since)
-		}
-		if s.admin {
+	for _, ci := range c.p.Clients() {
+		state, database := "idle", ci.Database
+		switch {
+		case ci.Console:
+			state, database = "active", adminDatabase
+		case ci.Link != "":
 			state = "active"
+		case ci.Waiting:
+			state = "waiting"
 		}
-		addr, port := splitAddr(s.conn.RemoteAddr())
-		laddr, lport := splitAddr(s.conn.LocalAddr())
-		database := s.database
-		if s.admin {
-			database = adminDatabase
-		}
-		r.row("C", s.user, database, "none", state, addr, port, laddr, lport,
-			pgTime(s.connectedAt), pgTime(srv.wallTime(s.lastReq.Load())),
-			int(waitFor/time.Second), int((waitFor%time.Second)/time.Microsecond), 0, ptr(s), link, 0, "",
-			s.appName(), s.preparedCount(), s.id, s.pinnedReason())
+		addr, port := splitAddr(ci.RemoteAddr)
+		laddr, lport := splitAddr(ci.LocalAddr)
+		r.row("C", ci.User, database, "none", state, addr, port, laddr, lport,
+			pgTime(ci.ConnectedAt), pgTime(ci.LastRequest),
+			int(ci.Wait/time.Second), int((ci.Wait%time.Second)/time.Microsecond), 0, ci.Ptr, ci.Link, 0, "",
+			ci.AppName, ci.PreparedStatements, ci.ID, ci.Pinned)
 	}
 	return r
-}
-
-// pinnedReason is why a transaction-mode client keeps its server
-// connection ("" when it does not).
-func (s *session) pinnedReason() string {
-	if r := s.pinReason.Load(); r != nil {
-		return *r
-	}
-	return ""
-}
-
-func (s *session) appName() string {
-	s.pmu.Lock()
-	defer s.pmu.Unlock()
-	return s.params["application_name"]
-}
-
-// wallTime converts the session clock to wall time (zero stays zero).
-func (srv *Server) wallTime(nanotime int64) time.Time {
-	if nanotime == 0 {
-		return time.Time{}
-	}
-	return srv.started.Add(time.Duration(nanotime))
 }
 
 // showServers lists server connections.
-func (srv *Server) showServers() *resultSet {
+func (c *Console) showServers() *resultSet {
 	r := newResult(socketColumns()...)
-	for _, p := range srv.sortedPools() {
-		conns := p.pool.All()
-		sort.Slice(conns, func(i, j int) bool { return conns[i].ID() < conns[j].ID() })
-		for _, sc := range conns {
-			info := p.pool.Info(sc)
-			state := p.serverState(sc)
-			link, app := "", ""
-			if own := sc.owner.Load(); own != nil {
-				link, app = ptr(own), own.appName()
-			}
-			addr, port := splitAddr(sc.Conn.RemoteAddr())
-			laddr, lport := splitAddr(sc.Conn.LocalAddr())
-			r.row("S", p.route().ServerUser, p.key.database, "none", state, addr, port, laddr, lport,
-				pgTime(info.Created), pgTime(info.LastUsed), 0, 0, b2i(info.CloseNeeded), ptr(sc), link,
-				int(sc.PID), "", app, 0, info.ID)
-		}
+	for _, si := range c.p.Servers() {
+		addr, port := splitAddr(si.RemoteAddr)
+		laddr, lport := splitAddr(si.LocalAddr)
+		r.row("S", si.ServerUser, si.Database, "none", serverState(si), addr, port, laddr, lport,
+			pgTime(si.Created), pgTime(si.LastUsed), 0, 0, b2i(si.CloseNeeded), si.Ptr, si.Link,
+			int(si.PID), "", si.AppName, 0, si.ID)
 	}
 	return r
-}
-
-func b2i(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // showDatabases lists configured databases, those with pools, and the
 // admin database (17 columns).
-func (srv *Server) showDatabases() *resultSet {
+func (c *Console) showDatabases() *resultSet {
 	r := newResult(text("name"), text("host"), int4("port"), text("database"), text("force_user"), int4("pool_size"),
 		int4("min_pool_size"), int4("reserve_pool_size"), int4("server_lifetime"), text("pool_mode"),
 		text("load_balance_hosts"), int4("max_connections"), int4("current_connections"), int4("max_client_connections"),
 		int4("current_client_connections"), int4("paused"), int4("disabled"))
-	cfg := srv.cfg()
+	cfg := c.p.Config()
 	port, _ := strconv.Atoi(cfg.Listen[strings.LastIndexByte(cfg.Listen, ':')+1:])
-	r.row(adminDatabase, null{}, port, adminDatabase, adminDatabase, 0, 0, 0, 0, "statement", null{}, 0, 0, 0, srv.adminSessions(), 0, 0)
+	r.row(adminDatabase, null{}, port, adminDatabase, adminDatabase, 0, 0, 0, 0, "statement", null{}, 0, 0, 0, c.consoleSessions(), 0, 0)
 	type dbRow struct {
 		name    string
 		entry   *config.Database
@@ -401,30 +322,24 @@ func (srv *Server) showDatabases() *resultSet {
 		d := &cfg.Databases[i]
 		rows[d.Name] = &dbRow{name: d.Name, entry: d}
 	}
-	for _, p := range srv.poolList() {
-		row := rows[p.key.database]
+	for _, p := range c.p.Pools() {
+		row := rows[p.Database]
 		if row == nil {
-			row = &dbRow{name: p.key.database}
-			rows[p.key.database] = row
+			row = &dbRow{name: p.Database}
+			rows[p.Database] = row
 		}
-		row.servers += p.pool.Stats().Total
-		row.clients += int(p.clients.Load())
+		row.servers += p.Total
+		row.clients += int(p.Clients)
 	}
 	// Databases paused (KILL) or disabled with no pool now still show, so
 	// the flags explain why their clients wait or are refused.
-	srv.mu.Lock()
-	for name, st := range srv.dbs {
-		if (st.paused || st.disabled) && rows[name] == nil {
+	state := c.p.PauseState()
+	for name, st := range state.Databases {
+		if (st.Paused || st.Disabled) && rows[name] == nil {
 			rows[name] = &dbRow{name: name}
 		}
 	}
-	srv.mu.Unlock()
-	names := make([]string, 0, len(rows))
-	for n := range rows {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
+	for _, n := range slices.Sorted(maps.Keys(rows)) {
 		row := rows[n]
 		route, err := cfg.Route(n, "")
 		if n == config.WildcardDatabase {
@@ -446,23 +361,23 @@ func (srv *Server) showDatabases() *resultSet {
 		if row.entry != nil && row.entry.PoolMode != nil {
 			poolMode = *row.entry.PoolMode
 		}
-		paused, disabled := srv.dbFlags(n)
+		st := state.Databases[n]
 		r.row(n, host, route.Port, dbname, forceUser, set.MaxSize, set.MinSize, 0, int(set.MaxLifetime/time.Second),
-			poolMode, null{}, 0, row.servers, 0, row.clients, b2i(paused), b2i(disabled))
+			poolMode, null{}, 0, row.servers, 0, row.clients, b2i(state.Paused || st.Paused), b2i(st.Disabled))
 	}
 	return r
 }
 
 // showUsers lists the users poolerd knows (8 columns).
-func (srv *Server) showUsers() *resultSet {
+func (c *Console) showUsers() *resultSet {
 	r := newResult(text("name"), text("pool_size"), text("reserve_pool_size"), text("pool_mode"),
 		int4("max_user_connections"), int4("current_connections"), int4("max_user_client_connections"),
 		int4("current_client_connections"))
-	cfg := srv.cfg()
+	cfg := c.p.Config()
 	servers, clients := map[string]int{}, map[string]int{}
-	for _, p := range srv.poolList() {
-		servers[p.route().ServerUser] += p.pool.Stats().Total
-		clients[p.key.user] += int(p.clients.Load())
+	for _, p := range c.p.Pools() {
+		servers[p.ServerUser] += p.Total
+		clients[p.User] += int(p.Clients)
 	}
 	overrides := map[string]config.Overrides{}
 	for _, u := range cfg.Users {
@@ -486,34 +401,32 @@ func (srv *Server) showUsers() *resultSet {
 }
 
 // showConfig lists the top-level keys: key, value, default, changeable.
-func (srv *Server) showConfig() *resultSet {
+func (c *Console) showConfig() *resultSet {
 	r := newResult(text("key"), text("value"), text("default"), text("changeable"))
-	cur, def := srv.cfg(), config.Defaults()
+	cur, def := c.p.Config(), config.Defaults()
 	keys := config.Keys()
 	sort.Slice(keys, func(i, j int) bool { return keys[i].Name < keys[j].Name })
 	for _, k := range keys {
-		r.row(k.Name, config.FormatValue(cur, k.Name), config.FormatValue(&def, k.Name), yesNo(!restartRequired(k.Name)))
+		r.row(k.Name, config.FormatValue(cur, k.Name), config.FormatValue(&def, k.Name), yesNo(!proxy.RestartRequired(k.Name)))
 	}
 	return r
 }
 
 // showLists: PgBouncer's 14 rows.
-func (srv *Server) showLists() *resultSet {
+func (c *Console) showLists() *resultSet {
 	r := newResult(text("list"), int4("items"))
-	cfg := srv.cfg()
+	cfg := c.p.Config()
 	dbs := map[string]bool{}
 	for _, d := range cfg.Databases {
 		dbs[d.Name] = true
 	}
-	pools := srv.poolList()
+	pools := c.p.Pools()
 	servers := 0
 	for _, p := range pools {
-		dbs[p.key.database] = true
-		servers += p.pool.Stats().Total
+		dbs[p.Database] = true
+		servers += p.Total
 	}
-	srv.mu.Lock()
-	clients, logins := len(srv.sessions), len(srv.logins)
-	srv.mu.Unlock()
+	clients, logins := c.p.ClientCount(), c.p.LoginCount()
 	for _, kv := range []struct {
 		name string
 		n    int
@@ -527,24 +440,10 @@ func (srv *Server) showLists() *resultSet {
 	return r
 }
 
-// adminSet runs SET key = value: a top-level key that can change at run
-// time, applied like a reload; others are refused with the reason.
-func (s *session) adminSet(key, value string) ([]byte, bool, *wire.Error) {
-	if !s.adminAll {
-		return nil, false, errAdminAccess()
+// averages returns the last stats period's averages by database, or none.
+func (c *Console) averages() map[string]observe.Averages {
+	if c.avg == nil {
+		return nil
 	}
-	key = strings.ToLower(key)
-	if restartRequired(key) {
-		return nil, false, adminError("SET failed: %s can only change with a restart", key)
-	}
-	if err := s.srv.Set(key, value); err != nil {
-		return nil, false, &wire.Error{Severity: "ERROR", Code: "08P01", Message: "SET failed", Detail: err.Error(),
-			Hint: "SHOW CONFIG lists the keys; durations need a unit (30s), lists are comma-separated"}
-	}
-	s.log.Info("admin console: setting changed", logField(key, value))
-	shown := value
-	if key == "upstream" || key == "redis_url" {
-		shown = config.FormatValue(s.srv.cfg(), key) // without the password
-	}
-	return appendCommandComplete(nil, "SET "+key+"="+shown), false, nil
+	return c.avg.DatabaseAverages()
 }
