@@ -42,7 +42,7 @@ func (c *Console) show(what, sql string) ([]byte, bool, *wire.Error) {
 		"STATS_TOTALS":   func() *resultSet { return c.showStatsTable(false) },
 		"STATS_AVERAGES": func() *resultSet { return c.showStatsTable(true) },
 		"TOTALS":         c.showTotals, "CLIENTS": c.showClients, "SERVERS": c.showServers, "DATABASES": c.showDatabases,
-		"USERS": c.showUsers, "CONFIG": c.showConfig, "LISTS": c.showLists,
+		"USERS": c.showUsers, "CONFIG": c.showConfig, "LISTS": c.showLists, "PINNED": c.showPinned,
 	}[what]
 	if !ok {
 		return nil, false, errInvalidCommand(sql)
@@ -284,6 +284,29 @@ func (c *Console) showClients() *resultSet {
 			pgTime(ci.ConnectedAt), pgTime(ci.LastRequest),
 			int(ci.Wait/time.Second), int((ci.Wait%time.Second)/time.Microsecond), 0, ci.Ptr, ci.Link, 0, "",
 			ci.AppName, ci.PreparedStatements, ci.ID, ci.Pinned)
+	}
+	return r
+}
+
+// showPinned lists the clients pinned to their server connection by
+// session state (a poolerd addition): why, for how long, and on which
+// backend, longest first.
+func (c *Console) showPinned() *resultSet {
+	r := newResult(text("user"), text("database"), text("addr"), int4("port"), text("application_name"),
+		text("reason"), numeric("pinned_seconds"), numeric("idle_seconds"), int4("server_pid"), int4("id"))
+	clients := c.p.Clients()
+	sort.SliceStable(clients, func(i, j int) bool { return clients[i].PinnedFor > clients[j].PinnedFor })
+	for _, ci := range clients {
+		if ci.Pinned == "" {
+			continue
+		}
+		idle := time.Duration(0)
+		if !ci.LastRequest.IsZero() {
+			idle = max(time.Since(ci.LastRequest), 0)
+		}
+		addr, port := splitAddr(ci.RemoteAddr)
+		r.row(ci.User, ci.Database, addr, port, ci.AppName, ci.Pinned,
+			fmt.Sprintf("%.3f", ci.PinnedFor.Seconds()), fmt.Sprintf("%.3f", idle.Seconds()), int(ci.ServerPID), ci.ID)
 	}
 	return r
 }

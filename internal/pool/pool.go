@@ -32,7 +32,9 @@ type Conn interface {
 
 // Entry is the pool's bookkeeping inside a connection.
 type Entry struct {
-	id       uint64
+	// id is set when the pool adopts the connection, which may be after
+	// the connection's own goroutines started (they may log it as 0).
+	id       atomic.Uint64
 	created  time.Time
 	lastUsed time.Time
 	jitter   float64 // this connection's max_lifetime factor, 0.9-1.1
@@ -44,7 +46,7 @@ type Entry struct {
 }
 
 // ID is the connection's number, unique within the process.
-func (e *Entry) ID() uint64 { return e.id }
+func (e *Entry) ID() uint64 { return e.id.Load() }
 
 // Created is when the connection was opened.
 func (e *Entry) Created() time.Time { return e.created }
@@ -485,7 +487,7 @@ func (p *Pool[C]) validate(ctx context.Context, c C) error {
 		p.mu.Lock()
 		p.stats.ValidationFailures++
 		p.mu.Unlock()
-		p.log.Warn("server connection failed validation; closing it", zap.Uint64("conn_id", c.PoolEntry().id), zap.Error(err))
+		p.log.Warn("server connection failed validation; closing it", zap.Uint64("conn_id", c.PoolEntry().ID()), zap.Error(err))
 		p.Discard(c, "validation_failed")
 		return err
 	}
@@ -711,7 +713,7 @@ func (p *Pool[C]) Discard(c C, reason string) {
 		p.startConnectLocked()
 	}
 	p.mu.Unlock()
-	p.log.Debug("server connection discarded", zap.Uint64("conn_id", e.id), zap.String("reason", reason))
+	p.log.Debug("server connection discarded", zap.Uint64("conn_id", e.ID()), zap.String("reason", reason))
 	p.nudge()
 }
 
@@ -843,7 +845,7 @@ func (p *Pool[C]) Info(c C) ConnInfo {
 	e := c.PoolEntry()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return ConnInfo{ID: e.id, Created: e.created, LastUsed: e.lastUsed, Idle: e.state == stateIdle,
+	return ConnInfo{ID: e.ID(), Created: e.created, LastUsed: e.lastUsed, Idle: e.state == stateIdle,
 		Stale: e.state == stateIdle && p.needsValidation(c), CloseNeeded: e.gen < p.gen}
 }
 
@@ -1058,7 +1060,7 @@ func (p *Pool[C]) adoptLocked(c C) {
 	p.opening--
 	now := p.cfg.Now()
 	e := c.PoolEntry()
-	e.id = p.nextID.Add(1)
+	e.id.Store(p.nextID.Add(1))
 	e.created = now
 	e.lastUsed = now
 	e.jitter = 0.9 + 0.2*p.cfg.Rand()
@@ -1311,7 +1313,7 @@ func (p *Pool[C]) recycleLocked(c C, reason string, now time.Time) {
 	case RecycleIdle:
 		p.stats.RecycledIdle++
 	}
-	p.log.Info("server connection recycled", zap.Uint64("conn_id", e.id), zap.String("reason", reason),
+	p.log.Info("server connection recycled", zap.Uint64("conn_id", e.ID()), zap.String("reason", reason),
 		zap.Duration("lifetime", now.Sub(e.created).Round(time.Millisecond)), zap.Uint64("queries", e.queries.Load()))
 	p.closeLocked(c)
 }

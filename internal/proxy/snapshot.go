@@ -34,9 +34,14 @@ type ClientInfo struct {
 	Wait    time.Duration
 	AppName string
 	// PreparedStatements counts the client's mapped prepared statements;
-	// Pinned is why it keeps its server connection ("" if it does not).
+	// Pinned is why it keeps its server connection ("" if it does not),
+	// since PinnedFor.
 	PreparedStatements int
 	Pinned             string
+	PinnedFor          time.Duration
+	// ServerPID is the backend process of the server connection it holds
+	// (0 if none).
+	ServerPID uint32
 }
 
 // ServerInfo describes one open server connection.
@@ -88,8 +93,11 @@ func (srv *Server) Clients() []ClientInfo {
 		ci := ClientInfo{ID: s.id, User: s.user, Database: s.database, RemoteAddr: s.conn.RemoteAddr(),
 			LocalAddr: s.conn.LocalAddr(), ConnectedAt: s.connectedAt, LastRequest: srv.wallTime(s.lastReq.Load()),
 			Ptr: ptr(s), AppName: s.appName(), PreparedStatements: s.preparedCount(), Pinned: s.pinnedReason()}
+		if since := s.pinnedSince.Load(); ci.Pinned != "" && since != 0 {
+			ci.PinnedFor = time.Duration(srv.nanotime() - since)
+		}
 		if sc := s.server.Load(); sc != nil {
-			ci.Link = ptr(sc)
+			ci.Link, ci.ServerPID = ptr(sc), sc.PID
 		} else if since := s.waitSince.Load(); since != 0 {
 			ci.Waiting, ci.Wait = true, time.Duration(srv.nanotime()-since)
 		}

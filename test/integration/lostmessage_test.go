@@ -25,6 +25,12 @@ func TestServerResetMessageReachesClient(t *testing.T) {
 		c.PoolMode = config.PoolTransaction
 		c.MaxSize = 8
 	})
+	// One login before the faults start: the pool learns the server's
+	// parameters from its first connection, and later logins need none.
+	warm := dialFE(t, p.addr)
+	warm.startup(pgtest.RoleApp)
+	warm.authenticate(pgtest.Password)
+	_ = warm.nc.Close()
 	const clients = 4
 	stop := make(chan struct{})
 	var mu sync.Mutex
