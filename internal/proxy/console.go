@@ -85,10 +85,6 @@ func (srv *Server) consoleServer() Console {
 	return srv.console
 }
 
-// errNoConsole refuses a console login when no Console is set.
-var errNoConsole = &wire.Error{Severity: "FATAL", Code: "08P01", Message: "the admin console is not available",
-	Hint: "this poolerd runs without an admin console; use the metrics and /stats endpoints"}
-
 // serveConsole hands a logged-in console client to the Console; it returns
 // when the connection is over.
 func (srv *Server) serveConsole(s *session) {

@@ -109,7 +109,7 @@ func TestConsoleNotSet(t *testing.T) {
 	c := dialRaw(t, addr)
 	c.sendNow(rawStartup(wire.CodeProtocol30, "user", "admin", "database", "pgbouncer"))
 	f := c.refusal()
-	if f['S'] != "FATAL" || f['C'] != "08P01" || f['M'] != errNoConsole.Message || f['H'] == "" {
+	if f['S'] != "FATAL" || f['C'] != "08P01" || f['M'] != errNoConsole().Message || f['H'] == "" {
 		t.Errorf("refusal %v", f)
 	}
 }

@@ -232,10 +232,6 @@ func removePools(list, gone []*dbPool) []*dbPool {
 	return out
 }
 
-// errKilled is the final message of a client ended by KILL_CLIENT.
-var errKilled = &wire.Error{Severity: "FATAL", Code: "08P01", Message: "admin forced disconnect",
-	Hint: "an administrator ran KILL_CLIENT on this connection"}
-
 // KillClient ends the logged-in client (a pool's client or a console
 // connection) whose console id is id. It reports whether there was one.
 func (srv *Server) KillClient(id uint64) bool {
@@ -255,9 +251,9 @@ func (srv *Server) KillClient(id uint64) bool {
 	srv.mu.Unlock()
 	switch {
 	case victim != nil:
-		victim.terminate(errKilled)
+		victim.terminate(errKilled())
 	case console != nil:
-		console.Terminate(errKilled)
+		console.Terminate(errKilled())
 	default:
 		return false
 	}

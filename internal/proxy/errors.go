@@ -112,6 +112,18 @@ func (d *dbPool) errPinCap(reason string) *wire.Error {
 		Hint:   "undo session state when done (CLOSE the cursor, UNLISTEN, pg_advisory_unlock, DROP the temporary table, DEALLOCATE, RESET ROLE) so that pins end, raise max_pinned_clients (POOLERD_MAX_PINNED_CLIENTS), or use pool_mode session for this client"}
 }
 
+// errKilled is the final message of a client ended by KILL_CLIENT.
+func errKilled() *wire.Error {
+	return &wire.Error{Severity: "FATAL", Code: "08P01", Message: "admin forced disconnect",
+		Hint: "an administrator ran KILL_CLIENT on this connection"}
+}
+
+// errNoConsole refuses a console login when no Console is set.
+func errNoConsole() *wire.Error {
+	return &wire.Error{Severity: "FATAL", Code: "08P01", Message: "the admin console is not available",
+		Hint: "this poolerd runs without an admin console; use the metrics and /stats endpoints"}
+}
+
 // errTimedOut ends a session whose limit of kind expired.
 func errTimedOut(kind timeoutKind, limit time.Duration) *wire.Error {
 	switch kind {

@@ -200,7 +200,7 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	}
 	if IsConsoleDatabase(s.database) {
 		if s.srv.consoleServer() == nil {
-			s.refuseLogin(errNoConsole)
+			s.refuseLogin(errNoConsole())
 			return false
 		}
 		return true // serveConn hands the connection to the console

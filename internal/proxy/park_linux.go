@@ -8,6 +8,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/poolerd/poolerd/internal/wire"
 )
 
 // parkSweep is how often idle clients are looked for: a client that sent
@@ -98,6 +100,11 @@ func (p *parker) park(s *session) bool {
 	p.parked[s.id] = s
 	s.parked.Store(true)
 	p.mu.Unlock()
+	if s.endErr.Load() != nil {
+		// Ended between parkable and the mark above: its wake-up may have
+		// found it not parked yet. Go on, to end it.
+		return p.unpark(s, cio, op)
+	}
 
 	ev := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLRDHUP | syscall.EPOLLONESHOT,
 		Fd: int32(uint32(s.id)), Pad: int32(uint32(s.id >> 32))}
@@ -108,6 +115,14 @@ func (p *parker) park(s *session) bool {
 	if err == nil && errno == nil {
 		return true // from here on, s may already be running again
 	}
+	return p.unpark(s, cio, op)
+}
+
+// unpark takes back a park that cannot stand (the socket could not be
+// registered, or the session ended meanwhile). It returns what park
+// returns: true if a wake-up took the session meanwhile (the goroutine it
+// started goes on), false if the caller's goroutine keeps it.
+func (p *parker) unpark(s *session, cio *wire.ConnReader, op int) bool {
 	p.mu.Lock()
 	mine := p.parked[s.id] == s
 	if mine {
@@ -119,7 +134,7 @@ func (p *parker) park(s *session) bool {
 	}
 	p.mu.Unlock()
 	if !mine {
-		return true // woken meanwhile (terminated): the new goroutine goes on
+		return true
 	}
 	s.restoreIO(cio)
 	return false

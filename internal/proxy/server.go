@@ -1,9 +1,16 @@
-// Package proxy is poolerd's front end: the client listener, the startup
-// and authentication handshake, the relay between client sessions and pooled
-// server connections, cancel requests and graceful shutdown. Admin console
-// logins are authenticated here and handed to a Console (internal/console),
-// which reads the proxy through the snapshots of snapshot.go and drives it
-// through the methods of control.go.
+// Package proxy is poolerd's relay and the session logic around it: the
+// client listener, the startup and authentication handshake, client
+// sessions and their relay to pooled server connections (transaction-mode
+// rewriting of prepared statements, session state and pins, parking idle
+// clients, timeouts, connection and rate limits), cancel requests, reload
+// and graceful shutdown. It exports read-only snapshots of its state and a
+// few control methods.
+//
+// It does not serve the admin console (internal/console does, once the
+// proxy has authenticated a console login and handed it over), compute
+// statistics or metrics for operators (internal/observe reads the
+// snapshots), serve HTTP (internal/health), or keep the pools of server
+// connections themselves (internal/pool).
 package proxy
 
 import (
@@ -27,34 +34,46 @@ import (
 // Server accepts clients and pools their server connections. Create it with
 // New, run Serve for each listener, and stop it with Shutdown or Close.
 type Server struct {
-	conf atomic.Pointer[config.Config]
-	log  *zap.Logger
-	bufs *wire.BufferPool
-	// obufs are buffers for batches rewritten out of place; stmts are the
-	// prepared statement definitions shared by transaction-mode clients.
-	obufs sync.Pool
-	// oldRates are rate limits replaced by a reload whose Redis client is
-	// not closed yet (mu).
-	oldRates []*rateLimits
-	stmts    *stmtRegistry
-
+	// Set by New, or by a setter before Serve (Instrument, SetVersion's
+	// value aside); read-only afterwards. The values behind the pointers
+	// guard themselves.
+	log     *zap.Logger
+	bufs    *wire.BufferPool
+	obufs   sync.Pool     // buffers for batches rewritten out of place
+	stmts   *stmtRegistry // prepared statements shared by transaction-mode clients
+	parker  *parker       // idle client sessions without a goroutine
+	limits  *connLimits
+	rateMet *rateMetrics
+	metrics *metrics // nil until Instrument
 	// ctx ends when the server is closed; checkouts and cancel requests
 	// give up with it.
-	ctx    context.Context
-	cancel context.CancelFunc
-
-	shutting atomic.Bool
-	// idleEnd: clients are ended with 57P01 at their next idle point
-	// (SIGTERM's Shutdown, SHUTDOWN WAIT_FOR_CLIENTS's Drain).
-	idleEnd       atomic.Bool
-	loginTimeouts atomic.Uint64
-	authFailures  atomic.Uint64
-	started       time.Time     // origin of the sessions' clock (nanotime)
-	connIDs       atomic.Uint64 // numbers server connections and sessions alike
+	ctx         context.Context
+	cancel      context.CancelFunc
+	started     time.Time // origin of the sessions' clock (nanotime)
+	shutdownReq chan string
 	// mockKey derives stable fake SCRAM salts for unknown users, so that a
 	// login attempt does not reveal which users exist.
 	mockKey [32]byte
+	// onFrame, set only by tests before Serve, is called on a client
+	// session's goroutine for each frame header it reads, before the frame
+	// is routed: tests use it to fail a server exactly between poolerd
+	// reading a message and forwarding it.
+	onFrame func(s *session, typ byte)
 
+	// Atomics, read and written by anyone.
+	conf  atomic.Pointer[config.Config]
+	rates atomic.Pointer[rateLimits] // nil without rules
+	ver   atomic.Pointer[string]
+	// shutting: stopAccepting ran. idleEnd: clients are ended with 57P01
+	// at their next idle point (SIGTERM's Shutdown, SHUTDOWN
+	// WAIT_FOR_CLIENTS's Drain).
+	shutting, idleEnd           atomic.Bool
+	loginTimeouts, authFailures atomic.Uint64
+	connIDs                     atomic.Uint64 // numbers server connections and sessions alike
+
+	sessWG sync.WaitGroup // one per client session, from login to its end
+
+	// mu guards the rest.
 	mu        sync.Mutex
 	pools     map[poolKey]*dbPool
 	sessions  map[uint32]*session     // by the pid of the key we issued
@@ -67,24 +86,11 @@ type Server struct {
 	dbs       map[string]*dbState   // PAUSE/DISABLE state by database name
 	paused    bool                  // global PAUSE
 	draining  bool                  // SHUTDOWN WAIT_FOR_CLIENTS
-	sessWG    sync.WaitGroup        // one per client session, from login to its end
-	parker    *parker               // idle client sessions without a goroutine
-
-	metrics *metrics                   // nil until Instrument
-	rates   atomic.Pointer[rateLimits] // nil without rules
-	rateMet *rateMetrics
-	limits  *connLimits
-
-	reload      ReloadFunc
-	setLevel    func(string) error
-	shutdownReq chan string
-	ver         atomic.Pointer[string]
-
-	// onFrame, set only by tests before Serve, is called on a client
-	// session's goroutine for each frame header it reads, before the frame
-	// is routed: tests use it to fail a server exactly between poolerd
-	// reading a message and forwarding it.
-	onFrame func(s *session, typ byte)
+	// oldRates are rate limits replaced by a reload whose Redis client is
+	// not closed yet.
+	oldRates []*rateLimits
+	reload   ReloadFunc
+	setLevel func(string) error
 }
 
 type poolKey struct{ database, user string }

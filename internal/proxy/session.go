@@ -344,10 +344,15 @@ func (s *session) parkable() bool {
 // the goroutine must then return without touching the session.
 func (s *session) tryPark() bool {
 	_ = s.conn.SetReadDeadline(time.Time{})
-	if !s.parkable() {
-		return false
+	if s.parkable() && s.srv.parker.park(s) {
+		return true
 	}
-	return s.srv.parker.park(s)
+	if s.endErr.Load() != nil {
+		// Ended meanwhile: finishLocked's read deadline, which wakes this
+		// goroutine to end the session, may be the one just cleared.
+		_ = s.conn.SetReadDeadline(time.Now())
+	}
+	return false
 }
 
 // restoreIO gives back the reader/writer park took, if it could not park.
