@@ -40,12 +40,28 @@ const maxParamCache = 1024
 // dbPool is the pool of one (database, user) pair with what poolerd learned
 // about its server sessions.
 type dbPool struct {
-	srv    *Server
-	key    poolKey
-	routeP atomic.Pointer[config.Route] // replaced by a reload
-	pool   *pool.Pool[*serverConn]
-	log    *zap.Logger
+	// Set by newDBPool; read-only afterwards (the pool guards itself).
+	srv  *Server
+	key  poolKey
+	pool *pool.Pool[*serverConn]
+	log  *zap.Logger
+	met  poolMetrics // this pool's metric children
+	// built is closed once the dbPool is complete (d.pool set).
+	built chan struct{}
 
+	// Atomics, read and written by anyone: the route (replaced by a
+	// reload), what happened to this pool's clients, its traffic (ctr),
+	// its logged-in clients and how many of them are pinned (see
+	// session.pin), and whether it is retired (the database left the
+	// configuration, see Server.retire) or closing.
+	routeP           atomic.Pointer[config.Route]
+	timeoutCounts    [numTimeoutKinds]atomic.Uint64
+	leaks            atomic.Uint64
+	ctr              counters
+	clients, pins    atomic.Int64
+	retired, closing atomic.Bool
+
+	// mu guards the rest.
 	mu sync.Mutex
 	// defaults are the server's reported parameters at connection start.
 	defaults map[string]string
@@ -59,21 +75,6 @@ type dbPool struct {
 	// clientKey is the latest SCRAM ClientKey recovered from a client of
 	// this user, for SCRAM pass-through when only a verifier is configured.
 	clientKey []byte
-
-	// built is closed once the dbPool is complete (d.pool set).
-	built chan struct{}
-
-	// Counters of what happened to this pool's clients, by kind.
-	timeoutCounts [numTimeoutKinds]atomic.Uint64
-	leaks         atomic.Uint64
-	// ctr counts traffic; met holds this pool's metric children.
-	ctr counters
-	met poolMetrics
-	// clients is the number of logged-in clients of this pool, pins the
-	// number of them pinned (see session.pin).
-	clients, pins atomic.Int64
-	// retired: the database left the configuration (see Server.retire).
-	retired, closing atomic.Bool
 }
 
 // maxParamSets bounds dbPool.paramSets: clients beyond that many distinct

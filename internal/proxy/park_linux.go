@@ -30,15 +30,17 @@ const parkSweep = time.Second
 // long) and when a sweep finds them idle. Parking and resuming cost a few
 // system calls each, never on the path of a session that is busy.
 type parker struct {
-	srv  *Server
-	once sync.Once
-	err  error // from starting; parking is off when set
+	srv *Server
 
-	epfd int
+	// Set once, by start (under once); read-only afterwards.
+	once sync.Once
+	err  error    // from starting; parking is off when set
+	epfd int      // the epoll instance
 	file *os.File // epfd, for the runtime poller
 	stop chan struct{}
 	done sync.WaitGroup
 
+	// mu guards the parked sessions (and their epollReg).
 	mu     sync.Mutex
 	parked map[uint64]*session
 	closed bool
