@@ -16,6 +16,7 @@ import (
 
 	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/internal/wire"
+	"github.com/poolerd/poolerd/test/cpustat"
 )
 
 // The relay benchmarks run everything in one process over loopback TCP: a
@@ -99,7 +100,7 @@ func runSerial(b *testing.B, c *benchClient) {
 		}
 	}
 	b.ReportAllocs()
-	cpu0 := processCPU()
+	cpu0 := cpustat.Process()
 	b.ResetTimer()
 	for range b.N {
 		if err := c.roundTrip(); err != nil {
@@ -140,7 +141,7 @@ func runParallel(b *testing.B, clients []*benchClient) {
 	run(&n)
 	b.ReportAllocs()
 	n.Store(int64(b.N))
-	cpu0 := processCPU()
+	cpu0 := cpustat.Process()
 	b.ResetTimer()
 	run(&n)
 	b.StopTimer()
@@ -149,7 +150,7 @@ func runParallel(b *testing.B, clients []*benchClient) {
 
 func reportRoundTrips(b *testing.B, cpu0 time.Duration) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "rt/s")
-	if cpu := processCPU() - cpu0; cpu > 0 {
+	if cpu := cpustat.Process() - cpu0; cpu > 0 {
 		b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
 	}
 }

@@ -812,30 +812,30 @@ func snapshotSQL(custom []string) string {
 }
 
 // snapshotLocked sends the settings snapshot query for own on a clean
-// connection (the server is waiting for a request, so the write cannot
-// block on it).
+// connection.
 func (sc *serverConn) snapshotLocked(own *session) {
-	sc.pending++
-	sc.unnamedBy = nil
 	sc.snapGen = own.dirtyGen.Load()
-	sc.snapZ.Store(sc.zSent)
-	sc.swallowGroupLocked(sc.zSent)
-	sc.zSent++
-	if _, err := sc.Conn.Write(wire.AppendQuery(nil, snapshotSQL(own.customOptions()))); err != nil {
-		sc.broken = true
-	}
+	sc.ownQueryLocked(&sc.snapZ, snapshotSQL(own.customOptions()))
 }
 
-// pinCheckLocked sends the pin check query for own on a clean connection,
-// as snapshotLocked sends its query (and for the same reason, under mu).
+// pinCheckLocked sends the pin check query for own on a clean connection.
 func (sc *serverConn) pinCheckLocked(own *session) {
+	sc.checkGen = own.pinGen.Load()
+	sc.ownQueryLocked(&sc.checkZ, pinCheckSQL(sc.loginAuth))
+}
+
+// ownQueryLocked sends one of poolerd's own queries whose answer the reader
+// swallows, keeping its rows for the group it stores in z. The connection
+// is clean (the server is waiting for a request, so the write cannot block
+// on it); the query is owed before the write, in the same critical
+// section, so that no one finds the connection clean in between.
+func (sc *serverConn) ownQueryLocked(z *atomic.Int64, sql string) {
 	sc.pending++
 	sc.unnamedBy = nil
-	sc.checkGen = own.pinGen.Load()
-	sc.checkZ.Store(sc.zSent)
+	z.Store(sc.zSent)
 	sc.swallowGroupLocked(sc.zSent)
 	sc.zSent++
-	if _, err := sc.Conn.Write(wire.AppendQuery(nil, pinCheckSQL(sc.loginAuth))); err != nil {
+	if _, err := sc.Conn.Write(wire.AppendQuery(nil, sql)); err != nil {
 		sc.broken = true
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/poolerd/poolerd/test/cpustat"
 )
 
 // benchSizes are the message body sizes of the frame benchmarks: a
@@ -110,7 +112,7 @@ func BenchmarkFrames(b *testing.B) {
 			b.SetBytes(int64(HeaderLen + size))
 			b.ReportAllocs()
 			fr.reads = 0
-			cpu0 := processCPU()
+			cpu0 := cpustat.Process()
 			b.ResetTimer()
 			go frameWriter(client, b.N, size, done)
 			got, err := fr.readFrames(b.N)
@@ -132,7 +134,7 @@ func BenchmarkFrames(b *testing.B) {
 // machine it is steadier than ns/op, which also counts time spent waiting
 // for a CPU.
 func reportCPU(b *testing.B, cpu0 time.Duration) {
-	if cpu := processCPU() - cpu0; cpu > 0 {
+	if cpu := cpustat.Process() - cpu0; cpu > 0 {
 		b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
 	}
 }
@@ -205,7 +207,7 @@ func BenchmarkCursor(b *testing.B) {
 			var cur Cursor
 			b.SetBytes(int64(HeaderLen + size))
 			b.ReportAllocs()
-			cpu0 := processCPU()
+			cpu0 := cpustat.Process()
 			b.ResetTimer()
 			for n := 0; n < b.N; {
 				p := chunk
