@@ -31,6 +31,7 @@ func (srv *Server) serveConn(nc net.Conn) {
 	cfg := srv.cfg()
 	s := &session{srv: srv, conn: nc, id: srv.connIDs.Add(1), addr: nc.RemoteAddr().String(), connectedAt: time.Now()}
 	s.log = sessionLog{s}
+	s.timeoutsP.Store(new(timeouts))
 	s.handshaking.Store(true)
 	if t := cfg.ClientLoginTimeout; t > 0 {
 		s.loginDeadline = time.Now().Add(t)

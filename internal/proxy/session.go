@@ -391,14 +391,14 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 		}
 		return buf[start:out]
 	}
-	// answered sends what this read holds so far and waits until the
+	// answered sends what this read holds before at and waits until the
 	// server has answered all of it (a refusal must reach the client after
 	// those answers). It returns false if the server was lost.
-	answered := func(sc *serverConn) bool {
+	answered := func(sc *serverConn, at int) bool {
 		if !s.flush(data(), b) {
 			return false
 		}
-		start, out, b.reqs = off, off, 0
+		start, out, b.reqs = at, at, 0
 		s.waitAnswered(sc)
 		return true
 	}
@@ -451,7 +451,7 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 				// The refusal must reach the client after the answers to
 				// what it sent before: send that, and wait for them.
 				if sc := s.server.Load(); sc != nil {
-					if !answered(sc) {
+					if !answered(sc, off) {
 						return true
 					}
 					s.abortTx(sc)
@@ -545,7 +545,7 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 				// The name's fate hangs on the answer to an earlier request
 				// of the pipeline (a Parse or Close an error may skip): send
 				// what came before, wait for the answers, then go on.
-				if !answered(sc) {
+				if !answered(sc, off) {
 					return true
 				}
 				s.holdRead = 0 // forwarded from its capture, not in place
@@ -564,7 +564,7 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 			if werr := s.scanEffects(t, body, canRefuse); werr != nil {
 				// Refused in order: what came before goes first and is
 				// answered before the error.
-				if !answered(sc) {
+				if !answered(sc, off) {
 					return true
 				}
 				s.abortTx(sc)

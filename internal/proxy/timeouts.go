@@ -113,17 +113,17 @@ func timeoutsOf(set config.PoolSettings) *timeouts {
 	}
 }
 
-func (t timeouts) any() bool {
+func (t *timeouts) any() bool {
 	return t.queryTimeout|t.transactionTimeout|t.idleTransactionTimeout|
 		t.clientIdleTimeout|t.serverResponseTimeout|t.leakDetectionThreshold|t.pinnedIdleTimeout != 0
 }
 
 // idleTracked reports whether the client's idle periods are timed
 // (client_idle_timeout, pinned_idle_timeout).
-func (t timeouts) idleTracked() bool { return t.clientIdleTimeout|t.pinnedIdleTimeout != 0 }
+func (t *timeouts) idleTracked() bool { return t.clientIdleTimeout|t.pinnedIdleTimeout != 0 }
 
 // of returns the limit of a kind.
-func (t timeouts) of(kind timeoutKind) int64 {
+func (t *timeouts) of(kind timeoutKind) int64 {
 	switch kind {
 	case timeoutQuery:
 		return t.queryTimeout
@@ -141,13 +141,9 @@ func (t timeouts) of(kind timeoutKind) int64 {
 	return 0
 }
 
-// timeouts returns the session's limits (none before login).
-func (s *session) timeouts() timeouts {
-	if t := s.timeoutsP.Load(); t != nil {
-		return *t
-	}
-	return timeouts{}
-}
+// timeouts returns the session's limits (all zero until login sets them;
+// never nil).
+func (s *session) timeouts() *timeouts { return s.timeoutsP.Load() }
 
 // arm makes sure the timer fires no later than deadline.
 func (s *session) arm(deadline int64) {
