@@ -880,7 +880,10 @@ func (s *session) flush(data []byte, b batch) bool {
 	}
 	sc.zSent = base + int64(b.reqs)
 	sc.unsynced = b.unsynced
-	sc.busy = false
+	// A held frame still arriving (it spans reads) is part of the batch
+	// being assembled: the connection stays busy, and so unreleasable,
+	// until it is complete and sent.
+	sc.busy = s.hold
 	release := len(data) == 0 && syncReqs == 0 && s.releaseWhenIdle() && sc.cleanLocked()
 	if release {
 		sc.detachLocked(s)
@@ -1234,6 +1237,9 @@ func (s *session) releaseAtEnd(sc *serverConn) {
 		sc.mu.Unlock()
 		return
 	}
+	// A frame the client was still sending (held, see flush) was never
+	// forwarded: it leaves nothing on the server.
+	sc.busy = false
 	clean := sc.cleanLocked()
 	busy := sc.pending > 0
 	if busy {
