@@ -35,6 +35,7 @@ const maxServerErrorLen = 256
 type SCRAMClient struct {
 	// Key material is kept in hidden fields; see Secret.
 	password hidden[string]
+	cache    *SCRAMKeyCache // nil: derive the keys every time
 
 	// Pass-through: keys instead of a password.
 	fromKeys  bool
@@ -62,6 +63,13 @@ type SCRAMClient struct {
 // means crypto/rand.Reader).
 func NewSCRAMClient(password string, nonceRand io.Reader) *SCRAMClient {
 	return &SCRAMClient{password: hide(password), rand: nonceRand}
+}
+
+// NewSCRAMClientCached is NewSCRAMClient taking the keys the password gives
+// with the server's salt and iteration count from cache (computing and
+// keeping them the first time).
+func NewSCRAMClientCached(password string, nonceRand io.Reader, cache *SCRAMKeyCache) *SCRAMClient {
+	return &SCRAMClient{password: hide(password), rand: nonceRand, cache: cache}
 }
 
 // NewSCRAMClientFromKeys returns a client exchange that authenticates with
@@ -187,12 +195,10 @@ func (c *SCRAMClient) HandleServerFirst(data []byte) (out []byte, err error) {
 		}
 		clientKey, serverKey = key, v.ServerKey
 	} else {
-		salted, err := saltedPassword(SASLprep(c.password.get()), salt, iterations)
+		clientKey, serverKey, err = c.cache.keys(SASLprep(c.password.get()), salt, iterations)
 		if err != nil {
 			return nil, err
 		}
-		clientKey = hmacSHA256(salted, "Client Key")
-		serverKey = hmacSHA256(salted, "Server Key")
 	}
 
 	// c=biws is base64("n,,").

@@ -200,7 +200,7 @@ func TestVerifierKnownPostgres(t *testing.T) {
 }
 
 // exchange runs a full exchange between cli and srv.
-func exchange(t *testing.T, cli *SCRAMClient, srv *SCRAMServer) error {
+func exchange(t testing.TB, cli *SCRAMClient, srv *SCRAMServer) error {
 	t.Helper()
 	sfirst, err := srv.HandleClientFirst(cli.Mechanism(), cli.ClientFirst())
 	if err != nil {

@@ -54,6 +54,9 @@ type Credentials struct {
 	// ClientKey, with the SCRAM verifier in Secret, authenticates with
 	// SCRAM pass-through when no plain password is known.
 	ClientKey []byte
+	// KeyCache, if set, keeps the SCRAM keys a plain password gives, so
+	// that logging in again as the role costs no PBKDF2.
+	KeyCache *auth.SCRAMKeyCache
 }
 
 // Conn is an authenticated server connection, ready for queries.
@@ -258,7 +261,7 @@ func authenticate(nc net.Conn, creds Credentials) error {
 
 func scramClient(creds Credentials) (*auth.SCRAMClient, error) {
 	if pw, ok := creds.Secret.Plain(); ok {
-		return auth.NewSCRAMClient(pw, rand.Reader), nil
+		return auth.NewSCRAMClientCached(pw, rand.Reader, creds.KeyCache), nil
 	}
 	if v, ok := creds.Secret.SCRAM(); ok && creds.ClientKey != nil {
 		return auth.NewSCRAMClientFromKeys(v, creds.ClientKey, rand.Reader), nil

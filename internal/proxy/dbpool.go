@@ -196,7 +196,7 @@ func (d *dbPool) connect(ctx context.Context) (*serverConn, error) {
 	// A warm pool connects as soon as it is created: wait until d.pool is
 	// set, since the connection's reader uses it.
 	<-d.built
-	creds := backend.Credentials{User: d.route().ServerUser, Secret: d.route().ServerSecret}
+	creds := backend.Credentials{User: d.route().ServerUser, Secret: d.route().ServerSecret, KeyCache: d.srv.scramKeys}
 	if creds.Secret.Kind() == auth.SecretSCRAM {
 		d.mu.Lock()
 		creds.ClientKey = d.clientKey

@@ -37,14 +37,17 @@ type Server struct {
 	// Set by New, or by a setter before Serve (Instrument, SetVersion's
 	// value aside); read-only afterwards. The values behind the pointers
 	// guard themselves.
-	log     *zap.Logger
-	bufs    *wire.BufferPool
-	obufs   sync.Pool     // buffers for batches rewritten out of place
-	stmts   *stmtRegistry // prepared statements shared by transaction-mode clients
-	parker  *parker       // idle client sessions without a goroutine
-	limits  *connLimits
-	rateMet *rateMetrics
-	metrics *metrics // nil until Instrument
+	log   *zap.Logger
+	bufs  *wire.BufferPool
+	obufs sync.Pool     // buffers for batches rewritten out of place
+	stmts *stmtRegistry // prepared statements shared by transaction-mode clients
+	// scramKeys keeps the SCRAM keys of the plain passwords poolerd logs in
+	// to PostgreSQL with (one PBKDF2 per role and salt).
+	scramKeys *auth.SCRAMKeyCache
+	parker    *parker // idle client sessions without a goroutine
+	limits    *connLimits
+	rateMet   *rateMetrics
+	metrics   *metrics // nil until Instrument
 	// ctx ends when the server is closed; checkouts and cancel requests
 	// give up with it.
 	ctx         context.Context
@@ -95,6 +98,10 @@ type Server struct {
 
 type poolKey struct{ database, user string }
 
+// maxSCRAMKeys bounds the SCRAM key cache: one entry per role (and salt)
+// poolerd logs in to PostgreSQL as with a plain password.
+const maxSCRAMKeys = 1024
+
 // New creates a server for a validated configuration.
 func New(cfg *config.Config, log *zap.Logger) *Server {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -102,6 +109,7 @@ func New(cfg *config.Config, log *zap.Logger) *Server {
 		log:         log,
 		bufs:        wire.NewBufferPool(wire.BufferSize),
 		stmts:       newStmtRegistry(),
+		scramKeys:   auth.NewSCRAMKeyCache(maxSCRAMKeys),
 		ctx:         ctx,
 		cancel:      cancel,
 		started:     time.Now(),
