@@ -33,6 +33,10 @@ type Target struct {
 	// server's Unix socket (starting with "/").
 	Host string
 	Port int
+	// TLS is how connections to it are protected; nil means plain TCP.
+	// Cancel requests are sent in plain TCP (PostgreSQL reads them before
+	// any pg_hba.conf rule applies).
+	TLS *TLS
 }
 
 // Network returns the network and address to dial.
@@ -95,8 +99,20 @@ func (e *AuthError) Error() string { return e.Err.Error() }
 func (e *AuthError) Unwrap() error { return e.Err }
 
 // Connect dials t and logs in as creds to database with the given extra
-// startup parameters. ctx bounds the whole exchange.
+// startup parameters, over TLS as t.TLS says. ctx bounds the whole exchange.
 func Connect(ctx context.Context, t Target, database string, creds Credentials, params map[string]string) (*Conn, error) {
+	mode := t.TLS.mode()
+	c, err := connect(ctx, t, database, creds, params, mode != TLSDisable && mode != TLSAllow)
+	var se *ServerError
+	if mode == TLSAllow && errors.As(err, &se) && se.Code == "28000" {
+		// allow: the server refused plain TCP (hostssl rules); try TLS.
+		return connect(ctx, t, database, creds, params, true)
+	}
+	return c, err
+}
+
+// connect is one attempt of Connect, asking for TLS first if useTLS.
+func connect(ctx context.Context, t Target, database string, creds Credentials, params map[string]string, useTLS bool) (*Conn, error) {
 	network, address := t.Network()
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, network, address)
@@ -111,17 +127,24 @@ func Connect(ctx context.Context, t Target, database string, creds Credentials, 
 	if dl, ok := ctx.Deadline(); ok {
 		_ = nc.SetDeadline(dl)
 	}
-	stop := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Unix(1, 0)) })
-	c, err := startup(nc, t, database, creds, params)
+	plain := nc
+	stop := context.AfterFunc(ctx, func() { _ = plain.SetDeadline(time.Unix(1, 0)) })
+	if useTLS {
+		nc, err = t.TLS.negotiate(plain, t.Host)
+	}
+	var c *Conn
+	if err == nil {
+		c, err = startup(nc, t, database, creds, params)
+	}
 	if !stop() && err == nil {
 		err = ctx.Err()
 	}
 	if err != nil {
-		nc.Close()
+		plain.Close()
 		return nil, err
 	}
-	if err := nc.SetDeadline(time.Time{}); err != nil {
-		nc.Close()
+	if err := plain.SetDeadline(time.Time{}); err != nil {
+		plain.Close()
 		return nil, err
 	}
 	return c, nil

@@ -68,6 +68,18 @@ type Config struct {
 	// AuthFile is a PgBouncer-format userlist file ("user" "secret" per line).
 	AuthFile string `mapstructure:"auth_file"`
 
+	// ServerTLSSSLMode is how connections to PostgreSQL use TLS: disable,
+	// allow, prefer, require, verify-ca or verify-full (PgBouncer's
+	// server_tls_sslmode); a database entry may override it.
+	ServerTLSSSLMode string `mapstructure:"server_tls_sslmode"`
+	// ServerTLSCAFile is the CA that signed PostgreSQL's certificate
+	// (verify-ca, verify-full).
+	ServerTLSCAFile string `mapstructure:"server_tls_ca_file"`
+	// ServerTLSCertFile and ServerTLSKeyFile are poolerd's client
+	// certificate, for PostgreSQL's cert authentication.
+	ServerTLSCertFile string `mapstructure:"server_tls_cert_file"`
+	ServerTLSKeyFile  string `mapstructure:"server_tls_key_file"`
+
 	// Pool settings; databases and users may override them.
 	PoolSettings `mapstructure:",squash"`
 
@@ -233,6 +245,9 @@ type Database struct {
 	User string `mapstructure:"user"`
 	// Password is User's password (plain text, md5 or SCRAM secret).
 	Password string `mapstructure:"password"`
+	// ServerTLSSSLMode overrides the global server_tls_sslmode for this
+	// database's server.
+	ServerTLSSSLMode string `mapstructure:"server_tls_sslmode"`
 
 	// MaxDBConnections and MaxDBClientConnections override the global
 	// limits for this database (server and client connections).
@@ -326,6 +341,8 @@ func Defaults() Config {
 		Listen:     "127.0.0.1:6432",
 		HTTPListen: "127.0.0.1:9930",
 		AuthType:   AuthSCRAM,
+		// prefer, as PgBouncer 1.20+: encrypted when the server offers it.
+		ServerTLSSSLMode: "prefer",
 		PoolSettings: PoolSettings{
 			PoolMode:               PoolTransaction,
 			MaxPreparedStatements:  200,

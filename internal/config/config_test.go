@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/poolerd/poolerd/test/pgtest"
 )
 
 func load(t *testing.T, yaml string, args ...string) (*Config, error) {
@@ -75,7 +77,17 @@ func TestEveryKeyHasAnEnvVar(t *testing.T) {
 					"pool_mode": "session", "server_reset_query": "SELECT 2", "log_format": "json", "log_level": "warn",
 					"startup_mode": "fail-fast", "validation_query": "SELECT 2",
 					"rate_limit_backend": "redis", "redis_url": "redis://h:1/0", "on_redis_error": "deny",
-					"session_state": "refuse", "http_probe_listen": "127.0.0.1:7002", "max_pinned_clients": "50%"}[k.Name]
+					"session_state": "refuse", "http_probe_listen": "127.0.0.1:7002", "max_pinned_clients": "50%", "server_tls_sslmode": "require"}[k.Name]
+				if strings.HasPrefix(k.Name, "server_tls_") && strings.HasSuffix(k.Name, "_file") {
+					files, err := pgtest.MakeTLSFiles(t.TempDir())
+					if err != nil {
+						t.Fatal(err)
+					}
+					val = map[string]string{"server_tls_ca_file": files.CA, "server_tls_cert_file": files.ClientCert, "server_tls_key_file": files.ClientKey}[k.Name]
+					// A certificate and its key go together.
+					t.Setenv("POOLERD_SERVER_TLS_CERT_FILE", files.ClientCert)
+					t.Setenv("POOLERD_SERVER_TLS_KEY_FILE", files.ClientKey)
+				}
 				if k.Name == "rate_limit_backend" {
 					t.Setenv("POOLERD_REDIS_URL", "redis://h:1/0")
 				}
@@ -127,7 +139,7 @@ func TestRejects(t *testing.T) {
 		{"override combination", up + "databases:\n  - name: a\n    min_size: 5\nusers:\n  - name: bob\n    password: pw\n    max_size: 3\n",
 			`database "a" with user "bob": min_size (5) exceeds max_size (3)`},
 		{"bad upstream", "upstream: mysql://x\n", "scheme"},
-		{"tls upstream", "upstream: postgres://a:b@h/d?sslmode=require\n", "TLS"},
+		{"bad upstream sslmode", "upstream: postgres://a:b@h/d?sslmode=bogus\n", "sslmode=bogus"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := load(t, tc.yaml)

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/poolerd/poolerd/internal/auth"
+	"github.com/poolerd/poolerd/internal/backend"
 )
 
 // WildcardDatabase is the database entry name that matches any database.
@@ -29,6 +31,9 @@ type UpstreamURL struct {
 	Password string
 	// HasPassword distinguishes an empty password from none.
 	HasPassword bool
+	// SSLMode is the URL's sslmode, if any: the server_tls_sslmode of the
+	// upstream server (a database entry's own setting still wins).
+	SSLMode string
 }
 
 // String gives the URL without its password, safe for logs.
@@ -71,9 +76,10 @@ func ParseUpstream(raw string) (*UpstreamURL, error) {
 		switch k {
 		case "sslmode":
 			switch vals[0] {
-			case "disable", "allow", "prefer":
+			case backend.TLSDisable, backend.TLSAllow, backend.TLSPrefer, backend.TLSRequire, backend.TLSVerifyCA, backend.TLSVerifyFull:
+				out.SSLMode = vals[0]
 			default:
-				return nil, fmt.Errorf("upstream sslmode=%s: poolerd does not speak TLS to PostgreSQL yet; use sslmode=disable or prefer", vals[0])
+				return nil, fmt.Errorf("upstream sslmode=%s is not disable, allow, prefer, require, verify-ca or verify-full", vals[0])
 			}
 		default:
 			return nil, fmt.Errorf("upstream parameter %q is not supported: only sslmode is read from the URL; set other options as configuration keys", k)
@@ -188,6 +194,11 @@ func (c *Config) Validate() error {
 	}
 
 	seenDB := map[string]bool{}
+	for _, mode := range c.ServerTLSModes() {
+		if _, err := backend.NewTLS(mode, c.ServerTLSCAFile, c.ServerTLSCertFile, c.ServerTLSKeyFile); err != nil {
+			bad("%v", err)
+		}
+	}
 	for i, d := range c.Databases {
 		where := fmt.Sprintf("databases[%d]", i)
 		if d.Name == "" {
@@ -493,6 +504,8 @@ type Route struct {
 	ForcedUser bool
 	// Settings are the effective pool settings.
 	Settings PoolSettings
+	// ServerTLSMode is the server_tls_sslmode for this database.
+	ServerTLSMode string
 }
 
 // ErrUnknownDatabase is returned by Route for a database with no entry.
@@ -504,9 +517,15 @@ func (c *Config) Route(database, user string) (Route, error) {
 	if !ok {
 		return Route{}, fmt.Errorf("%w %q", ErrUnknownDatabase, database)
 	}
-	r := Route{Database: database, Host: d.Host, Port: d.Port, DBName: d.DBName}
+	r := Route{Database: database, Host: d.Host, Port: d.Port, DBName: d.DBName, ServerTLSMode: c.ServerTLSSSLMode}
+	if d.ServerTLSSSLMode != "" {
+		r.ServerTLSMode = d.ServerTLSSSLMode
+	}
 	if r.Host == "" && c.upstream != nil {
 		r.Host = c.upstream.Host
+		if c.upstream.SSLMode != "" && d.ServerTLSSSLMode == "" {
+			r.ServerTLSMode = c.upstream.SSLMode
+		}
 		if r.Port == 0 {
 			r.Port = c.upstream.Port
 		}
@@ -554,4 +573,19 @@ func (c *Config) database(name string) (Database, bool) {
 		return Database{Name: WildcardDatabase}, true
 	}
 	return Database{}, false
+}
+
+// ServerTLSModes lists the server_tls_sslmode values in use: the global
+// one and those of the database entries.
+func (c *Config) ServerTLSModes() []string {
+	modes := []string{c.ServerTLSSSLMode}
+	if c.upstream != nil && c.upstream.SSLMode != "" && !slices.Contains(modes, c.upstream.SSLMode) {
+		modes = append(modes, c.upstream.SSLMode)
+	}
+	for _, d := range c.Databases {
+		if d.ServerTLSSSLMode != "" && !slices.Contains(modes, d.ServerTLSSSLMode) {
+			modes = append(modes, d.ServerTLSSSLMode)
+		}
+	}
+	return modes
 }

@@ -319,7 +319,7 @@ func (c *Console) showServers() *resultSet {
 		laddr, lport := splitAddr(si.LocalAddr)
 		r.row("S", si.ServerUser, si.Database, "none", serverState(si), addr, port, laddr, lport,
 			pgTime(si.Created), pgTime(si.LastUsed), 0, 0, b2i(si.CloseNeeded), si.Ptr, si.Link,
-			int(si.PID), "", si.AppName, 0, si.ID)
+			int(si.PID), si.TLS, si.AppName, 0, si.ID)
 	}
 	return r
 }

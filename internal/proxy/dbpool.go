@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -222,7 +223,8 @@ func (d *dbPool) connect(ctx context.Context) (*serverConn, error) {
 func (d *dbPool) route() *config.Route { return d.routeP.Load() }
 
 func (d *dbPool) target() backend.Target {
-	return backend.Target{Host: d.route().Host, Port: d.route().Port}
+	r := d.route()
+	return backend.Target{Host: r.Host, Port: r.Port, TLS: d.srv.serverTLSFor(r.ServerTLSMode)}
 }
 
 // checkout is the one way to a server connection, for a client's request
@@ -324,6 +326,9 @@ func (d *dbPool) connectError(err error) *wire.Error {
 		if len(se.Code) == 5 && se.Code[:2] == "28" {
 			werr.Message = "server login failed: " + se.Message
 			werr.Hint = fmt.Sprintf("poolerd logs in to PostgreSQL as %q; check the password configured for it (upstream, users or auth_file) and pg_hba.conf", d.route().ServerUser)
+			if strings.Contains(se.Message, "no encryption") {
+				werr.Hint = fmt.Sprintf("PostgreSQL accepts only TLS connections from poolerd (hostssl rules), and server_tls_sslmode is %s: set it to prefer, require or verify-full (POOLERD_SERVER_TLS_SSLMODE)", d.route().ServerTLSMode)
+			}
 		}
 		return werr
 	}

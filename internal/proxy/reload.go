@@ -96,6 +96,7 @@ func (srv *Server) apply(next *config.Config) error {
 	srv.mu.Lock()
 	clear(srv.verifiers)
 	srv.mu.Unlock()
+	srv.setServerTLS(next) // certificates are read again
 	if rateConfigChanged(cur, next) {
 		srv.setRates(next) // budgets start over when the rules change
 	}

@@ -16,6 +16,7 @@ package proxy
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -27,6 +28,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/poolerd/poolerd/internal/auth"
+	"github.com/poolerd/poolerd/internal/backend"
 	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/internal/wire"
 )
@@ -66,7 +68,11 @@ type Server struct {
 	// Atomics, read and written by anyone.
 	conf  atomic.Pointer[config.Config]
 	rates atomic.Pointer[rateLimits] // nil without rules
-	ver   atomic.Pointer[string]
+	// serverTLS are the TLS policies towards PostgreSQL by
+	// server_tls_sslmode (the global one and the databases'), loaded with
+	// the configuration.
+	serverTLS atomic.Pointer[map[string]*backend.TLS]
+	ver       atomic.Pointer[string]
 	// shutting: stopAccepting ran. idleEnd: clients are ended with 57P01
 	// at their next idle point (SIGTERM's Shutdown, SHUTDOWN
 	// WAIT_FOR_CLIENTS's Drain).
@@ -128,7 +134,36 @@ func New(cfg *config.Config, log *zap.Logger) *Server {
 	_, _ = rand.Read(srv.mockKey[:])
 	srv.conf.Store(cfg)
 	srv.setRates(cfg)
+	srv.setServerTLS(cfg)
 	return srv
+}
+
+// setServerTLS loads the TLS policies towards PostgreSQL of cfg (validated,
+// so its files load) and replaces the running ones: connections opened from
+// now on use them.
+func (srv *Server) setServerTLS(cfg *config.Config) {
+	m := map[string]*backend.TLS{}
+	for _, mode := range cfg.ServerTLSModes() {
+		t, err := backend.NewTLS(mode, cfg.ServerTLSCAFile, cfg.ServerTLSCertFile, cfg.ServerTLSKeyFile)
+		if err != nil {
+			srv.log.Error("server TLS settings not applied", zap.String("server_tls_sslmode", mode), zap.Error(err))
+			continue
+		}
+		m[mode] = t
+	}
+	srv.serverTLS.Store(&m)
+}
+
+// serverTLSFor is the TLS policy of a server_tls_sslmode.
+func (srv *Server) serverTLSFor(mode string) *backend.TLS {
+	if m := srv.serverTLS.Load(); m != nil {
+		if t, ok := (*m)[mode]; ok {
+			return t
+		}
+	}
+	// Not loaded (its files failed): as asked, without files; a
+	// verify mode then fails every connect, saying why.
+	return &backend.TLS{Mode: mode, Config: &tls.Config{MinVersion: tls.VersionTLS12}}
 }
 
 // setRates compiles the rate-limit rules of cfg (validated) and replaces

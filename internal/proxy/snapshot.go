@@ -13,6 +13,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/poolerd/poolerd/internal/backend"
 	"github.com/poolerd/poolerd/internal/pool"
 )
 
@@ -60,6 +61,9 @@ type ServerInfo struct {
 	Ptr, Link, AppName string
 	// Cancelling: a cancel request for its backend is in flight.
 	Cancelling bool
+	// TLS is the connection's TLS version and cipher
+	// ("TLSv1.3/TLS_AES_128_GCM_SHA256"), "" for plain TCP.
+	TLS string
 }
 
 // DatabaseState is what the console set for one database.
@@ -125,7 +129,7 @@ func (srv *Server) Servers() []ServerInfo {
 		for _, sc := range conns {
 			si := ServerInfo{ConnInfo: p.pool.Info(sc), Database: p.key.database, User: p.key.user,
 				ServerUser: route.ServerUser, RemoteAddr: sc.Conn.RemoteAddr(), LocalAddr: sc.Conn.LocalAddr(),
-				PID: sc.PID, Ptr: ptr(sc)}
+				PID: sc.PID, Ptr: ptr(sc), TLS: backend.TLSState(sc.Conn.Conn)}
 			sc.mu.Lock()
 			si.Cancelling = sc.cancelling
 			sc.mu.Unlock()

@@ -113,6 +113,10 @@ type Options struct {
 	ExtraConf []string
 	// Logf receives harness progress (e.g. t.Logf); nil = silent.
 	Logf func(format string, args ...any)
+	// SSL turns ssl on with a throwaway certificate authority (Server.TLS)
+	// and accepts TCP connections over SSL only (hostssl rules; plain TCP
+	// is rejected with 28000).
+	SSL bool
 }
 
 // Server is a throwaway PostgreSQL server started by Start.
@@ -125,6 +129,8 @@ type Server struct {
 	DataDir string
 	// BinDir is the directory where initdb/pg_ctl/postgres were found.
 	BinDir string
+	// TLS are the certificate files of an SSL server (Options.SSL).
+	TLS TLSFiles
 
 	superPassword string
 	rootDir       string // temp dir holding DataDir; removed by Cleanup
@@ -325,7 +331,24 @@ func Start(opts Options) (_ *Server, err error) {
 	// Configuration. pg_hba.conf is installed before the first start, which
 	// is equivalent to writing it afterwards and reloading, without the
 	// race of an asynchronous reload.
-	if err := s.writeFile(filepath.Join(s.DataDir, "pg_hba.conf"), []byte(hbaConf)); err != nil {
+	hba := hbaConf
+	if opts.SSL {
+		if s.TLS, err = MakeTLSFiles(s.rootDir); err != nil {
+			return nil, err
+		}
+		for _, f := range []struct{ from, to string }{{s.TLS.ServerCert, "server.crt"}, {s.TLS.ServerKey, "server.key"}, {s.TLS.CA, "root.crt"}} {
+			data, err := os.ReadFile(f.from)
+			if err != nil {
+				return nil, err
+			}
+			if err := s.writeFile(filepath.Join(s.DataDir, f.to), data); err != nil {
+				return nil, err
+			}
+		}
+		s.extraConf = append(s.extraConf, "ssl = on", "ssl_cert_file = 'server.crt'", "ssl_key_file = 'server.key'", "ssl_ca_file = 'root.crt'")
+		hba = strings.ReplaceAll(hba, "\nhost ", "\nhostssl ")
+	}
+	if err := s.writeFile(filepath.Join(s.DataDir, "pg_hba.conf"), []byte(hba)); err != nil {
 		return nil, err
 	}
 	if err := s.appendFile(filepath.Join(s.DataDir, "postgresql.conf"),
@@ -764,13 +787,17 @@ func (s *Server) SuperDSN(db string) string {
 }
 
 // DSN returns a URL DSN postgres://user:password@127.0.0.1:port/db?sslmode=disable
-// with all parts URL-escaped. An empty password omits the password part.
+// (sslmode=require for a server started with Options.SSL) with all parts
+// URL-escaped. An empty password omits the password part.
 func (s *Server) DSN(user, password, db string) string {
 	u := url.URL{
 		Scheme:   "postgres",
 		Host:     s.Addr(),
 		Path:     "/" + db,
 		RawQuery: "sslmode=disable",
+	}
+	if s.TLS.CA != "" {
+		u.RawQuery = "sslmode=require"
 	}
 	if password == "" {
 		u.User = url.User(user)

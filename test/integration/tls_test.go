@@ -1,0 +1,107 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/test/pgtest"
+)
+
+// TLS to PostgreSQL (issue 14, item 2): a PostgreSQL that accepts TCP
+// connections over SSL only (hostssl rules), and poolerd in front of it
+// with each server_tls_sslmode.
+func TestServerTLS(t *testing.T) {
+	t.Parallel()
+	sslPG, err := pgtest.Start(pgtest.Options{Logf: t.Logf, SSL: true})
+	if err != nil {
+		t.Fatalf("start PostgreSQL with ssl: %v", err)
+	}
+	t.Cleanup(func() { _ = sslPG.Cleanup() })
+	other, err := pgtest.MakeTLSFiles(t.TempDir()) // a CA that signed nothing of this server's
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := func(t *testing.T, mode, ca string) *instance {
+		return startPoolerd(t, func(c *config.Config) {
+			// The URL's own sslmode would win over server_tls_sslmode.
+			c.Upstream = strings.TrimSuffix(sslPG.DSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp), "?sslmode=require")
+			c.ServerTLSSSLMode = mode
+			c.ServerTLSCAFile = ca
+			c.MaxSize = 2
+			c.ReconnectBackoffBase = 50 * time.Millisecond
+			c.AdminUsers = []string{pgtest.RoleApp}
+		})
+	}
+	for _, tc := range []struct{ mode, ca string }{
+		{"prefer", ""}, {"require", ""}, {"allow", ""},
+		{"verify-ca", sslPG.TLS.CA}, {"verify-full", sslPG.TLS.CA},
+	} {
+		t.Run(tc.mode, func(t *testing.T) {
+			p := start(t, tc.mode, tc.ca)
+			c := p.connect(t)
+			if got := scalarText(t, c, "SELECT ssl::text || ' ' || version FROM pg_stat_ssl WHERE pid = pg_backend_pid()"); !strings.HasPrefix(got, "true TLSv1.") {
+				t.Fatalf("the server connection's pg_stat_ssl: %q, want TLS", got)
+			}
+			// Hold the server connection while the console looks at it.
+			if _, err := c.Exec(context.Background(), "BEGIN"); err != nil {
+				t.Fatal(err)
+			}
+			adm := obAdmin(t, p, pgtest.RoleApp)
+			defer adm.Close(context.Background())
+			tb := obShow(t, adm, "SHOW SERVERS")
+			if len(tb.Rows) == 0 || !strings.HasPrefix(tb.val(0, "tls"), "TLSv1.") {
+				t.Fatalf("SHOW SERVERS tls column: %v", tb)
+			}
+		})
+	}
+	for _, tc := range []struct{ name, mode, ca, want string }{
+		{"disable", "disable", "", "no encryption"},
+		{"verify-ca with another CA", "verify-ca", other.CA, "certificate"},
+		{"verify-full with another CA", "verify-full", other.CA, "certificate"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := start(t, tc.mode, tc.ca)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			c, err := pgconn.Connect(ctx, p.appDSN())
+			if err == nil {
+				_, err = c.Exec(ctx, "SELECT 1").ReadAll()
+				c.Close(ctx)
+			}
+			var pe *pgconn.PgError
+			if !errors.As(err, &pe) || !strings.Contains(pe.Detail+pe.Message, tc.want) {
+				t.Fatalf("got %v, want an error whose detail mentions %q", err, tc.want)
+			}
+			if tc.mode == "disable" && !strings.Contains(pe.Hint, "server_tls_sslmode") {
+				t.Errorf("hint %q does not name server_tls_sslmode", pe.Hint)
+			}
+			t.Logf("%s: %s: %s", tc.name, pe.Message, pe.Detail)
+		})
+	}
+	// The plain test server refuses nothing: require fails there, prefer
+	// falls back to plain TCP.
+	t.Run("require without TLS on the server", func(t *testing.T) {
+		p := startPoolerd(t, func(c *config.Config) {
+			c.Upstream = strings.TrimSuffix(c.Upstream, "?sslmode=disable")
+			c.ServerTLSSSLMode = "require"
+			c.ReconnectBackoffBase = 50 * time.Millisecond
+		})
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		c, err := pgconn.Connect(ctx, p.appDSN())
+		if err == nil {
+			_, err = c.Exec(ctx, "SELECT 1").ReadAll()
+			c.Close(ctx)
+		}
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || !strings.Contains(pe.Detail, "does not accept TLS") {
+			t.Fatalf("got %v, want a refusal saying the server does not accept TLS", err)
+		}
+	})
+}
