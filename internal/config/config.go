@@ -68,6 +68,17 @@ type Config struct {
 	// AuthFile is a PgBouncer-format userlist file ("user" "secret" per line).
 	AuthFile string `mapstructure:"auth_file"`
 
+	// ClientTLSSSLMode is what poolerd accepts from clients: disable (no
+	// TLS), allow or prefer (TLS when the client asks), require (TLS
+	// only), verify-ca (TLS with a client certificate signed by
+	// ClientTLSCAFile), verify-full (and its common name is the user).
+	ClientTLSSSLMode string `mapstructure:"client_tls_sslmode"`
+	// ClientTLSCertFile and ClientTLSKeyFile are poolerd's certificate
+	// for clients; ClientTLSCAFile the CA of client certificates.
+	ClientTLSCertFile string `mapstructure:"client_tls_cert_file"`
+	ClientTLSKeyFile  string `mapstructure:"client_tls_key_file"`
+	ClientTLSCAFile   string `mapstructure:"client_tls_ca_file"`
+
 	// ServerTLSSSLMode is how connections to PostgreSQL use TLS: disable,
 	// allow, prefer, require, verify-ca or verify-full (PgBouncer's
 	// server_tls_sslmode); a database entry may override it.
@@ -343,6 +354,7 @@ func Defaults() Config {
 		AuthType:   AuthSCRAM,
 		// prefer, as PgBouncer 1.20+: encrypted when the server offers it.
 		ServerTLSSSLMode: "prefer",
+		ClientTLSSSLMode: "disable",
 		PoolSettings: PoolSettings{
 			PoolMode:               PoolTransaction,
 			MaxPreparedStatements:  200,

@@ -77,7 +77,20 @@ func TestEveryKeyHasAnEnvVar(t *testing.T) {
 					"pool_mode": "session", "server_reset_query": "SELECT 2", "log_format": "json", "log_level": "warn",
 					"startup_mode": "fail-fast", "validation_query": "SELECT 2",
 					"rate_limit_backend": "redis", "redis_url": "redis://h:1/0", "on_redis_error": "deny",
-					"session_state": "refuse", "http_probe_listen": "127.0.0.1:7002", "max_pinned_clients": "50%", "server_tls_sslmode": "require"}[k.Name]
+					"session_state": "refuse", "http_probe_listen": "127.0.0.1:7002", "max_pinned_clients": "50%", "server_tls_sslmode": "require", "client_tls_sslmode": "require"}[k.Name]
+				if strings.HasPrefix(k.Name, "client_tls_") {
+					files, err := pgtest.MakeTLSFiles(t.TempDir())
+					if err != nil {
+						t.Fatal(err)
+					}
+					if v, ok := map[string]string{"client_tls_ca_file": files.CA, "client_tls_cert_file": files.ServerCert, "client_tls_key_file": files.ServerKey}[k.Name]; ok {
+						val = v
+					}
+					// TLS for clients needs its certificate and key.
+					t.Setenv("POOLERD_CLIENT_TLS_SSLMODE", "require")
+					t.Setenv("POOLERD_CLIENT_TLS_CERT_FILE", files.ServerCert)
+					t.Setenv("POOLERD_CLIENT_TLS_KEY_FILE", files.ServerKey)
+				}
 				if strings.HasPrefix(k.Name, "server_tls_") && strings.HasSuffix(k.Name, "_file") {
 					files, err := pgtest.MakeTLSFiles(t.TempDir())
 					if err != nil {

@@ -194,6 +194,9 @@ func (c *Config) Validate() error {
 	}
 
 	seenDB := map[string]bool{}
+	if _, err := ClientTLS(c); err != nil {
+		bad("%v", err)
+	}
 	for _, mode := range c.ServerTLSModes() {
 		if _, err := backend.NewTLS(mode, c.ServerTLSCAFile, c.ServerTLSCertFile, c.ServerTLSKeyFile); err != nil {
 			bad("%v", err)

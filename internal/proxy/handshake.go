@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -98,8 +99,17 @@ func (s *session) handshake(cfg *config.Config) bool {
 				return false
 			}
 			*done = true
-			// No TLS or GSS encryption yet: 'N' tells the client to go on
-			// in plain text (or give up, if it requires encryption).
+			if code == wire.CodeSSL {
+				if tc := s.srv.clientTLS.Load(); tc != nil {
+					if !s.startTLS(tc) {
+						return false
+					}
+					continue
+				}
+			}
+			// No TLS here (client_tls_sslmode disable), no GSS encryption:
+			// 'N' tells the client to go on in plain text (or give up, if
+			// it requires encryption).
 			if _, err := s.conn.Write([]byte{'N'}); err != nil {
 				return false
 			}
@@ -115,6 +125,47 @@ func (s *session) handshake(cfg *config.Config) bool {
 			return false
 		}
 	}
+}
+
+// startTLS answers an SSLRequest with 'S' and runs the TLS handshake (bounded
+// by the login deadline already on the socket); the session then talks TLS.
+// A failed handshake ends the connection without a message: there is no
+// channel left to send one on (the client's TLS library reports why).
+func (s *session) startTLS(tc *tls.Config) bool {
+	if _, err := s.conn.Write([]byte{'S'}); err != nil {
+		return false
+	}
+	conn := tls.Server(s.conn, tc)
+	if err := conn.Handshake(); err != nil {
+		s.log.Info("client TLS handshake failed", zap.Error(err))
+		return false
+	}
+	s.conn, s.tls = conn, true
+	return true
+}
+
+// tlsRefusal is the refusal of a login that client_tls_sslmode does not
+// allow: a plain connection where TLS is required, or a client certificate
+// whose common name is not the user (verify-full); nil if it may go on.
+func (s *session) tlsRefusal(mode string) error {
+	switch {
+	case !s.tls && (mode == "require" || mode == "verify-ca" || mode == "verify-full"):
+		return &wire.Error{Severity: "FATAL", Code: "28000", Message: "SSL required",
+			Hint: fmt.Sprintf("client_tls_sslmode is %s: connect with sslmode=require (or verify-ca, verify-full)", mode)}
+	case s.tls && mode == "verify-full":
+		certs := s.conn.(*tls.Conn).ConnectionState().PeerCertificates
+		if len(certs) == 0 || certs[0].Subject.CommonName != s.user {
+			cn := ""
+			if len(certs) > 0 {
+				cn = certs[0].Subject.CommonName
+			}
+			return &wire.Error{Severity: "FATAL", Code: "28000",
+				Message: fmt.Sprintf("certificate authentication failed for user %q", s.user),
+				Detail:  fmt.Sprintf("the client certificate's common name is %q", cn),
+				Hint:    "client_tls_sslmode is verify-full: connect as the user your certificate names, or use a certificate for this user"}
+		}
+	}
+	return nil
 }
 
 // loginFailed ends a login that failed with err: a refusal (a *wire.Error,
@@ -157,6 +208,10 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 		s.database = s.user
 	}
 	s.logged.Store(true) // log lines name the database and user from now on
+	if err := s.tlsRefusal(cfg.ClientTLSSSLMode); err != nil {
+		s.refuseLogin(err)
+		return false
+	}
 	params, werr := startupParams(raw)
 	if werr == nil && len(params) > maxStartupParams {
 		werr = tooManyParams(len(params))

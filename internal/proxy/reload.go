@@ -97,6 +97,7 @@ func (srv *Server) apply(next *config.Config) error {
 	clear(srv.verifiers)
 	srv.mu.Unlock()
 	srv.setServerTLS(next) // certificates are read again
+	srv.setClientTLS(next)
 	if rateConfigChanged(cur, next) {
 		srv.setRates(next) // budgets start over when the rules change
 	}

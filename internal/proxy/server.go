@@ -68,6 +68,9 @@ type Server struct {
 	// Atomics, read and written by anyone.
 	conf  atomic.Pointer[config.Config]
 	rates atomic.Pointer[rateLimits] // nil without rules
+	// clientTLS is the TLS configuration clients are served with; nil when
+	// client_tls_sslmode is disable. Loaded with the configuration.
+	clientTLS atomic.Pointer[tls.Config]
 	// serverTLS are the TLS policies towards PostgreSQL by
 	// server_tls_sslmode (the global one and the databases'), loaded with
 	// the configuration.
@@ -135,6 +138,7 @@ func New(cfg *config.Config, log *zap.Logger) *Server {
 	srv.conf.Store(cfg)
 	srv.setRates(cfg)
 	srv.setServerTLS(cfg)
+	srv.setClientTLS(cfg)
 	return srv
 }
 
@@ -152,6 +156,18 @@ func (srv *Server) setServerTLS(cfg *config.Config) {
 		m[mode] = t
 	}
 	srv.serverTLS.Store(&m)
+}
+
+// setClientTLS loads the certificate clients are served with (validated, so
+// it loads) and replaces the running one: handshakes from now on use it;
+// connected clients keep theirs.
+func (srv *Server) setClientTLS(cfg *config.Config) {
+	tc, err := config.ClientTLS(cfg)
+	if err != nil {
+		srv.log.Error("client TLS settings not applied", zap.Error(err))
+		return
+	}
+	srv.clientTLS.Store(tc)
 }
 
 // serverTLSFor is the TLS policy of a server_tls_sslmode.

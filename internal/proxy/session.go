@@ -53,6 +53,7 @@ type session struct {
 	tracked        bool // ... and named prepared statements are mapped
 	refuseState    bool // session_state: refuse
 	maxPrepared    int
+	tls            bool // the client connection is TLS (conn is a *tls.Conn): never parked
 
 	// Owned by the client goroutine (run, fromClient and what they call;
 	// the goroutine may change between parks, never run two at once).
@@ -337,7 +338,7 @@ func (s *session) relay(fresh bool) (parked bool) {
 // parkable reports whether the session could be parked: an idle client
 // session holding no server connection.
 func (s *session) parkable() bool {
-	return !s.parked.Load() && !s.closed.Load() && s.endErr.Load() == nil && s.server.Load() == nil && s.waitSince.Load() == 0
+	return !s.tls && !s.parked.Load() && !s.closed.Load() && s.endErr.Load() == nil && s.server.Load() == nil && s.waitSince.Load() == 0
 }
 
 // tryPark parks the session if it is parkable. It returns true if it did:

@@ -49,7 +49,11 @@ func (bp *BufferPool) Put(b *[]byte) { bp.p.Put(b) }
 // Reads are made by one goroutine at a time; writes may come from several
 // goroutines (they are serialized).
 type ConnReader struct {
-	rc   syscall.RawConn
+	// plain is the connection when it has no file descriptor to make raw
+	// system calls on (TLS): reads and writes then go through it, and a
+	// read holds a buffer while it waits.
+	plain net.Conn
+	rc    syscall.RawConn
 	pool *BufferPool
 	rfn  func(fd uintptr) bool // r.tryRead, bound once: no allocation per read
 	buf  *[]byte
@@ -64,12 +68,14 @@ type ConnReader struct {
 	iov  iovec
 }
 
-// NewConnReader prepares reads and writes of conn, which must be a
-// *net.TCPConn or a *net.UnixConn. pool may be nil if only ReadInto is used.
+// NewConnReader prepares reads and writes of conn. On a *net.TCPConn or a
+// *net.UnixConn it reads and writes with raw system calls; on any other
+// connection (TLS) through conn itself. pool may be nil if only ReadInto is
+// used.
 func NewConnReader(conn net.Conn, pool *BufferPool) (*ConnReader, error) {
 	sc, ok := conn.(syscall.Conn)
 	if !ok {
-		return nil, errors.New("wire: connection has no file descriptor")
+		return &ConnReader{plain: conn, pool: pool}, nil
 	}
 	rc, err := sc.SyscallConn()
 	if err != nil {
@@ -81,14 +87,35 @@ func NewConnReader(conn net.Conn, pool *BufferPool) (*ConnReader, error) {
 	return r, nil
 }
 
+// Raw reports whether reads and writes are raw system calls on a file
+// descriptor (which Control then gives).
+func (r *ConnReader) Raw() bool { return r.plain == nil }
+
 // Control calls f with the connection's file descriptor, which stays open
 // during the call (see syscall.RawConn).
-func (r *ConnReader) Control(f func(fd uintptr)) error { return r.rc.Control(f) }
+func (r *ConnReader) Control(f func(fd uintptr)) error {
+	if r.plain != nil {
+		return errors.New("wire: connection has no file descriptor")
+	}
+	return r.rc.Control(f)
+}
 
 // Read waits for data and returns a borrowed buffer holding n bytes at
 // [Headroom:Headroom+n]. The caller returns the buffer with Put. At end of
 // stream it returns io.EOF and no buffer. Read deadlines apply.
 func (r *ConnReader) Read() (buf *[]byte, n int, err error) {
+	if r.plain != nil {
+		b := r.pool.Get()
+		n, err := r.plain.Read((*b)[Headroom:])
+		if n > 0 {
+			return b, n, nil
+		}
+		r.pool.Put(b)
+		if err == nil {
+			err = io.ErrNoProgress
+		}
+		return nil, 0, err
+	}
 	r.buf, r.n, r.err = nil, 0, nil
 	if err := r.rc.Read(r.rfn); err != nil {
 		return nil, 0, err
@@ -101,6 +128,9 @@ func (r *ConnReader) Read() (buf *[]byte, n int, err error) {
 // ReadInto waits for data and reads it into p, as net.Conn.Read does (0 and
 // io.EOF at end of stream).
 func (r *ConnReader) ReadInto(p []byte) (int, error) {
+	if r.plain != nil {
+		return r.plain.Read(p)
+	}
 	r.into, r.n, r.err = p, 0, nil
 	err := r.rc.Read(r.rfn)
 	r.into = nil
@@ -159,6 +189,14 @@ func (r *ConnReader) Write2(a, b []byte) error {
 	// tryWrite returns, and the data written may already have been answered
 	// and the connection handed to another writer by then.
 	r.wmu.Lock()
+	if r.plain != nil {
+		defer r.wmu.Unlock()
+		if _, err := r.plain.Write(a); err != nil || len(b) == 0 {
+			return err
+		}
+		_, err := r.plain.Write(b)
+		return err
+	}
 	r.a, r.b, r.werr = a, b, nil
 	err := r.rc.Write(r.wfn)
 	if err == nil {

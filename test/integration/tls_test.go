@@ -2,7 +2,9 @@ package integration
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -104,4 +106,106 @@ func TestServerTLS(t *testing.T) {
 			t.Fatalf("got %v, want a refusal saying the server does not accept TLS", err)
 		}
 	})
+}
+
+// TLS from clients (issue 14, item 1): each client_tls_sslmode, with pgx
+// clients in sslmode disable, require and verify-full, with and without a
+// client certificate.
+func TestClientTLS(t *testing.T) {
+	t.Parallel()
+	files, err := pgtest.MakeTLSFiles(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := func(t *testing.T, mode string) *instance {
+		return startPoolerd(t, func(c *config.Config) {
+			c.ClientTLSSSLMode = mode
+			c.ClientTLSCertFile, c.ClientTLSKeyFile = files.ServerCert, files.ServerKey
+			c.ClientTLSCAFile = files.CA
+		})
+	}
+	verifyFull := "sslmode=verify-full&sslrootcert=" + files.CA
+	withCert := verifyFull + "&sslcert=" + files.ClientCert + "&sslkey=" + files.ClientKey
+	type attempt struct {
+		params string
+		ok     bool
+		want   string // in the error, when refused
+	}
+	for _, tc := range []struct {
+		mode     string
+		attempts []attempt
+	}{
+		{"disable", []attempt{{"sslmode=disable", true, ""}, {"sslmode=require", false, "refused TLS"}}},
+		{"prefer", []attempt{{"sslmode=disable", true, ""}, {"sslmode=require", true, ""}, {verifyFull, true, ""}}},
+		{"require", []attempt{{"sslmode=disable", false, "SSL required"}, {"sslmode=require", true, ""}, {verifyFull, true, ""}}},
+		{"verify-ca", []attempt{{verifyFull, false, "certificate"}, {withCert, true, ""}}},
+		{"verify-full", []attempt{{withCert, true, ""}}},
+	} {
+		t.Run(tc.mode, func(t *testing.T) {
+			p := start(t, tc.mode)
+			for _, a := range tc.attempts {
+				dsn := strings.Replace(p.appDSN(), "sslmode=disable", a.params, 1)
+				if !strings.Contains(dsn, a.params) {
+					dsn += "&" + a.params
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				c, err := pgconn.Connect(ctx, dsn)
+				var ssl string
+				if err == nil {
+					var res []*pgconn.Result
+					res, err = c.Exec(ctx, "SELECT 1").ReadAll()
+					_ = res
+					ssl = fmt.Sprint(c.Conn() != nil && isTLS(c))
+					c.Close(ctx)
+				}
+				cancel()
+				switch {
+				case a.ok && err != nil:
+					t.Errorf("%s: %v", a.params, err)
+				case !a.ok && (err == nil || !strings.Contains(err.Error(), a.want)):
+					t.Errorf("%s: got %v, want a refusal mentioning %q", a.params, err, a.want)
+				case a.ok && strings.Contains(a.params, "require") != (ssl == "true") && !strings.Contains(a.params, "verify"):
+					t.Errorf("%s: TLS %s", a.params, ssl)
+				}
+			}
+		})
+	}
+	// A TLS client is never parked (its socket's readiness says nothing of
+	// the TLS records buffered above it): it stays usable across idle
+	// periods longer than the parker's sweep, and a large result arrives
+	// whole.
+	t.Run("idle and large over TLS", func(t *testing.T) {
+		p := start(t, "require")
+		dsn := strings.Replace(p.appDSN(), "sslmode=disable", "sslmode=require", 1)
+		c := connectDSN(t, dsn)
+		for range 3 {
+			time.Sleep(1200 * time.Millisecond)
+			if got := scalarText(t, c, "SELECT length(repeat('x', 3000000))::text"); got != "3000000" {
+				t.Fatalf("got %q", got)
+			}
+			if got := scalarText(t, c, "SELECT length(string_agg(md5(g::text), '')) FROM generate_series(1, 100000) g"); got != "3200000" {
+				t.Fatalf("got %q", got)
+			}
+		}
+	})
+	// verify-full refuses a certificate that names another user.
+	t.Run("verify-full wrong user", func(t *testing.T) {
+		p := start(t, "verify-full")
+		dsn := strings.Replace(p.dsn(pgtest.RoleSCRAM, pgtest.Password, pgtest.DBApp), "sslmode=disable", withCert, 1)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		c, err := pgconn.Connect(ctx, dsn)
+		if err == nil {
+			c.Close(ctx)
+		}
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || pe.Code != "28000" || !strings.Contains(pe.Detail, pgtest.RoleApp) {
+			t.Fatalf("got %v, want 28000 naming the certificate's common name", err)
+		}
+	})
+}
+
+func isTLS(c *pgconn.PgConn) bool {
+	_, ok := c.Conn().(*tls.Conn)
+	return ok
 }
