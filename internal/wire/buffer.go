@@ -54,12 +54,12 @@ type ConnReader struct {
 	// read holds a buffer while it waits.
 	plain net.Conn
 	rc    syscall.RawConn
-	pool *BufferPool
-	rfn  func(fd uintptr) bool // r.tryRead, bound once: no allocation per read
-	buf  *[]byte
-	into []byte // ReadInto's buffer; nil when reading into a pooled one
-	n    int
-	err  error
+	pool  *BufferPool
+	rfn   func(fd uintptr) bool // r.tryRead, bound once: no allocation per read
+	buf   *[]byte
+	into  []byte // ReadInto's buffer; nil when reading into a pooled one
+	n     int
+	err   error
 
 	wmu  sync.Mutex            // held for a whole Write2: a, b, werr and iov are its state
 	wfn  func(fd uintptr) bool // r.tryWrite
