@@ -3,7 +3,6 @@ package proxy
 import (
 	"context"
 	"crypto/rand"
-	"crypto/subtle"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -276,7 +275,7 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 		s.fail(errShuttingDown())
 		return false
 	}
-	s.srv.register(s)
+	s.srv.register(s, nil)
 	if s.timeouts().idleTracked() {
 		s.noteActive(s.srv.nanotime())
 	}
@@ -462,20 +461,21 @@ func (srv *Server) verifier(user string, secret auth.Secret, known bool) *auth.S
 
 // handleCancel forwards a client's CancelRequest to the backend its session
 // holds right now. Anything else about the request is ignored, as
-// PostgreSQL does (it never answers a cancel request).
+// PostgreSQL does (it never answers a cancel request). A session-mode
+// client's pid is its backend's own, its key poolerd's (see
+// Server.register): its cancel requests come here too, and poolerd forwards
+// them with the backend's key.
 func (srv *Server) handleCancel(body []byte) {
 	if len(body) != 12 {
 		return
 	}
 	pid := binary.BigEndian.Uint32(body[4:])
 	key := binary.BigEndian.Uint32(body[8:])
-	s := srv.lookupSession(pid)
-	if s == nil && srv.cancelConsole(pid, key) {
+	if s := srv.lookupSession(pid, key); s != nil {
+		s.cancel()
 		return
 	}
-	if s == nil || subtle.ConstantTimeEq(int32(s.key), int32(key)) != 1 {
+	if !srv.cancelConsole(pid, key) {
 		srv.log.Debug("cancel request for an unknown session")
-		return
 	}
-	s.cancel()
 }

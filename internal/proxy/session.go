@@ -40,7 +40,7 @@ type session struct {
 	conn           net.Conn
 	log            sessionLog
 	id             uint64
-	pid            uint32 // BackendKeyData we issued
+	pid            uint32 // BackendKeyData sent to the client (see Server.register)
 	key            uint32
 	addr           string
 	database, user string
