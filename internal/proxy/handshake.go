@@ -243,7 +243,11 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 		ctx, cancel = context.WithDeadline(ctx, s.loginDeadline)
 		defer cancel()
 	}
-	reported, werr := dbp.prepareLogin(ctx, params)
+	// A session-mode client holds its server connection from login on, so
+	// that its BackendKeyData can carry that backend's pid (see register):
+	// it is checked out here, through the pool's one checkout path, and a
+	// refusal (checkout_timeout, PostgreSQL unreachable) ends the login.
+	reported, held, werr := dbp.prepareLogin(ctx, params, s.mode == config.PoolSession)
 	if werr != nil && !s.loginDeadline.IsZero() && !time.Now().Before(s.loginDeadline) {
 		// The login ran out of time waiting for the server: that is the
 		// login timeout, whatever limit the wait itself reported.
@@ -272,10 +276,13 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 		s.params, s.pkey, s.paramsShared = set.params, set.key, true
 	}
 	if s.srv.shuttingDown() {
+		if held != nil {
+			dbp.checkin(held)
+		}
 		s.fail(errShuttingDown())
 		return false
 	}
-	s.srv.register(s, nil)
+	s.srv.register(s, held)
 	if s.timeouts().idleTracked() {
 		s.noteActive(s.srv.nanotime())
 	}
@@ -296,9 +303,26 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	welcome = wire.AppendReadyForQuery(welcome, wire.TxIdle)
 	if _, err := s.conn.Write(welcome); err != nil {
 		s.srv.forget(s)
+		if held != nil {
+			dbp.checkin(held)
+		}
 		return false
 	}
 	dbp.clients.Add(1) // logged in; end() takes it back
+	if held != nil {
+		// The session takes the connection the welcome named, as it would
+		// at a first request, and brings the server's parameters in line
+		// with the client's now (application_name in pg_stat_activity
+		// included) rather than ahead of the first request. Should the
+		// backend have gone meanwhile, the client gets 08006 as from a
+		// backend that died just after login; the relay then ends the
+		// session.
+		if err := s.attach(held); err != nil {
+			s.fail(err)
+		} else if s.flush(nil, batch{}) && s.srv.endAtIdle() {
+			s.terminateIfIdle() // a shutdown found it busy attaching
+		}
+	}
 	if cfg.LogConnections {
 		s.log.Info("client connected", zap.String("pool_mode", s.mode),
 			zap.String("application_name", s.params["application_name"]))
