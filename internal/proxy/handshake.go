@@ -248,7 +248,14 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	// it is checked out here, through the pool's one checkout path, and a
 	// refusal (checkout_timeout, PostgreSQL unreachable) ends the login.
 	reported, held, werr := dbp.prepareLogin(ctx, params, s.mode == config.PoolSession)
-	if werr != nil && !s.loginDeadline.IsZero() && !time.Now().Before(s.loginDeadline) {
+	switch {
+	case werr != nil && s.srv.ctx.Err() != nil:
+		// poolerd closed while the login waited for the server: that is
+		// the shutdown, whatever the cut-short wait left behind (a
+		// connection handed over just before, whose parameter check then
+		// failed).
+		werr = errShuttingDown()
+	case werr != nil && !s.loginDeadline.IsZero() && !time.Now().Before(s.loginDeadline):
 		// The login ran out of time waiting for the server: that is the
 		// login timeout, whatever limit the wait itself reported.
 		s.srv.loginTimeouts.Add(1)
