@@ -181,9 +181,7 @@ func TestSessionKeyTransactionModeOwnKey(t *testing.T) {
 	if pid < 1<<22 {
 		t.Fatalf("transaction-mode pid %d is in the range of real pids (below %d)", pid, 1<<22)
 	}
-	if st := p.poolStats(t, pgtest.DBApp, pgtest.RoleApp); st.Active != 0 {
-		t.Fatalf("an idle transaction-mode client holds a server connection: %+v", st)
-	}
+	p.waitNoActive(t, pgtest.DBApp) // an idle transaction-mode client holds none
 }
 
 // A cancel request with the key of a client that has left does not reach
