@@ -55,8 +55,9 @@ type relay struct {
 // included, except what would make a long benchmark measure something other
 // than the steady state: no recycling by max_queries or max_lifetime and no
 // idle_timeout. Metrics are registered (on a private registry), as
-// cmd/poolerd does; logging is off.
-func startRelay(tb testing.TB, fb *fakeBackend, poolSize int) *relay {
+// cmd/poolerd does; logging is off. mutate, if any, adjusts the
+// configuration before it is validated (tests of other modes).
+func startRelay(tb testing.TB, fb *fakeBackend, poolSize int, mutate ...func(*config.Config)) *relay {
 	tb.Helper()
 	cfg := config.Defaults()
 	cfg.Listen = "127.0.0.1:0"
@@ -71,6 +72,9 @@ func startRelay(tb testing.TB, fb *fakeBackend, poolSize int) *relay {
 	cfg.LogConnections = false
 	cfg.LogDisconnections = false
 	cfg.LogStats = false
+	for _, m := range mutate {
+		m(&cfg)
+	}
 	if err := cfg.Validate(); err != nil {
 		tb.Fatalf("benchmark configuration: %v", err)
 	}

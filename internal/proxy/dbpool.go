@@ -351,7 +351,12 @@ func transientRefusal(code string) bool {
 // and what the server makes of each of the client's startup parameters,
 // using one server round trip only for values it has not seen before. It
 // returns the client's parameters as the server reports them.
-func (d *dbPool) prepareLogin(ctx context.Context, startup map[string]string) (map[string]string, error) {
+//
+// With keep (a session-mode login, whose client holds a server connection
+// from login on), a connection is checked out in any case and returned, the
+// caller's from then on; it is the one any question was asked on. Without
+// keep, or on error, none is returned.
+func (d *dbPool) prepareLogin(ctx context.Context, startup map[string]string, keep bool) (map[string]string, *serverConn, error) {
 	d.mu.Lock()
 	haveDefaults := d.defaults != nil
 	var unknown []paramKey
@@ -367,22 +372,29 @@ func (d *dbPool) prepareLogin(ctx context.Context, startup map[string]string) (m
 			unknown = append(unknown, paramKey{name, value})
 		case r.err != nil:
 			d.mu.Unlock()
-			return nil, r.err
+			return nil, nil, r.err
 		default:
 			out[name] = r.value
 		}
 	}
 	d.mu.Unlock()
-	if haveDefaults && len(unknown) == 0 {
-		return out, nil
+	if haveDefaults && len(unknown) == 0 && !keep {
+		return out, nil, nil
 	}
 	sc, werr := d.checkout(loginQueuer{}, ctx.Done())
 	if werr != nil {
-		return nil, asFatal(werr) // a refusal here ends the login
+		return nil, nil, asFatal(werr) // a refusal here ends the login
+	}
+	// done hands sc back to the pool, or to the caller with keep.
+	done := func() *serverConn {
+		if keep {
+			return sc
+		}
+		d.checkin(sc)
+		return nil
 	}
 	if len(unknown) == 0 {
-		d.checkin(sc)
-		return out, nil
+		return out, done(), nil
 	}
 	sql := setConfigSQL(unknown)
 	qctx, cancel := context.WithTimeout(ctx, d.route().Settings.ServerConnectTimeout)
@@ -398,11 +410,11 @@ func (d *dbPool) prepareLogin(ctx context.Context, startup map[string]string) (m
 			d.remember(unknown[0], paramResult{err: werr})
 			d.mu.Unlock()
 		}
-		return nil, werr
+		return nil, nil, werr
 	}
 	if err != nil {
 		d.pool.Discard(sc, evictParamCheck)
-		return nil, &wire.Error{Severity: "FATAL", Code: "08006", Message: "could not check startup parameters on the server",
+		return nil, nil, &wire.Error{Severity: "FATAL", Code: "08006", Message: "could not check startup parameters on the server",
 			Detail: err.Error(), Hint: "retry the connection; if it repeats, check the PostgreSQL server"}
 	}
 	d.mu.Lock()
@@ -418,8 +430,7 @@ func (d *dbPool) prepareLogin(ctx context.Context, startup map[string]string) (m
 		out[k.name] = v
 	}
 	d.mu.Unlock()
-	d.checkin(sc)
-	return out, nil
+	return out, done(), nil
 }
 
 func (d *dbPool) remember(k paramKey, r paramResult) {

@@ -3,7 +3,6 @@ package proxy
 import (
 	"context"
 	"crypto/rand"
-	"crypto/subtle"
 	"crypto/tls"
 	"encoding/binary"
 	"errors"
@@ -299,8 +298,19 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 		ctx, cancel = context.WithDeadline(ctx, s.loginDeadline)
 		defer cancel()
 	}
-	reported, werr := dbp.prepareLogin(ctx, params)
-	if werr != nil && !s.loginDeadline.IsZero() && !time.Now().Before(s.loginDeadline) {
+	// A session-mode client holds its server connection from login on, so
+	// that its BackendKeyData can carry that backend's pid (see register):
+	// it is checked out here, through the pool's one checkout path, and a
+	// refusal (checkout_timeout, PostgreSQL unreachable) ends the login.
+	reported, held, werr := dbp.prepareLogin(ctx, params, s.mode == config.PoolSession)
+	switch {
+	case werr != nil && s.srv.ctx.Err() != nil:
+		// poolerd closed while the login waited for the server: that is
+		// the shutdown, whatever the cut-short wait left behind (a
+		// connection handed over just before, whose parameter check then
+		// failed).
+		werr = errShuttingDown()
+	case werr != nil && !s.loginDeadline.IsZero() && !time.Now().Before(s.loginDeadline):
 		// The login ran out of time waiting for the server: that is the
 		// login timeout, whatever limit the wait itself reported.
 		s.srv.loginTimeouts.Add(1)
@@ -328,10 +338,13 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 		s.params, s.pkey, s.paramsShared = set.params, set.key, true
 	}
 	if s.srv.shuttingDown() {
+		if held != nil {
+			dbp.checkin(held)
+		}
 		s.fail(errShuttingDown())
 		return false
 	}
-	s.srv.register(s)
+	s.srv.register(s, held)
 	if s.timeouts().idleTracked() {
 		s.noteActive(s.srv.nanotime())
 	}
@@ -352,9 +365,26 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	welcome = wire.AppendReadyForQuery(welcome, wire.TxIdle)
 	if _, err := s.conn.Write(welcome); err != nil {
 		s.srv.forget(s)
+		if held != nil {
+			dbp.checkin(held)
+		}
 		return false
 	}
 	dbp.clients.Add(1) // logged in; end() takes it back
+	if held != nil {
+		// The session takes the connection the welcome named, as it would
+		// at a first request, and brings the server's parameters in line
+		// with the client's now (application_name in pg_stat_activity
+		// included) rather than ahead of the first request. Should the
+		// backend have gone meanwhile, the client gets 08006 as from a
+		// backend that died just after login; the relay then ends the
+		// session.
+		if err := s.attach(held); err != nil {
+			s.fail(err)
+		} else if s.flush(nil, batch{}) && s.srv.endAtIdle() {
+			s.terminateIfIdle() // a shutdown found it busy attaching
+		}
+	}
 	if cfg.LogConnections {
 		s.log.Info("client connected", zap.String("pool_mode", s.mode),
 			zap.String("application_name", s.params["application_name"]))
@@ -517,20 +547,21 @@ func (srv *Server) verifier(user string, secret auth.Secret, known bool) *auth.S
 
 // handleCancel forwards a client's CancelRequest to the backend its session
 // holds right now. Anything else about the request is ignored, as
-// PostgreSQL does (it never answers a cancel request).
+// PostgreSQL does (it never answers a cancel request). A session-mode
+// client's pid is its backend's own, its key poolerd's (see
+// Server.register): its cancel requests come here too, and poolerd forwards
+// them with the backend's key.
 func (srv *Server) handleCancel(body []byte) {
 	if len(body) != 12 {
 		return
 	}
 	pid := binary.BigEndian.Uint32(body[4:])
 	key := binary.BigEndian.Uint32(body[8:])
-	s := srv.lookupSession(pid)
-	if s == nil && srv.cancelConsole(pid, key) {
+	if s := srv.lookupSession(pid, key); s != nil {
+		s.cancel()
 		return
 	}
-	if s == nil || subtle.ConstantTimeEq(int32(s.key), int32(key)) != 1 {
+	if !srv.cancelConsole(pid, key) {
 		srv.log.Debug("cancel request for an unknown session")
-		return
 	}
-	s.cancel()
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/poolerd/poolerd/internal/config"
 )
 
 // waitFor polls cond for up to limit.
@@ -77,12 +79,55 @@ func TestIdleClientsPark(t *testing.T) {
 	if err := rl.srv.Shutdown(ctx); err != nil {
 		t.Fatalf("shutdown with parked clients: %v", err)
 	}
-	for i, c := range clients[:n/2] {
+	expectShutdownError(t, "parked client", clients[:n/2])
+}
+
+// expectShutdownError checks that each client reads a 57P01 error.
+func expectShutdownError(t *testing.T, what string, clients []*benchClient) {
+	t.Helper()
+	for i, c := range clients {
 		_ = c.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
 		buf := make([]byte, 512)
 		k, _ := c.conn.Read(buf)
 		if !bytes.Contains(buf[:k], []byte("57P01")) {
-			t.Fatalf("parked client %d got %q at shutdown, want a 57P01 error", i, buf[:k])
+			t.Fatalf("%s %d got %q at shutdown, want a 57P01 error", what, i, buf[:k])
 		}
 	}
+}
+
+// TestSessionModeClientsDoNotPark: a session-mode client holds its server
+// connection from login on, so it is never parked, however long it stays
+// idle; it answers at once, and a shutdown still ends it at once with 57P01
+// (it is idle, with its connection clean).
+func TestSessionModeClientsDoNotPark(t *testing.T) {
+	fb := startFakeBackend(t, 16)
+	const n = 8
+	rl := startRelay(t, fb, n, func(c *config.Config) { c.PoolMode = config.PoolSession })
+	clients := make([]*benchClient, n)
+	for i := range clients {
+		clients[i] = dialBench(t, rl.addr, simpleRequest)
+	}
+	waitFor(t, 5*time.Second, "every client to hold a server connection", func() bool {
+		ps := rl.srv.Pools()
+		return len(ps) == 1 && ps[0].Active == n
+	})
+	time.Sleep(2*parkSweep + parkSweep/2)
+	if k := rl.srv.parker.parkedCount(); k != 0 {
+		t.Fatalf("%d session-mode clients holding server connections were parked", k)
+	}
+	for i, c := range clients {
+		if err := c.roundTrip(); err != nil {
+			t.Fatalf("client %d after idling: %v", i, err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := rl.srv.Shutdown(ctx); err != nil {
+		t.Fatalf("shutdown with idle session-mode clients: %v", err)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("shutdown with idle session-mode clients took %s", d)
+	}
+	expectShutdownError(t, "session-mode client", clients)
 }

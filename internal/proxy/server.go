@@ -16,11 +16,13 @@ package proxy
 import (
 	"context"
 	"crypto/rand"
+	"crypto/subtle"
 	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -88,8 +90,9 @@ type Server struct {
 	// mu guards the rest.
 	mu        sync.Mutex
 	pools     map[poolKey]*dbPool
-	sessions  map[uint32]*session     // by the pid of the key we issued
-	consoles  map[uint32]*ConsoleConn // admin console connections, likewise
+	sessions  map[uint64]*session     // logged-in client sessions, by id
+	keys      map[uint32][]*session   // the same, by the pid of their BackendKeyData (see register)
+	consoles  map[uint32]*ConsoleConn // admin console connections, by the pid of the key we issued
 	console   Console                 // serves console logins (SetConsole)
 	verifiers map[string]*auth.SCRAMVerifier
 	listeners map[net.Listener]struct{}
@@ -123,7 +126,8 @@ func New(cfg *config.Config, log *zap.Logger) *Server {
 		cancel:      cancel,
 		started:     time.Now(),
 		pools:       map[poolKey]*dbPool{},
-		sessions:    map[uint32]*session{},
+		sessions:    map[uint64]*session{},
+		keys:        map[uint32][]*session{},
 		consoles:    map[uint32]*ConsoleConn{},
 		verifiers:   map[string]*auth.SCRAMVerifier{},
 		listeners:   map[net.Listener]struct{}{},
@@ -495,15 +499,44 @@ func (srv *Server) closePools() {
 }
 
 // register gives a session its BackendKeyData and makes it cancellable.
-func (srv *Server) register(s *session) {
+//
+// A session that holds its server connection from login (session mode,
+// held non-nil) gets its backend's own pid, so that pg_backend_pid(),
+// pg_stat_activity and pg_terminate_backend agree with what the client was
+// told; any other gets a pid poolerd makes up. The key is always poolerd's,
+// fresh for each session: the backend's own outlives the client (the
+// connection goes back to the pool and serves the next session-mode client
+// of the same pool), so a cancel request from a client that has left, sent
+// late, or sent straight to PostgreSQL, would stop the next client's query.
+// With poolerd's key it matches nothing once its session is gone, and
+// poolerd forwards it with the backend's key only while the session holds
+// the backend (session.cancel).
+//
+// Real pids are not unique among sessions: backends of two PostgreSQL
+// servers may have the same pid, and one may equal a pid poolerd issued.
+// Sessions are therefore found by pid and told apart by key
+// (lookupSession), which is unique among the sessions and console
+// connections of one pid.
+func (srv *Server) register(s *session, held *serverConn) {
 	// From now on other goroutines (shutdown, KILL_CLIENT) may end the
 	// session: fail closes the connection itself again.
 	s.handshaking.Store(false)
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
-	s.pid, s.key = srv.newKeyLocked()
-	srv.sessions[s.pid] = s
+	if held != nil {
+		s.pid, s.key = held.PID, srv.newKeyForLocked(held.PID)
+	} else {
+		s.pid, s.key = srv.newKeyLocked()
+	}
+	srv.sessions[s.id] = s
+	srv.keys[s.pid] = append(srv.keys[s.pid], s)
 }
+
+// minIssuedPID is the smallest pid poolerd issues itself: operating systems
+// give processes smaller ones (Linux at most 2^22, the BSDs and macOS
+// 99999), so a made-up pid does not look like a backend's and seldom
+// equals a session-mode client's real one.
+const minIssuedPID = 1 << 22
 
 // newKeyLocked returns a random BackendKeyData whose pid no session or
 // console connection has (srv.mu held).
@@ -512,29 +545,58 @@ func (srv *Server) newKeyLocked() (pid, key uint32) {
 	for {
 		_, _ = rand.Read(b[:])
 		pid = binary.BigEndian.Uint32(b[:4]) & 0x7fffffff
-		_, session := srv.sessions[pid]
+		_, session := srv.keys[pid]
 		_, console := srv.consoles[pid]
-		if pid != 0 && !session && !console {
+		if pid >= minIssuedPID && !session && !console {
 			return pid, binary.BigEndian.Uint32(b[4:])
 		}
 	}
 }
 
-func (srv *Server) forget(s *session) {
-	if s.pid == 0 {
-		return
+// newKeyForLocked returns a random key that no session or console
+// connection with pid has (srv.mu held).
+func (srv *Server) newKeyForLocked(pid uint32) uint32 {
+	var b [4]byte
+	for {
+		_, _ = rand.Read(b[:])
+		key := binary.BigEndian.Uint32(b[:])
+		taken := slices.ContainsFunc(srv.keys[pid], func(o *session) bool { return o.key == key })
+		if c := srv.consoles[pid]; c != nil && c.key == key {
+			taken = true
+		}
+		if !taken {
+			return key
+		}
 	}
-	srv.mu.Lock()
-	if srv.sessions[s.pid] == s {
-		delete(srv.sessions, s.pid)
-	}
-	srv.mu.Unlock()
 }
 
-func (srv *Server) lookupSession(pid uint32) *session {
+func (srv *Server) forget(s *session) {
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
-	return srv.sessions[pid]
+	if srv.sessions[s.id] != s {
+		return // never registered
+	}
+	delete(srv.sessions, s.id)
+	same := slices.DeleteFunc(srv.keys[s.pid], func(o *session) bool { return o == s })
+	if len(same) == 0 {
+		delete(srv.keys, s.pid)
+	} else {
+		srv.keys[s.pid] = same
+	}
+}
+
+// lookupSession returns the session whose BackendKeyData is (pid, key), or
+// nil. Keys are compared in constant time, every candidate's.
+func (srv *Server) lookupSession(pid, key uint32) *session {
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	var found *session
+	for _, s := range srv.keys[pid] {
+		if subtle.ConstantTimeEq(int32(s.key), int32(key)) == 1 {
+			found = s
+		}
+	}
+	return found
 }
 
 // getPool returns the pool for (database, user), creating it on first use.

@@ -40,7 +40,7 @@ type session struct {
 	conn           net.Conn
 	log            sessionLog
 	id             uint64
-	pid            uint32 // BackendKeyData we issued
+	pid            uint32 // BackendKeyData sent to the client (see Server.register)
 	key            uint32
 	addr           string
 	database, user string
@@ -625,7 +625,7 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 // or refuses the request: attached is false if it was refused, quit true if
 // the refusal ended the session.
 func (s *session) attachOrRefuse() (attached, quit bool) {
-	err := s.attach()
+	err := s.attach(nil)
 	switch {
 	case err == nil:
 		return true, false
@@ -916,6 +916,13 @@ func (s *session) flush(data []byte, b batch) bool {
 // connection (see roleCheck), are kept for flush, which sends them ahead of
 // the client's bytes.
 //
+// held is a connection the login already checked out for the session (a
+// session-mode client, whose BackendKeyData names that backend): attach
+// makes that one the session's or, if it cannot (the backend went away in
+// between, the session was ended), gives it back and ends the session; it
+// never takes another, which the client was not told about. nil: attach
+// checks one out.
+//
 // This is the only place a session gets a server connection, and so the
 // place where atomicity is enforced: a session attaches only when it holds
 // none and the last one it held was given up clean (ReadyForQuery idle,
@@ -926,19 +933,22 @@ func (s *session) flush(data []byte, b batch) bool {
 // severs the session first, and a severed session never attaches again; its
 // client gets the server's FATAL or 08006 and the session ends, as a direct
 // connection to a backend that died would.
-func (s *session) attach() error {
-	if s.severed.Load() {
+func (s *session) attach(held *serverConn) error {
+	if held == nil && s.severed.Load() {
 		return errServerLost()
 	}
 	// During a shutdown a request already read runs (the session is ended
 	// at its next idle point); a session already ended does not attach.
-	if s.endErr.Load() != nil {
+	if held == nil && s.endErr.Load() != nil {
 		return errShuttingDown()
 	}
 	for attempt := 0; ; attempt++ {
-		sc, werr := s.dbp.checkout(s, s.srv.ctx.Done())
-		if werr != nil {
-			return werr
+		sc := held
+		if sc == nil {
+			var werr error
+			if sc, werr = s.dbp.checkout(s, s.srv.ctx.Done()); werr != nil {
+				return werr
+			}
 		}
 		if s.severed.Load() {
 			s.dbp.checkin(sc)
@@ -960,6 +970,9 @@ func (s *session) attach() error {
 			sc.mu.Unlock()
 			s.attachMu.Unlock()
 			s.dbp.pool.Discard(sc, evictBroken)
+			if held != nil {
+				return errServerLost()
+			}
 			if attempt < 2 {
 				continue
 			}
