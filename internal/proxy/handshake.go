@@ -185,7 +185,8 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 				deadline = time.Now().Add(time.Hour)
 			}
 			ctx, cancel := context.WithDeadline(s.srv.ctx, deadline)
-			werr := s.srv.checkRate(ctx, s.log, rates, connectionsBucket, "FATAL")
+			werr := s.srv.checkRate(ctx, s.log, rates, connectionsBucket, "FATAL",
+				rateWait{conn: s.conn, deadline: s.loginDeadline, owner: loginWait{s}})
 			cancel()
 			if werr != nil {
 				s.refuseLogin(werr)

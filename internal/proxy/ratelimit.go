@@ -3,7 +3,6 @@ package proxy
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -147,74 +146,90 @@ type warnLogger interface {
 	Warn(msg string, fields ...zap.Field)
 }
 
-// errRateLimited builds the 53400 refusal naming the rule and bucket.
-func errRateLimited(severity string, r *rateRule, d limiter.Decision) *wire.Error {
-	// Rounded up: a retry under half a millisecond must not read "retry
-	// in 0s", and retrying at the announced time must succeed.
-	retry := max(d.RetryAfter.Truncate(time.Millisecond), time.Millisecond)
-	if retry < d.RetryAfter {
-		retry += time.Millisecond
-	}
-	return &wire.Error{Severity: severity, Code: "53400",
-		Message: fmt.Sprintf("rate limit exceeded: rule %q, bucket %s", r.cfg.Name, d.Bucket),
-		Detail:  fmt.Sprintf("retry in %s", retry),
-		Hint:    "slow down, or ask the operator to raise the rule's limit (rate_limits in the poolerd configuration)"}
-}
-
-// checkRate asks every applicable rule for the buckets a request takes
-// (queries, transactions or connections, as picked by which). A reject
-// rule refuses at once; a wait rule delays up to its max_wait. It returns
-// the refusal, or nil to go on.
-func (srv *Server) checkRate(ctx context.Context, log warnLogger, rates []sessionRate, which func(*rateRule) []limiter.Bucket, severity string) error {
+// checkRate decides a request (or a login) against every applicable rule
+// at once, for the buckets which picks (queries, transactions or
+// connections): either every rule allows and all are debited, or none is.
+// A denial by a reject-mode rule refuses at once; when only wait-mode rules
+// deny, the request waits for the longest of their retries, as long as the
+// total wait fits in the max_wait of each denying rule (limiter.WaitAll),
+// and is debited only when all allow. w, when not nil, ends such a wait
+// when the client leaves or its session ends (clientWatch); its zero value
+// watches nothing. It returns the refusal, or nil to go on.
+func (srv *Server) checkRate(ctx context.Context, log warnLogger, rates []sessionRate, which func(*rateRule) []limiter.Bucket, severity string, rw rateWait) error {
 	rl := srv.rates.Load()
 	if rl == nil {
 		return nil
 	}
-	var buf [3]limiter.Bucket
+	var ruleBuf [4]*rateRule
+	var reqBuf [4]limiter.Request
+	var waitBuf [4]time.Duration
+	rules, reqs, maxWaits := ruleBuf[:0], reqBuf[:0], waitBuf[:0]
+	waits := false
 	for _, sr := range rates {
-		r := sr.rule
-		buckets := which(r)
+		buckets := which(sr.rule)
 		if len(buckets) == 0 {
 			continue
 		}
-		req := limiter.Request{Key: sr.key, Buckets: append(buf[:0], buckets...)}
-		start := time.Now()
-		var d limiter.Decision
-		var err error
-		waited := time.Duration(0)
-		if r.wait {
-			d, waited, err = limiter.Wait(ctx, rl.lim, req, r.cfg.MaxWait)
-		} else {
-			d, err = rl.lim.Allow(ctx, req)
+		var maxWait time.Duration
+		if sr.rule.wait {
+			maxWait, waits = sr.rule.cfg.MaxWait, true
 		}
-		if rl.redis != nil {
-			srv.rateMet.redisLatency.Observe(time.Since(start).Seconds() - waited.Seconds())
+		rules = append(rules, sr.rule)
+		reqs = append(reqs, limiter.Request{Key: sr.key, Buckets: buckets})
+		maxWaits = append(maxWaits, maxWait)
+	}
+	if len(reqs) == 0 {
+		return nil
+	}
+	ds := make([]limiter.Decision, len(reqs))
+	start := time.Now()
+	var allowed bool
+	var waited time.Duration
+	var err error
+	var w *clientWatch // made only for a wait
+	if waits {
+		opts := limiter.WaitOptions{MaxWait: maxWaits}
+		if rw.conn != nil {
+			w = &clientWatch{rateWait: rw}
+			opts.Watch = w.watch
 		}
-		if err != nil && ctx.Err() != nil {
+		allowed, waited, err = limiter.WaitAll(ctx, rl.lim, reqs, ds, opts)
+	} else {
+		allowed, err = rl.lim.AllowAll(ctx, reqs, ds)
+	}
+	if rl.redis != nil {
+		srv.rateMet.redisLatency.Observe(time.Since(start).Seconds() - waited.Seconds())
+	}
+	if err != nil {
+		if ended := w.ended(); ended != nil {
+			return ended // the client left, or its session ended, while it waited
+		}
+		if ctx.Err() != nil {
 			return errShuttingDown()
 		}
-		if err != nil {
-			srv.rateMet.redisErrors.Inc()
-			if rl.onErrAllow {
-				srv.rateMet.decisions.WithLabelValues(r.cfg.Name, "all", "error_allowed").Inc()
-				log.Warn("rate limit check failed; allowing (on_redis_error allow)", zap.String("rule", r.cfg.Name), zap.Error(err))
+		return srv.rateCheckFailed(rl, log, rules, err, severity)
+	}
+	if !allowed {
+		// The refusal names the rule that needs the longest to have room:
+		// after its retry every rule would allow the request.
+		worst := -1
+		for i, d := range ds {
+			if d.Allowed {
 				continue
 			}
-			srv.rateMet.decisions.WithLabelValues(r.cfg.Name, "all", "error_denied").Inc()
-			log.Warn("rate limit check failed; denying (on_redis_error deny)", zap.String("rule", r.cfg.Name), zap.Error(err))
-			return &wire.Error{Severity: severity, Code: "53400", Message: fmt.Sprintf("rate limit check unavailable: rule %q", r.cfg.Name),
-				Detail: "the rate-limit store (Redis) failed and on_redis_error is deny",
-				Hint:   "retry shortly; the operator can set on_redis_error allow"}
-		}
-		if !d.Allowed {
-			srv.rateMet.decisions.WithLabelValues(r.cfg.Name, d.Bucket, "rejected").Inc()
-			if r.wait {
-				srv.rateMet.wait.WithLabelValues(r.cfg.Name).Observe(waited.Seconds())
+			srv.rateMet.decisions.WithLabelValues(rules[i].cfg.Name, d.Bucket, "rejected").Inc()
+			if rules[i].wait {
+				srv.rateMet.wait.WithLabelValues(rules[i].cfg.Name).Observe(waited.Seconds())
 			}
-			return errRateLimited(severity, r, d)
+			if worst < 0 || d.RetryAfter > ds[worst].RetryAfter {
+				worst = i
+			}
 		}
+		return errRateLimited(severity, rules[worst], ds[worst])
+	}
+	for _, r := range rules {
 		outcome := "allowed"
-		if waited > 0 {
+		if waited > 0 && r.wait {
 			outcome = "waited"
 			srv.rateMet.wait.WithLabelValues(r.cfg.Name).Observe(waited.Seconds())
 		}
@@ -223,11 +238,62 @@ func (srv *Server) checkRate(ctx context.Context, log warnLogger, rates []sessio
 	return nil
 }
 
+// rateCheckFailed handles a decision that failed (Redis unreachable, an
+// error, a timeout) as on_redis_error says: every rule of the request
+// allows it, or it is refused.
+func (srv *Server) rateCheckFailed(rl *rateLimits, log warnLogger, rules []*rateRule, err error, severity string) error {
+	srv.rateMet.redisErrors.Inc()
+	names := make([]string, len(rules))
+	for i, r := range rules {
+		names[i] = r.cfg.Name
+	}
+	outcome := "error_denied"
+	if rl.onErrAllow {
+		outcome = "error_allowed"
+	}
+	for _, name := range names {
+		srv.rateMet.decisions.WithLabelValues(name, "all", outcome).Inc()
+	}
+	if rl.onErrAllow {
+		log.Warn("rate limit check failed; allowing (on_redis_error allow)", zap.String("rule", strings.Join(names, ", ")), zap.Error(err))
+		return nil
+	}
+	log.Warn("rate limit check failed; denying (on_redis_error deny)", zap.String("rule", strings.Join(names, ", ")), zap.Error(err))
+	return errRateCheckUnavailable(severity, names)
+}
+
 func connectionsBucket(r *rateRule) []limiter.Bucket {
 	if r.connections == nil {
 		return nil
 	}
 	return []limiter.Bucket{*r.connections}
+}
+
+// loginWait is the owner of a login's rate-limit wait.
+type loginWait struct{ s *session }
+
+// waitEnded implements waitOwner: a login ends with a shutdown
+// (stopAccepting wakes it) or at its deadline.
+func (l loginWait) waitEnded() *wire.Error {
+	switch {
+	case l.s.srv.shuttingDown():
+		return errShuttingDown()
+	case !l.s.loginDeadline.IsZero() && !time.Now().Before(l.s.loginDeadline):
+		return errLoginTimeout()
+	}
+	return nil
+}
+
+// waitEnded implements waitOwner for a session's requests: the session
+// ends with its final message (finishLocked wakes it), or closed.
+func (s *session) waitEnded() *wire.Error {
+	if werr := s.endErr.Load(); werr != nil {
+		return werr
+	}
+	if s.closed.Load() {
+		return errShuttingDown()
+	}
+	return nil
 }
 
 // requestBuckets returns the buckets a request takes: a query, and a
