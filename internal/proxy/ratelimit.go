@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -34,6 +35,10 @@ type rateRule struct {
 	subnet *net.IPNet
 	addr   net.IP
 	wait   bool
+	// preAuth: the rule depends on nothing the client claims (it matches
+	// and keys by the client's address only), so its connections bucket
+	// is checked before authentication; any other rule's, after it.
+	preAuth bool
 	// Buckets, named as in the configuration.
 	queries, transactions, connections *limiter.Bucket
 }
@@ -61,6 +66,8 @@ func newRateLimits(cfg *config.Config) (*rateLimits, error) {
 		cr := &rateRule{cfg: r, wait: r.Mode == "wait",
 			queries: bucketOf("queries", r.Queries), transactions: bucketOf("transactions", r.Transactions),
 			connections: bucketOf("connections", r.Connections)}
+		cr.preAuth = r.Match.Database == "" && r.Match.User == "" && r.Match.ApplicationName == "" &&
+			!slices.ContainsFunc(r.KeyBy, func(k string) bool { return k != "client" })
 		if m := r.Match.Client; m != "" {
 			if _, n, err := net.ParseCIDR(m); err == nil {
 				cr.subnet = n
@@ -262,11 +269,32 @@ func (srv *Server) rateCheckFailed(rl *rateLimits, log warnLogger, rules []*rate
 	return errRateCheckUnavailable(severity, names)
 }
 
-func connectionsBucket(r *rateRule) []limiter.Bucket {
-	if r.connections == nil {
+// loginBuckets returns the buckets a login takes from the rules checked
+// before authentication (preAuth), or from those checked after it.
+func loginBuckets(preAuth bool) func(r *rateRule) []limiter.Bucket {
+	return func(r *rateRule) []limiter.Bucket {
+		if r.connections == nil || r.preAuth != preAuth {
+			return nil
+		}
+		return []limiter.Bucket{*r.connections}
+	}
+}
+
+// loginRate checks a login against the connections buckets of the rules
+// of rates checked before authentication (preAuth) or after it. A wait is
+// bounded by client_login_timeout, and ends if the client leaves.
+func (s *session) loginRate(rates []sessionRate, preAuth bool) error {
+	if len(rates) == 0 {
 		return nil
 	}
-	return []limiter.Bucket{*r.connections}
+	deadline := s.loginDeadline
+	if deadline.IsZero() {
+		deadline = time.Now().Add(time.Hour)
+	}
+	ctx, cancel := context.WithDeadline(s.srv.ctx, deadline)
+	defer cancel()
+	return s.srv.checkRate(ctx, s.log, rates, loginBuckets(preAuth), "FATAL",
+		rateWait{conn: s.conn, deadline: s.loginDeadline, owner: loginWait{s}})
 }
 
 // loginWait is the owner of a login's rate-limit wait.

@@ -234,3 +234,38 @@ func TestRateWaitWatchesClient(t *testing.T) {
 		}
 	})
 }
+
+// Only the rules that depend on nothing but the client's address have
+// their connections bucket checked before authentication: a rule that
+// matches or keys by a name the client claims (user, database,
+// application_name) is checked once the client has authenticated, so that
+// claiming a name spends nothing of its budgets.
+func TestRatePreAuth(t *testing.T) {
+	conns := &config.RateBucket{Limit: 1, Per: time.Minute}
+	for _, tc := range []struct {
+		name    string
+		rule    config.RateLimitRule
+		preAuth bool
+	}{
+		{"everyone, one budget", config.RateLimitRule{}, true},
+		{"by client", config.RateLimitRule{KeyBy: []string{"client"}}, true},
+		{"a subnet by client", config.RateLimitRule{Match: config.RuleMatch{Client: "10.0.0.0/8"}, KeyBy: []string{"client"}}, true},
+		{"by user", config.RateLimitRule{KeyBy: []string{"user"}}, false},
+		{"by client and database", config.RateLimitRule{KeyBy: []string{"client", "database"}}, false},
+		{"by application_name", config.RateLimitRule{KeyBy: []string{"application_name"}}, false},
+		{"one user", config.RateLimitRule{Match: config.RuleMatch{User: "app"}, KeyBy: []string{"client"}}, false},
+		{"one database", config.RateLimitRule{Match: config.RuleMatch{Database: "app"}}, false},
+		{"one application", config.RateLimitRule{Match: config.RuleMatch{ApplicationName: "x"}}, false},
+	} {
+		r := tc.rule
+		r.Name, r.Connections, r.Mode = "r", conns, "reject"
+		srv := rateServer(t, r)
+		rule := srv.rates.Load().rules[0]
+		if rule.preAuth != tc.preAuth {
+			t.Errorf("%s: checked before authentication %v, want %v", tc.name, rule.preAuth, tc.preAuth)
+		}
+		if got := len(loginBuckets(tc.preAuth)(rule)) + len(loginBuckets(!tc.preAuth)(rule)); got != 1 {
+			t.Errorf("%s: the login takes %d connections units over both checks, want 1", tc.name, got)
+		}
+	}
+}

@@ -2,11 +2,13 @@ package integration
 
 // Tests of the rate-limit decisions a client sees across rules and around
 // authentication, against the real PostgreSQL of the harness: several
-// rules decide a request together (all debited or none), and a request
-// waiting for a wait-mode rule ends when its client leaves.
+// rules decide a request together (all debited or none), login budgets and
+// client connection limits keyed by user count only authenticated clients,
+// and a request waiting for a wait-mode rule ends when its client leaves.
 
 import (
 	"context"
+	"net"
 	"testing"
 	"time"
 
@@ -50,6 +52,85 @@ func TestRateLimitRulesAtomic(t *testing.T) {
 		t.Fatalf("query 5 of rl-y: %v, want 53400: the shared rule allows 5", err)
 	}
 	rlRetryAfter(t, pe, "ERROR", "shared", "queries")
+}
+
+// rlStartup opens a raw connection to p, sends a startup packet for user
+// and database app, and returns it with the first answer.
+func rlStartup(t *testing.T, p *instance, user string) (net.Conn, pgproto3.BackendMessage) {
+	t.Helper()
+	nc, err := net.DialTimeout("tcp", p.addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = nc.Close() })
+	_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
+	fe := pgproto3.NewFrontend(nc, nc)
+	fe.Send(&pgproto3.StartupMessage{ProtocolVersion: pgproto3.ProtocolVersion30,
+		Parameters: map[string]string{"user": user, "database": pgtest.DBApp}})
+	if err := fe.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	m, err := fe.Receive()
+	if err != nil {
+		t.Fatalf("startup as %s: %v", user, err)
+	}
+	return nc, m
+}
+
+// Anyone can claim a user name: a client that has not authenticated as
+// app spends none of app's budgets. Logins that stop at the password
+// prompt, and logins with a wrong password, neither take app's place
+// under max_user_client_connections nor its login budget keyed by user;
+// app itself then logs in, and only its own logins count.
+func TestRateLimitLoginsKeyedByAuthenticatedUser(t *testing.T) {
+	t.Parallel()
+	p := startPoolerd(t, func(c *config.Config) {
+		c.MaxUserClientConnections = 1
+		c.RateLimits = []config.RateLimitRule{{Name: "user-logins", KeyBy: []string{"user"},
+			Connections: &config.RateBucket{Limit: 2, Per: time.Minute}, Mode: "reject"}}
+	})
+	// Three clients claim app and stay at the password prompt.
+	for range 3 {
+		if _, m := rlStartup(t, p, pgtest.RoleApp); isErrorResponse(m) {
+			t.Fatalf("startup claiming app: %s, want an authentication request", describeMsg(m))
+		}
+	}
+	// Wrong passwords: refused by authentication, not by app's limits.
+	for i := range 4 {
+		if pe := obLoginErr(t, p.dsn(pgtest.RoleApp, "wrong", pgtest.DBApp)); pe.Code != "28P01" {
+			t.Fatalf("wrong password %d: %s %s %q, want 28P01 (not a limit spent by unauthenticated clients)", i+1, pe.Severity, pe.Code, pe.Message)
+		}
+	}
+	// app logs in: its budget of 2 logins and its one client slot are
+	// whole.
+	a := connectDSN(t, p.appDSN())
+	obExec(t, a, "SELECT 1")
+	clRefused(t, p.appDSN(), `user "app" (max_user_client_connections 1)`, "raise max_user_client_connections")
+	if err := a.Close(ctxTimeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	b := clAdmittedAgain(t, p.appDSN()) // app's second login of 2
+	if err := b.Close(ctxTimeout(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	// The third authenticated login is over app's budget (after its
+	// password was checked); a wrong password is still just that.
+	var pe = obLoginErr(t, p.appDSN())
+	for pe.Code == "53300" { // b's slot may not be free yet
+		time.Sleep(20 * time.Millisecond)
+		pe = obLoginErr(t, p.appDSN())
+	}
+	if pe.Code != "53400" || pe.Severity != "FATAL" || pe.Message != `rate limit exceeded: rule "user-logins", bucket connections` {
+		t.Fatalf("third login of app: %s %s %q, want FATAL 53400 of rule user-logins", pe.Severity, pe.Code, pe.Message)
+	}
+	if pe := obLoginErr(t, p.dsn(pgtest.RoleApp, "wrong", pgtest.DBApp)); pe.Code != "28P01" {
+		t.Fatalf("wrong password after the budget is spent: %s %q, want 28P01", pe.Code, pe.Message)
+	}
+}
+
+func isErrorResponse(m pgproto3.BackendMessage) bool {
+	_, ok := m.(*pgproto3.ErrorResponse)
+	return ok
 }
 
 // A request delayed by a wait-mode rule ends when its client closes the
