@@ -22,21 +22,34 @@ func newConnLimits() *connLimits {
 		dbClients: map[string]int{}, userClients: map[string]int{}}
 }
 
+// serverLimit is a server connection limit that kept a pool from opening
+// a connection: the key, its value, whose limit it is, and the count it
+// had reached.
+type serverLimit struct {
+	key   string // max_db_connections or max_user_connections
+	max   int
+	whose string // database "x" or user "x"
+	count int
+}
+
 // admitServer takes a server-connection slot for (database, user), or
-// reports that the database or the user is at its limit.
-func (srv *Server) admitServer(database, user string) bool {
+// returns the limit the database or the user is at.
+func (srv *Server) admitServer(database, user string) *serverLimit {
 	cfg := srv.cfg()
 	dbMax, _ := cfg.DBLimits(database)
 	userMax, _ := cfg.UserLimits(user)
 	l := srv.limits
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if dbMax > 0 && l.dbServers[database] >= dbMax || userMax > 0 && l.userServers[user] >= userMax {
-		return false
+	if n := l.dbServers[database]; dbMax > 0 && n >= dbMax {
+		return &serverLimit{key: "max_db_connections", max: dbMax, whose: fmt.Sprintf("database %q", database), count: n}
+	}
+	if n := l.userServers[user]; userMax > 0 && n >= userMax {
+		return &serverLimit{key: "max_user_connections", max: userMax, whose: fmt.Sprintf("user %q", user), count: n}
 	}
 	l.dbServers[database]++
 	l.userServers[user]++
-	return true
+	return nil
 }
 
 // releaseServer gives a slot back and lets pools waiting for one try again.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/poolerd/poolerd/internal/limiter"
+	"github.com/poolerd/poolerd/internal/pool"
 
 	"github.com/poolerd/poolerd/internal/wire"
 )
@@ -78,6 +79,17 @@ func errServerUnavailable(err error) *wire.Error {
 		Message: "could not connect to the PostgreSQL server",
 		Detail:  err.Error(),
 		Hint:    "check that PostgreSQL is running and reachable from poolerd; the request can be retried"}
+}
+
+// errLimitCheckout refuses a request that waited checkout_timeout for a
+// server connection its pool could have opened but for a server connection
+// limit (hit), with the pool's stats st.
+func (d *dbPool) errLimitCheckout(st pool.Stats, hit *serverLimit) *wire.Error {
+	return &wire.Error{Severity: "ERROR", Code: "53300",
+		Message: fmt.Sprintf("no server connection available within checkout_timeout (%s): %s reached", d.route().Settings.CheckoutTimeout, hit.key),
+		Detail: fmt.Sprintf("%s is at its %s (%d of %d server connections, all its pools together), so pool %s/%s could not open one: total %d, idle %d, active %d, waiting %d, max_size %d",
+			hit.whose, hit.key, hit.count, hit.max, d.key.database, d.key.user, st.Total, st.Idle, st.Active, st.Waiting, st.MaxSize),
+		Hint: fmt.Sprintf("raise %s for %s (its entry in the poolerd configuration, or the global key) if PostgreSQL allows it, have its other pools hold fewer connections (min_size, shorter transactions), or raise checkout_timeout", hit.key, hit.whose)}
 }
 
 // errCheckoutCancelled refuses a request the client cancelled while it

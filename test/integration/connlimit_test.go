@@ -11,6 +11,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -340,4 +341,52 @@ func TestConnLimitRefusedLoginsFreeSlots(t *testing.T) {
 	refusedAs(p.dsn(pgtest.RoleApp, "wrong", pgtest.DBApp), "28P01")
 	obExec(t, clAdmittedAgain(t, p.appDSN("application_name=free")), "SELECT 1")
 	clRefused(t, p.appDSN("application_name=free"), "max_db_client_connections 2", "raise max_db_client_connections")
+}
+
+// A request that waits out checkout_timeout because max_db_connections or
+// max_user_connections kept its pool from opening a connection (its pool
+// is below max_size) gets a 53300 that names the limit, its value and
+// whose it is, and says to raise it, rather than only the pool's counts.
+func TestConnLimitCheckoutTimeoutNamesLimit(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		mutate  func(c *config.Config)
+		key     string
+		whose   string
+		setting string
+	}{
+		{"database", func(c *config.Config) { c.MaxDBConnections = 1 }, "max_db_connections", `database "app"`, "max_db_connections (1 of 1"},
+		{"user", func(c *config.Config) { c.MaxUserConnections = 1 }, "max_user_connections", `user "app"`, "max_user_connections (1 of 1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			p := startPoolerd(t, func(c *config.Config) {
+				c.MaxSize = 4
+				c.CheckoutTimeout = 500 * time.Millisecond
+				tc.mutate(c)
+			})
+			holder := connectDSN(t, p.appDSN())
+			obExec(t, holder, "BEGIN") // keeps the one connection the limit allows
+			obExec(t, holder, "SELECT 1")
+			waiter := connectDSN(t, p.appDSN())
+			_, err := waiter.Exec(ctxTimeout(t, 10*time.Second), "SELECT 1")
+			var pe *pgconn.PgError
+			if !errors.As(err, &pe) || pe.Code != "53300" || pe.Severity != "ERROR" {
+				t.Fatalf("query with the only allowed connection taken: %v, want ERROR 53300", err)
+			}
+			t.Logf("%s: %s\nDETAIL: %s\nHINT: %s", pe.Code, pe.Message, pe.Detail, pe.Hint)
+			if !strings.Contains(pe.Message, "checkout_timeout") || !strings.Contains(pe.Message, tc.key) {
+				t.Errorf("message %q does not name checkout_timeout and %s", pe.Message, tc.key)
+			}
+			if !strings.Contains(pe.Detail, tc.whose) || !strings.Contains(pe.Detail, tc.setting) {
+				t.Errorf("detail %q does not say that %s reached %s", pe.Detail, tc.whose, tc.setting)
+			}
+			if !strings.Contains(pe.Hint, "raise "+tc.key) {
+				t.Errorf("hint %q does not say to raise %s", pe.Hint, tc.key)
+			}
+			obExec(t, holder, "COMMIT")
+			obExec(t, waiter, "SELECT 1") // the connection is free again
+		})
+	}
 }
