@@ -390,3 +390,39 @@ func TestConnLimitCheckoutTimeoutNamesLimit(t *testing.T) {
 		})
 	}
 }
+
+// SHOW DATABASES and SHOW USERS show the connection limits in force for
+// each database and user, as PgBouncer does: an entry's own value, else
+// the global one (0: no limit); the admin console's rows are never
+// limited and show 0.
+func TestAdminShowConnectionLimits(t *testing.T) {
+	t.Parallel()
+	p := obStart(t, obOpts{mutate: func(c *config.Config) {
+		c.MaxDBConnections = 7
+		c.MaxDBClientConnections = 11
+		c.MaxUserConnections = 5
+		c.MaxUserClientConnections = 13
+		c.Databases = []config.Database{{Name: pgtest.DBOther, MaxDBConnections: clInt(3), MaxDBClientConnections: clInt(0)}}
+		c.Users = []config.User{{Name: pgtest.RoleSCRAM, Password: pgtest.Password, MaxUserConnections: clInt(2), MaxUserClientConnections: clInt(4)}}
+	}})
+	adm := obAdmin(t, p.instance, pgtest.RoleApp)
+	// limits checks the two columns of the rows named in want.
+	type limits struct {
+		name             string
+		servers, clients int64
+	}
+	check := func(show, serversCol, clientsCol string, want ...limits) {
+		t.Helper()
+		tb := obShow(t, adm, show)
+		for _, w := range want {
+			i := tb.must(t, show, "name", w.name)
+			if got := (limits{w.name, tb.num(i, serversCol), tb.num(i, clientsCol)}); got != w {
+				t.Errorf("%s %s: %s %d, %s %d; want %d, %d\n%s", show, w.name, serversCol, got.servers, clientsCol, got.clients, w.servers, w.clients, tb)
+			}
+		}
+	}
+	check("SHOW DATABASES", "max_connections", "max_client_connections",
+		limits{pgtest.DBApp, 7, 11}, limits{pgtest.DBOther, 3, 0}, limits{"pgbouncer", 0, 0})
+	check("SHOW USERS", "max_user_connections", "max_user_client_connections",
+		limits{pgtest.RoleApp, 5, 13}, limits{pgtest.RoleSCRAM, 2, 4}, limits{"pgbouncer", 0, 0})
+}
