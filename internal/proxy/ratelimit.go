@@ -39,8 +39,12 @@ type rateRule struct {
 	// and keys by the client's address only), so its connections bucket
 	// is checked before authentication; any other rule's, after it.
 	preAuth bool
-	// Buckets, named as in the configuration.
-	queries, transactions, connections *limiter.Bucket
+	// The buckets a request takes (request[1] when it starts a
+	// transaction, request[0] otherwise) and a login takes, named as in
+	// the configuration; empty when the rule has none for it. Shared by
+	// every decision, never changed.
+	request [2][]limiter.Bucket
+	login   []limiter.Bucket
 }
 
 // sessionRate is a rule that applies to a session, with the session's key.
@@ -49,11 +53,12 @@ type sessionRate struct {
 	key  string
 }
 
-func bucketOf(name string, b *config.RateBucket) *limiter.Bucket {
+// appendBucket appends the bucket name of the configuration b, if set.
+func appendBucket(to []limiter.Bucket, name string, b *config.RateBucket) []limiter.Bucket {
 	if b == nil {
-		return nil
+		return to
 	}
-	return &limiter.Bucket{Name: name, Limit: b.Limit, Per: b.Per, Cost: 1}
+	return append(to, limiter.Bucket{Name: name, Limit: b.Limit, Per: b.Per, Cost: 1})
 }
 
 // newRateLimits compiles cfg's rules. With no rules it returns nil.
@@ -63,9 +68,10 @@ func newRateLimits(cfg *config.Config) (*rateLimits, error) {
 	}
 	rl := &rateLimits{onErrAllow: cfg.OnRedisError == "allow", backend: cfg.RateLimitBackend}
 	for _, r := range cfg.RateLimits {
-		cr := &rateRule{cfg: r, wait: r.Mode == "wait",
-			queries: bucketOf("queries", r.Queries), transactions: bucketOf("transactions", r.Transactions),
-			connections: bucketOf("connections", r.Connections)}
+		cr := &rateRule{cfg: r, wait: r.Mode == "wait"}
+		cr.request[0] = appendBucket(nil, "queries", r.Queries)
+		cr.request[1] = appendBucket(appendBucket(nil, "queries", r.Queries), "transactions", r.Transactions)
+		cr.login = appendBucket(nil, "connections", r.Connections)
 		cr.preAuth = r.Match.Database == "" && r.Match.User == "" && r.Match.ApplicationName == "" &&
 			!slices.ContainsFunc(r.KeyBy, func(k string) bool { return k != "client" })
 		if m := r.Match.Client; m != "" {
@@ -167,42 +173,50 @@ func (srv *Server) checkRate(ctx context.Context, log warnLogger, rates []sessio
 	if rl == nil {
 		return nil
 	}
+	// On the stack: the decision's own slices are copied (decide) where
+	// they would escape.
 	var ruleBuf [4]*rateRule
 	var reqBuf [4]limiter.Request
-	var waitBuf [4]time.Duration
-	rules, reqs, maxWaits := ruleBuf[:0], reqBuf[:0], waitBuf[:0]
+	var dBuf [4]limiter.Decision
+	rules, reqs := ruleBuf[:0], reqBuf[:0]
 	waits := false
 	for _, sr := range rates {
 		buckets := which(sr.rule)
 		if len(buckets) == 0 {
 			continue
 		}
-		var maxWait time.Duration
-		if sr.rule.wait {
-			maxWait, waits = sr.rule.cfg.MaxWait, true
-		}
+		waits = waits || sr.rule.wait
 		rules = append(rules, sr.rule)
 		reqs = append(reqs, limiter.Request{Key: sr.key, Buckets: buckets})
-		maxWaits = append(maxWaits, maxWait)
 	}
 	if len(reqs) == 0 {
 		return nil
 	}
-	ds := make([]limiter.Decision, len(reqs))
+	ds := dBuf[:]
+	if len(reqs) > len(dBuf) {
+		ds = make([]limiter.Decision, len(reqs))
+	}
+	ds = ds[:len(reqs)]
 	start := time.Now()
-	var allowed bool
+	allowed, err := decide(ctx, rl.lim, reqs, ds)
 	var waited time.Duration
-	var err error
 	var w *clientWatch // made only for a wait
-	if waits {
+	if !allowed && err == nil && waits && waitable(rules, ds) {
+		// The slow path: wait, deciding again until every rule allows.
+		maxWaits := make([]time.Duration, len(rules))
+		for i, r := range rules {
+			if r.wait {
+				maxWaits[i] = r.cfg.MaxWait
+			}
+		}
 		opts := limiter.WaitOptions{MaxWait: maxWaits}
 		if rw.conn != nil {
 			w = &clientWatch{rateWait: rw}
 			opts.Watch = w.watch
 		}
-		allowed, waited, err = limiter.WaitAll(ctx, rl.lim, reqs, ds, opts)
-	} else {
-		allowed, err = rl.lim.AllowAll(ctx, reqs, ds)
+		wds := make([]limiter.Decision, len(reqs))
+		allowed, waited, err = limiter.WaitAll(ctx, rl.lim, slices.Clone(reqs), wds, opts)
+		copy(ds, wds)
 	}
 	if rl.redis != nil {
 		srv.rateMet.redisLatency.Observe(time.Since(start).Seconds() - waited.Seconds())
@@ -245,6 +259,36 @@ func (srv *Server) checkRate(ctx context.Context, log warnLogger, rates []sessio
 	return nil
 }
 
+// decide is one decision over reqs, into ds: Allow for a single request,
+// AllowAll for several (on copies, so that reqs and ds can live on the
+// caller's stack).
+func decide(ctx context.Context, lim limiter.Limiter, reqs []limiter.Request, ds []limiter.Decision) (bool, error) {
+	if len(reqs) == 1 {
+		d, err := lim.Allow(ctx, reqs[0])
+		ds[0] = d
+		return d.Allowed, err
+	}
+	out := make([]limiter.Decision, len(reqs))
+	allowed, err := lim.AllowAll(ctx, slices.Clone(reqs), out)
+	copy(ds, out)
+	return allowed, err
+}
+
+// waitable reports whether a denied request may wait: every rule that
+// denied it is a wait rule whose max_wait leaves room for the first sleep.
+func waitable(rules []*rateRule, ds []limiter.Decision) bool {
+	var sleep time.Duration
+	for _, d := range ds {
+		sleep = max(sleep, d.RetryAfter)
+	}
+	for i, d := range ds {
+		if !d.Allowed && (!rules[i].wait || sleep > rules[i].cfg.MaxWait) {
+			return false
+		}
+	}
+	return true
+}
+
 // rateCheckFailed handles a decision that failed (Redis unreachable, an
 // error, a timeout) as on_redis_error says: every rule of the request
 // allows it, or it is refused.
@@ -273,10 +317,10 @@ func (srv *Server) rateCheckFailed(rl *rateLimits, log warnLogger, rules []*rate
 // before authentication (preAuth), or from those checked after it.
 func loginBuckets(preAuth bool) func(r *rateRule) []limiter.Bucket {
 	return func(r *rateRule) []limiter.Bucket {
-		if r.connections == nil || r.preAuth != preAuth {
+		if r.preAuth != preAuth {
 			return nil
 		}
-		return []limiter.Bucket{*r.connections}
+		return r.login
 	}
 }
 
@@ -327,14 +371,8 @@ func (s *session) waitEnded() *wire.Error {
 // requestBuckets returns the buckets a request takes: a query, and a
 // transaction when it starts one.
 func requestBuckets(startsTx bool) func(r *rateRule) []limiter.Bucket {
-	return func(r *rateRule) []limiter.Bucket {
-		var out []limiter.Bucket
-		if r.queries != nil {
-			out = append(out, *r.queries)
-		}
-		if startsTx && r.transactions != nil {
-			out = append(out, *r.transactions)
-		}
-		return out
+	if startsTx {
+		return func(r *rateRule) []limiter.Bucket { return r.request[1] }
 	}
+	return func(r *rateRule) []limiter.Bucket { return r.request[0] }
 }

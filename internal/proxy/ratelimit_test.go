@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -267,5 +268,47 @@ func TestRatePreAuth(t *testing.T) {
 		if got := len(loginBuckets(tc.preAuth)(rule)) + len(loginBuckets(!tc.preAuth)(rule)); got != 1 {
 			t.Errorf("%s: the login takes %d connections units over both checks, want 1", tc.name, got)
 		}
+	}
+}
+
+// benchRates returns a server with n reject rules of a budget no benchmark
+// spends, keyed by user, and the rules of a client.
+func benchRates(tb testing.TB, n int) (*Server, []sessionRate) {
+	var rules []config.RateLimitRule
+	for i := range n {
+		rules = append(rules, config.RateLimitRule{Name: fmt.Sprint("r", i), KeyBy: []string{"user"},
+			Queries: &config.RateBucket{Limit: 1 << 40, Per: time.Second}, Mode: "reject"})
+	}
+	srv := New(unreachableConfig(tb, func(c *config.Config) { c.RateLimits = rules }), zap.NewNop())
+	return srv, srv.rates.Load().forSession("app", "app", "x", &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1)})
+}
+
+// BenchmarkCheckRate is the cost a rate limit adds to each request of a
+// client that one rule, or two, apply to (memory backend, allowed).
+func BenchmarkCheckRate(b *testing.B) {
+	for _, n := range []int{1, 2} {
+		b.Run(fmt.Sprintf("rules=%d", n), func(b *testing.B) {
+			srv, rates := benchRates(b, n)
+			log := zap.NewNop()
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := srv.checkRate(context.Background(), log, rates, requestBuckets(false), "ERROR", rateWait{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// TestCheckRateNoAlloc guards the common case, one rule that allows: the
+// decision allocates nothing.
+func TestCheckRateNoAlloc(t *testing.T) {
+	srv, rates := benchRates(t, 1)
+	log := zap.NewNop()
+	rw := rateWait{conn: &net.TCPConn{}, owner: &fakeOwner{}} // a session's: made once
+	if n := testing.AllocsPerRun(1000, func() {
+		_ = srv.checkRate(context.Background(), log, rates, requestBuckets(true), "ERROR", rw)
+	}); n != 0 {
+		t.Fatalf("checkRate allocates %v times per request, want 0", n)
 	}
 }
