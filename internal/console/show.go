@@ -385,8 +385,9 @@ func (c *Console) showDatabases() *resultSet {
 			poolMode = *row.entry.PoolMode
 		}
 		st := state.Databases[n]
+		maxServers, maxClients := cfg.DBLimits(n)
 		r.row(n, host, route.Port, dbname, forceUser, set.MaxSize, set.MinSize, 0, int(set.MaxLifetime/time.Second),
-			poolMode, null{}, 0, row.servers, 0, row.clients, b2i(state.Paused || st.Paused), b2i(st.Disabled))
+			poolMode, null{}, maxServers, row.servers, maxClients, row.clients, b2i(state.Paused || st.Paused), b2i(st.Disabled))
 	}
 	return r
 }
@@ -418,7 +419,11 @@ func (c *Console) showUsers() *resultSet {
 				poolMode = *o.PoolMode
 			}
 		}
-		r.row(n, poolSize, "", poolMode, 0, servers[n], 0, clients[n])
+		var maxServers, maxClients int
+		if n != adminDatabase {
+			maxServers, maxClients = cfg.UserLimits(n)
+		}
+		r.row(n, poolSize, "", poolMode, maxServers, servers[n], maxClients, clients[n])
 	}
 	return r
 }

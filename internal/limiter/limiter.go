@@ -26,17 +26,26 @@
 // full bucket, so backends drop such state (lazily in memory, by key expiry
 // in Redis).
 //
+// AllowAll extends the same rule to several requests under different keys
+// (the budgets of several rules a client matches): every bucket of every
+// request is computed from one state at one instant, and all are debited
+// or none is. Each request's own Decision says whether its buckets had room
+// and, if not, which bucket denied and when it would have room.
+//
 // # Backends
 //
 // Memory (NewMemory) keeps the TATs in a sharded map: one mutex per shard,
-// one lock per request, no allocation per decision in steady state. Redis
-// (NewRedis) runs one Lua script that reads the server clock, checks every
-// bucket and debits all or none, so every poolerd instance sharing the
-// Redis shares the limits; each call is bounded by a timeout and a Redis
-// failure is returned as an error for the caller to fail open or closed.
+// one lock per request (AllowAll holds the locks of all its requests'
+// shards at once, taken in shard order), no allocation per decision in
+// steady state. Redis (NewRedis) runs one Lua script per decision, Allow's
+// or AllowAll's, that reads the server clock, checks every bucket and
+// debits all or none, so every poolerd instance sharing the Redis shares
+// the limits; each call is bounded by a timeout and a Redis failure is
+// returned as an error for the caller to fail open or closed.
 //
 // Wait retries a denied request after its RetryAfter until it is allowed,
-// ctx ends or a maximum wait would be exceeded.
+// ctx ends or a maximum wait would be exceeded; WaitAll does the same for
+// an AllowAll of several requests, each with its own maximum wait.
 //
 // It does not know clients, rules or SQL: the proxy compiles the configured
 // rate_limits into keys and buckets, asks for decisions, and turns a denial
@@ -100,6 +109,14 @@ type Limiter interface {
 	// (Allowed) or none is. A non-nil error means no decision was made
 	// (invalid request, backend failure); the Decision is then zero.
 	Allow(ctx context.Context, req Request) (Decision, error)
+	// AllowAll checks every bucket of every request of reqs as one
+	// decision: either all are debited (it returns true) or none is. The
+	// requests' keys must differ. ds must have at least len(reqs)
+	// elements: ds[i] receives request i's own Decision, Allowed when its
+	// buckets had room (debited only if AllowAll returns true), otherwise
+	// naming its denying bucket and retry. A non-nil error means no
+	// decision was made; ds is then zeroed.
+	AllowAll(ctx context.Context, reqs []Request, ds []Decision) (bool, error)
 }
 
 // Clock is implemented by limiters whose decisions follow their own clock,
@@ -126,6 +143,39 @@ var ErrInvalidRequest = errors.New("limiter: invalid request")
 // inlineBuckets is the number of buckets a request can have before a
 // decision needs heap scratch space.
 const inlineBuckets = 8
+
+// prepareAll validates reqs for AllowAll (each request as prepare does, no
+// key twice, room in ds) and stores every bucket's increment in incs, the
+// requests' buckets one after the other; incs has as many elements as
+// there are buckets in all.
+func prepareAll(reqs []Request, ds []Decision, incs []int64) error {
+	if len(ds) < len(reqs) {
+		return fmt.Errorf("%w: %d requests but room for %d decisions", ErrInvalidRequest, len(reqs), len(ds))
+	}
+	off := 0
+	for i := range reqs {
+		n := len(reqs[i].Buckets)
+		if err := prepare(reqs[i], incs[off:off+n]); err != nil {
+			return err
+		}
+		off += n
+		for j := 0; j < i; j++ {
+			if reqs[j].Key == reqs[i].Key {
+				return fmt.Errorf("%w: key %q appears in two requests; merge their buckets into one", ErrInvalidRequest, reqs[i].Key)
+			}
+		}
+	}
+	return nil
+}
+
+// bucketCount returns the number of buckets of all of reqs.
+func bucketCount(reqs []Request) int {
+	n := 0
+	for i := range reqs {
+		n += len(reqs[i].Buckets)
+	}
+	return n
+}
 
 // prepare validates req and stores each bucket's increment (cost·Per/Limit,
 // in nanoseconds) in incs, which has len(req.Buckets) elements.

@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"hash/maphash"
+	"slices"
 	"sync"
 	"time"
 	"unsafe"
@@ -142,8 +143,99 @@ func (m *Memory) Allow(_ context.Context, req Request) (Decision, error) {
 	now := m.nanos()
 	sh := &m.shards[m.shardOf(req.Key)]
 	sh.mu.Lock()
-	state := sh.keys[req.Key]
-	worst, worstRetry := -1, int64(0)
+	state, worst, worstRetry := sh.check(&req, incs, tats, slots, now)
+	if worst < 0 {
+		sh.debit(&req, state, tats, slots)
+	}
+	sh.decided(now)
+	sh.mu.Unlock()
+
+	if worst >= 0 {
+		return Decision{Bucket: req.Buckets[worst].Name, RetryAfter: time.Duration(worstRetry)}, nil
+	}
+	return Decision{Allowed: true}, nil
+}
+
+// AllowAll implements Limiter. It ignores ctx, as Allow does. It locks
+// the shards of all the requests' keys at once, in shard order (so that
+// two AllowAll calls cannot deadlock), decides every request at the same
+// instant, and debits all of them or none before unlocking.
+func (m *Memory) AllowAll(ctx context.Context, reqs []Request, ds []Decision) (bool, error) {
+	if len(reqs) == 1 && len(ds) >= 1 {
+		d, err := m.Allow(ctx, reqs[0])
+		ds[0] = d
+		return d.Allowed, err
+	}
+	n := bucketCount(reqs)
+	var incBuf, tatBuf [2 * inlineBuckets]int64
+	var slotBuf [2 * inlineBuckets]int
+	incs, tats, slots := incBuf[:], tatBuf[:], slotBuf[:]
+	if n > len(incBuf) {
+		incs, tats, slots = make([]int64, n), make([]int64, n), make([]int, n)
+	}
+	incs, tats, slots = incs[:n], tats[:n], slots[:n]
+	if err := prepareAll(reqs, ds, incs); err != nil {
+		clear(ds[:min(len(ds), len(reqs))])
+		return false, err
+	}
+	// The shards to lock, ascending and each once; shardIdx[i] is
+	// request i's.
+	var idxBuf, lockBuf [inlineBuckets]int
+	shardIdx, locks := idxBuf[:0], lockBuf[:0]
+	var states [inlineBuckets][]bucketTAT
+	stateOf := states[:0]
+	for i := range reqs {
+		k := m.shardOf(reqs[i].Key)
+		shardIdx = append(shardIdx, k)
+		if j, found := slices.BinarySearch(locks, k); !found {
+			locks = slices.Insert(locks, j, k)
+		}
+		stateOf = append(stateOf, nil)
+	}
+
+	now := m.nanos()
+	for _, k := range locks {
+		m.shards[k].mu.Lock()
+	}
+	allowed := true
+	off := 0
+	for i := range reqs {
+		req := &reqs[i]
+		b := len(req.Buckets)
+		var worst int
+		var retry int64
+		stateOf[i], worst, retry = m.shards[shardIdx[i]].check(req, incs[off:off+b], tats[off:off+b], slots[off:off+b], now)
+		if worst >= 0 {
+			ds[i] = Decision{Bucket: req.Buckets[worst].Name, RetryAfter: time.Duration(retry)}
+			allowed = false
+		} else {
+			ds[i] = Decision{Allowed: true}
+		}
+		off += b
+	}
+	if allowed {
+		off = 0
+		for i := range reqs {
+			b := len(reqs[i].Buckets)
+			m.shards[shardIdx[i]].debit(&reqs[i], stateOf[i], tats[off:off+b], slots[off:off+b])
+			off += b
+		}
+	}
+	for i := len(locks) - 1; i >= 0; i-- {
+		sh := &m.shards[locks[i]]
+		sh.decided(now)
+		sh.mu.Unlock()
+	}
+	return allowed, nil
+}
+
+// check computes, in sh (locked) at now, the TAT every bucket of req would
+// have once debited (into tats, with each bucket's index in the key's
+// state, or -1, into slots). It returns the key's state and the index of
+// the bucket with the longest retry with that retry, or -1 when all allow.
+func (sh *shard) check(req *Request, incs, tats []int64, slots []int, now int64) (state []bucketTAT, worst int, worstRetry int64) {
+	state = sh.keys[req.Key]
+	worst = -1
 	for i := range req.Buckets {
 		tat := now
 		slots[i] = find(state, req.Buckets[i].Name, i)
@@ -155,34 +247,35 @@ func (m *Memory) Allow(_ context.Context, req Request) (Decision, error) {
 			worst, worstRetry = i, retry
 		}
 	}
-	if worst < 0 {
-		if state == nil {
-			state = make([]bucketTAT, 0, n)
-		}
-		grown := false
-		for i := range req.Buckets {
-			if slots[i] >= 0 {
-				state[slots[i]].tat = tats[i] // in place: no map write
-			} else {
-				state = append(state, bucketTAT{req.Buckets[i].Name, tats[i]})
-				grown = true
-			}
-		}
-		if grown {
-			sh.keys[req.Key] = state
-			sh.peak = max(sh.peak, len(sh.keys))
+	return state, worst, worstRetry
+}
+
+// debit stores the TATs check computed for req (sh locked).
+func (sh *shard) debit(req *Request, state []bucketTAT, tats []int64, slots []int) {
+	if state == nil {
+		state = make([]bucketTAT, 0, len(req.Buckets))
+	}
+	grown := false
+	for i := range req.Buckets {
+		if slots[i] >= 0 {
+			state[slots[i]].tat = tats[i] // in place: no map write
+		} else {
+			state = append(state, bucketTAT{req.Buckets[i].Name, tats[i]})
+			grown = true
 		}
 	}
+	if grown {
+		sh.keys[req.Key] = state
+		sh.peak = max(sh.peak, len(sh.keys))
+	}
+}
+
+// decided counts a decision on sh (locked) and sweeps it when due.
+func (sh *shard) decided(now int64) {
 	sh.ops++
 	if sh.ops >= sweepMinOps && sh.ops >= len(sh.keys) {
 		sh.sweep(now)
 	}
-	sh.mu.Unlock()
-
-	if worst >= 0 {
-		return Decision{Bucket: req.Buckets[worst].Name, RetryAfter: time.Duration(worstRetry)}, nil
-	}
-	return Decision{Allowed: true}, nil
 }
 
 // find returns the index of bucket name in state, or -1. It tries hint

@@ -28,55 +28,72 @@ const (
 	DefaultRedisTimeout = 50 * time.Millisecond
 )
 
-// allowScript is the whole Redis decision: GCRA over every bucket of a
-// request, debiting all of them or none, on the Redis server's clock so
-// that every poolerd instance sees the same time. Times are microseconds
-// since the Unix epoch, as Lua numbers (doubles: exact integers up to
-// 2^53, about 0.25µs of resolution at today's dates); a TAT is stored with
-// 17 significant digits so that it reads back exactly. Redis 5 and later
-// replicate scripts by their effects, so reading TIME before writing is
-// allowed.
+// allowScript is the whole Redis decision: GCRA over every bucket of one
+// or several requests, debiting all of them or none, on the Redis server's
+// clock so that every poolerd instance sees the same time. Times are
+// microseconds since the Unix epoch, as Lua numbers (doubles: exact
+// integers up to 2^53, about 0.25µs of resolution at today's dates); a TAT
+// is stored with 17 significant digits so that it reads back exactly.
+// Redis 5 and later replicate scripts by their effects, so reading TIME
+// before writing is allowed.
 //
-// KEYS[i] is bucket i's state key. ARGV[2i-1] is its increment
-// cost·Per/Limit and ARGV[2i] its period Per, both in nanoseconds. The
-// reply is {1, 0, 0} when allowed, or {0, i, retry_µs} naming the bucket i
-// (1-based) with the longest retry, the first one on ties.
+// KEYS are the state keys of every bucket, request after request. ARGV[1]
+// is the number of requests; then, for each request, its number of
+// buckets m followed by m pairs: the bucket's increment cost·Per/Limit and
+// its period Per, both in nanoseconds. The reply is {allowed, then for
+// each request i: the bucket (1-based within the request) with the longest
+// retry, the first one on ties, or 0 when the request's buckets had room,
+// and that retry in µs}; allowed is 1 when every request had room, and
+// only then is any key written.
 var allowScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local tats = {}
-local worst, worstRetry = 0, 0
-for i = 1, #KEYS do
-  local inc = tonumber(ARGV[2 * i - 1]) / 1000
-  local per = tonumber(ARGV[2 * i]) / 1000
-  local tat = tonumber(redis.call('GET', KEYS[i]))
-  if not tat or tat < now then
-    tat = now
+local reply = {1}
+local k, a = 1, 2
+for r = 1, tonumber(ARGV[1]) do
+  local m = tonumber(ARGV[a])
+  a = a + 1
+  local worst, worstRetry = 0, 0
+  for j = 1, m do
+    local inc = tonumber(ARGV[a]) / 1000
+    local per = tonumber(ARGV[a + 1]) / 1000
+    a = a + 2
+    local tat = tonumber(redis.call('GET', KEYS[k]))
+    if not tat or tat < now then
+      tat = now
+    end
+    tats[k] = tat + inc
+    local retry = tats[k] - per - now
+    if retry > worstRetry then
+      worst, worstRetry = j, retry
+    end
+    k = k + 1
   end
-  tats[i] = tat + inc
-  local retry = tats[i] - per - now
-  if retry > worstRetry then
-    worst, worstRetry = i, retry
+  reply[2 * r] = worst
+  reply[2 * r + 1] = math.ceil(worstRetry)
+  if worst > 0 then
+    reply[1] = 0
   end
 end
-if worst > 0 then
-  return {0, worst, math.ceil(worstRetry)}
+if reply[1] == 1 then
+  for i = 1, #KEYS do
+    redis.call('SET', KEYS[i], string.format('%.17g', tats[i]),
+      'PX', math.floor((tats[i] - now) / 1000) + 1)
+  end
 end
-for i = 1, #KEYS do
-  redis.call('SET', KEYS[i], string.format('%.17g', tats[i]),
-    'PX', math.floor((tats[i] - now) / 1000) + 1)
-end
-return {1, 0, 0}
+return reply
 `)
 
 // Redis is a Limiter whose state lives in Redis, so that every poolerd
 // instance using the same Redis and key prefix shares the limits. Create
 // one with NewRedis.
 //
-// Each decision is one EVALSHA of a Lua script (EVAL the first time the
-// server lacks it) that reads the server's clock, computes every bucket's
-// GCRA state and writes all of them or none, so the decision is atomic
-// across buckets and instances. A bucket's state is one string key,
+// Each decision (Allow, or AllowAll of several requests) is one EVALSHA of
+// a Lua script (EVAL the first time the server lacks it) that reads the
+// server's clock, computes every bucket's GCRA state and writes all of
+// them or none, so the decision is atomic across buckets, requests and
+// instances. A bucket's state is one string key,
 // Prefix + "{" + Request.Key + "}:" + Bucket.Name, holding its TAT and
 // expiring just after it: a key exists only while its bucket is not full.
 // The braces are a Redis Cluster hash tag: all keys of a request live in
@@ -136,50 +153,93 @@ func honoursContext(client redis.UniversalClient) bool {
 // fail open or closed. After a timeout the script may still have run, so
 // the buckets may or may not have been debited.
 func (r *Redis) Allow(ctx context.Context, req Request) (Decision, error) {
-	n := len(req.Buckets)
+	reqs := [1]Request{req}
+	var ds [1]Decision
+	_, err := r.AllowAll(ctx, reqs[:], ds[:])
+	return ds[0], err
+}
+
+// AllowAll implements Limiter, in one script call over the keys of every
+// request; errors and timeouts are as for Allow. On a Redis Cluster a
+// multi-key script must stay within one hash slot, and the keys of two
+// requests are in two slots (each request's Key is its own hash tag): use
+// AllowAll with several requests on a single Redis only.
+func (r *Redis) AllowAll(ctx context.Context, reqs []Request, ds []Decision) (bool, error) {
+	n := bucketCount(reqs)
 	var incBuf [inlineBuckets]int64
 	incs := incBuf[:]
 	if n > inlineBuckets {
 		incs = make([]int64, n)
 	}
 	incs = incs[:n]
-	if err := prepare(req, incs); err != nil {
-		return Decision{}, err
+	if err := prepareAll(reqs, ds, incs); err != nil {
+		clear(ds[:min(len(ds), len(reqs))])
+		return false, err
 	}
 	if n == 0 {
-		return Decision{Allowed: true}, nil
+		for i := range reqs {
+			ds[i] = Decision{Allowed: true}
+		}
+		return true, nil
 	}
-	keys := make([]string, n)
-	args := make([]any, 2*n)
-	tag := r.prefix + "{" + req.Key + "}:"
-	for i := range req.Buckets {
-		keys[i] = tag + req.Buckets[i].Name
-		args[2*i] = incs[i]
-		args[2*i+1] = int64(req.Buckets[i].Per)
+	keys := make([]string, 0, n)
+	args := make([]any, 0, 1+len(reqs)+2*n)
+	args = append(args, len(reqs))
+	k := 0
+	for _, req := range reqs {
+		tag := r.prefix + "{" + req.Key + "}:"
+		args = append(args, len(req.Buckets))
+		for _, b := range req.Buckets {
+			keys = append(keys, tag+b.Name)
+			args = append(args, incs[k], int64(b.Per))
+			k++
+		}
 	}
 
 	res, err := r.call(ctx, "allow", func(ctx context.Context) (any, error) {
 		return allowScript.Run(ctx, r.client, keys, args...).Result()
 	})
+	if err == nil {
+		err = decodeReply(res, reqs, ds)
+	}
 	if err != nil {
-		return Decision{}, err
+		clear(ds[:len(reqs)])
+		return false, err
 	}
+	for i := range reqs {
+		if !ds[i].Allowed {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// decodeReply fills ds from allowScript's reply.
+func decodeReply(res any, reqs []Request, ds []Decision) error {
+	bad := fmt.Errorf("limiter: redis allow: unexpected script reply %v", res)
 	vals, ok := res.([]any)
-	if !ok || len(vals) != 3 {
-		return Decision{}, fmt.Errorf("limiter: redis allow: unexpected script reply %v", res)
+	if !ok || len(vals) != 1+2*len(reqs) {
+		return bad
 	}
-	allowed, ok1 := vals[0].(int64)
-	idx, ok2 := vals[1].(int64)
-	retry, ok3 := vals[2].(int64)
-	switch {
-	case !ok1 || !ok2 || !ok3:
-		return Decision{}, fmt.Errorf("limiter: redis allow: unexpected script reply %v", res)
-	case allowed == 1:
-		return Decision{Allowed: true}, nil
-	case idx < 1 || idx > int64(n) || retry <= 0:
-		return Decision{}, fmt.Errorf("limiter: redis allow: unexpected script reply %v", res)
+	allowed, ok := vals[0].(int64)
+	if !ok {
+		return bad
 	}
-	return Decision{Bucket: req.Buckets[idx-1].Name, RetryAfter: time.Duration(retry) * time.Microsecond}, nil
+	for i := range reqs {
+		idx, ok1 := vals[1+2*i].(int64)
+		retry, ok2 := vals[2+2*i].(int64)
+		switch {
+		case !ok1 || !ok2 || idx < 0 || idx > int64(len(reqs[i].Buckets)):
+			return bad
+		case idx == 0:
+			ds[i] = Decision{Allowed: true}
+		case retry <= 0 || allowed == 1:
+			return bad
+		default:
+			ds[i] = Decision{Bucket: reqs[i].Buckets[idx-1].Name, RetryAfter: time.Duration(retry) * time.Microsecond}
+		}
+	}
+	return nil
 }
 
 // Ping checks that Redis answers within the Timeout, for health checks.

@@ -25,8 +25,53 @@ const minRetry = time.Millisecond
 // Decision; if ctx has already ended when Wait is called, it returns
 // ctx.Err() without consulting l. An error from l is returned as is.
 func Wait(ctx context.Context, l Limiter, req Request, maxWait time.Duration) (Decision, time.Duration, error) {
+	reqs := [1]Request{req}
+	var ds [1]Decision
+	maxWaits := [1]time.Duration{maxWait}
+	_, waited, err := WaitAll(ctx, l, reqs[:], ds[:], WaitOptions{MaxWait: maxWaits[:]})
+	return ds[0], waited, err
+}
+
+// WaitOptions are the bounds of WaitAll.
+type WaitOptions struct {
+	// MaxWait[i] is how long request i may hold the whole up: WaitAll
+	// sleeps only if the time already waited plus the next sleep fits in
+	// the MaxWait of every request denying at that moment. 0, or no
+	// element for i, means that a denial of request i ends the wait at
+	// once.
+	MaxWait []time.Duration
+	// Watch, if not nil, is called once, before the first sleep, with
+	// WaitAll's ctx; the sleeps and decisions after it use the context it
+	// returns, and stop is called when WaitAll returns. It lets a caller
+	// end a wait on an event of its own (its client leaving) and pay for
+	// watching that event only when a wait happens.
+	Watch func(ctx context.Context) (watched context.Context, stop func())
+}
+
+// maxWait returns request i's MaxWait.
+func (o *WaitOptions) maxWait(i int) time.Duration {
+	if i < len(o.MaxWait) {
+		return o.MaxWait[i]
+	}
+	return 0
+}
+
+// WaitAll blocks until l allows all of reqs at once (AllowAll), ctx ends,
+// or a maximum wait would be exceeded. It returns whether they were
+// allowed (and debited, all of them) and how long it waited; ds (at least
+// len(reqs) elements) holds each request's last Decision, as AllowAll
+// leaves them.
+//
+// When some requests deny, WaitAll sleeps for the longest RetryAfter among
+// them, the time after which all of them would have room, and tries
+// again; nothing is debited while it waits. Before sleeping it checks that
+// the time already waited plus that sleep fits in the MaxWait of every
+// denying request (see WaitOptions) and before ctx's deadline; if not, it
+// returns false at once, with a nil error. Context and limiter errors are
+// as for Wait.
+func WaitAll(ctx context.Context, l Limiter, reqs []Request, ds []Decision, opts WaitOptions) (bool, time.Duration, error) {
 	if err := ctx.Err(); err != nil {
-		return Decision{}, 0, err
+		return false, 0, err
 	}
 	clock, ok := l.(Clock)
 	if !ok {
@@ -35,29 +80,42 @@ func Wait(ctx context.Context, l Limiter, req Request, maxWait time.Duration) (D
 	var start time.Time
 	var waited time.Duration
 	for {
-		d, err := l.Allow(ctx, req)
-		if err != nil || d.Allowed {
-			return d, waited, err
+		allowed, err := l.AllowAll(ctx, reqs, ds)
+		if err != nil || allowed {
+			return allowed, waited, err
 		}
 		if start.IsZero() {
 			// Only a denied request reads the clock, so that the common
-			// case costs exactly one Allow.
+			// case costs exactly one decision.
 			start = clock.Now()
 		}
-		sleep := d.RetryAfter
+		sleep := time.Duration(0)
+		for i := range reqs {
+			if !ds[i].Allowed {
+				sleep = max(sleep, ds[i].RetryAfter)
+			}
+		}
 		if sleep <= 0 {
 			sleep = minRetry
 		}
-		if waited+sleep > maxWait {
-			return d, waited, nil
+		for i := range reqs {
+			if !ds[i].Allowed && waited+sleep > opts.maxWait(i) {
+				return false, waited, nil
+			}
 		}
 		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < sleep {
-			return d, waited, nil
+			return false, waited, nil
+		}
+		if opts.Watch != nil {
+			var stop func()
+			ctx, stop = opts.Watch(ctx)
+			defer stop()
+			opts.Watch = nil
 		}
 		err = clock.Sleep(ctx, sleep)
 		waited = clock.Now().Sub(start)
 		if err != nil {
-			return d, waited, err
+			return false, waited, err
 		}
 	}
 }

@@ -172,6 +172,12 @@ func (s *scripted) Allow(context.Context, Request) (Decision, error) {
 	return s.answers[min(s.calls, len(s.answers))-1], nil
 }
 
+func (s *scripted) AllowAll(ctx context.Context, reqs []Request, ds []Decision) (bool, error) {
+	d, err := s.Allow(ctx, reqs[0])
+	ds[0] = d
+	return d.Allowed, err
+}
+
 func TestWaitLimiterError(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		boom := errors.New("boom")

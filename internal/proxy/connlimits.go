@@ -22,21 +22,34 @@ func newConnLimits() *connLimits {
 		dbClients: map[string]int{}, userClients: map[string]int{}}
 }
 
+// serverLimit is a server connection limit that kept a pool from opening
+// a connection: the key, its value, whose limit it is, and the count it
+// had reached.
+type serverLimit struct {
+	key   string // max_db_connections or max_user_connections
+	max   int
+	whose string // database "x" or user "x"
+	count int
+}
+
 // admitServer takes a server-connection slot for (database, user), or
-// reports that the database or the user is at its limit.
-func (srv *Server) admitServer(database, user string) bool {
+// returns the limit the database or the user is at.
+func (srv *Server) admitServer(database, user string) *serverLimit {
 	cfg := srv.cfg()
 	dbMax, _ := cfg.DBLimits(database)
 	userMax, _ := cfg.UserLimits(user)
 	l := srv.limits
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if dbMax > 0 && l.dbServers[database] >= dbMax || userMax > 0 && l.userServers[user] >= userMax {
-		return false
+	if n := l.dbServers[database]; dbMax > 0 && n >= dbMax {
+		return &serverLimit{key: "max_db_connections", max: dbMax, whose: fmt.Sprintf("database %q", database), count: n}
+	}
+	if n := l.userServers[user]; userMax > 0 && n >= userMax {
+		return &serverLimit{key: "max_user_connections", max: userMax, whose: fmt.Sprintf("user %q", user), count: n}
 	}
 	l.dbServers[database]++
 	l.userServers[user]++
-	return true
+	return nil
 }
 
 // releaseServer gives a slot back and lets pools waiting for one try again.
@@ -63,13 +76,50 @@ func (srv *Server) makeRoom(except *dbPool, database, user string) {
 	}
 }
 
-// admitClient checks a new client against max_client_conn and its
-// database's and user's client limits, and counts it. The caller calls
-// releaseClient when the client leaves.
-func (srv *Server) admitClient(database, user string) error {
+// admitLogin checks a login before authentication, by what does not
+// depend on the names the client claims, which anyone can claim:
+// max_client_conn, and the connections buckets of the rules that match
+// and key by the client's address only. It returns false after refusing
+// the client. The rules that apply to the session are kept for its
+// requests and for admitUser.
+func (s *session) admitLogin(app string) bool {
+	if werr := s.srv.admitConn(); werr != nil {
+		s.refuseLogin(werr)
+		return false
+	}
+	rates := s.srv.rates.Load().forSession(s.database, s.user, app, s.conn.RemoteAddr())
+	if err := s.loginRate(rates, true); err != nil {
+		s.refuseLogin(err)
+		return false
+	}
+	if len(rates) > 0 {
+		s.rates.Store(&rates)
+	}
+	return true
+}
+
+// admitUser checks a login once the client has authenticated, against what
+// it claims: its database's and user's client connection limits (it is
+// counted from now on; releaseClientSlot when it leaves), then the
+// connections buckets of the other rules. So a client that fails to
+// authenticate as a user spends none of that user's limits. It returns
+// false after refusing the client.
+func (s *session) admitUser() bool {
+	if werr := s.srv.admitClient(s.database, s.user); werr != nil {
+		s.refuseLogin(werr)
+		return false
+	}
+	s.admitted.Store(true)
+	if err := s.loginRate(s.sessionRates(), false); err != nil {
+		s.refuseLogin(err)
+		return false
+	}
+	return true
+}
+
+// admitConn checks a new client connection against max_client_conn.
+func (srv *Server) admitConn() error {
 	cfg := srv.cfg()
-	_, dbMax := cfg.DBLimits(database)
-	_, userMax := cfg.UserLimits(user)
 	srv.mu.Lock()
 	total := len(srv.logins) + len(srv.sessions) + len(srv.consoles)
 	srv.mu.Unlock()
@@ -79,6 +129,16 @@ func (srv *Server) admitClient(database, user string) error {
 			Detail: fmt.Sprintf("poolerd already has %d client connections", total-1),
 			Hint:   "raise max_client_conn, or have clients use fewer connections"}
 	}
+	return nil
+}
+
+// admitClient checks an authenticated client against its database's and
+// user's client limits, and counts it. The caller calls releaseClient when
+// the client leaves.
+func (srv *Server) admitClient(database, user string) error {
+	cfg := srv.cfg()
+	_, dbMax := cfg.DBLimits(database)
+	_, userMax := cfg.UserLimits(user)
 	l := srv.limits
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -61,6 +61,10 @@ type dbPool struct {
 	ctr              counters
 	clients, pins    atomic.Int64
 	retired, closing atomic.Bool
+	// limitHit is the server connection limit that refused the pool's
+	// latest attempt to open a connection, nil if it was admitted: a
+	// checkout that times out names it (checkoutError).
+	limitHit atomic.Pointer[serverLimit]
 
 	// mu guards the rest.
 	mu sync.Mutex
@@ -155,7 +159,9 @@ func newDBPool(srv *Server, key poolKey, route config.Route, warm, paused bool) 
 		Validate:    d.validate,
 		Paused:      paused,
 		Admit: func() bool {
-			if srv.admitServer(key.database, key.user) {
+			hit := srv.admitServer(key.database, key.user)
+			d.limitHit.Store(hit)
+			if hit == nil {
 				return true
 			}
 			go srv.makeRoom(d, key.database, key.user)
@@ -283,6 +289,8 @@ func (d *dbPool) checkoutError(err error) *wire.Error {
 			Message: fmt.Sprintf("no server connection available within checkout_timeout (%s): the database is paused", d.route().Settings.CheckoutTimeout),
 			Detail:  "an administrator ran PAUSE (or KILL) on the admin console; requests wait until RESUME",
 			Hint:    "retry after the maintenance; RESUME on the admin console ends the pause"}
+	case errors.As(err, &te) && te.Stats.Total < te.Stats.MaxSize && d.limitHit.Load() != nil:
+		return d.errLimitCheckout(te.Stats, d.limitHit.Load())
 	case errors.As(err, &te):
 		st := te.Stats
 		return &wire.Error{Severity: "ERROR", Code: "53300",

@@ -3,7 +3,12 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
+
+	"github.com/poolerd/poolerd/internal/limiter"
+	"github.com/poolerd/poolerd/internal/pool"
 
 	"github.com/poolerd/poolerd/internal/wire"
 )
@@ -76,11 +81,61 @@ func errServerUnavailable(err error) *wire.Error {
 		Hint:    "check that PostgreSQL is running and reachable from poolerd; the request can be retried"}
 }
 
+// errLimitCheckout refuses a request that waited checkout_timeout for a
+// server connection its pool could have opened but for a server connection
+// limit (hit), with the pool's stats st.
+func (d *dbPool) errLimitCheckout(st pool.Stats, hit *serverLimit) *wire.Error {
+	return &wire.Error{Severity: "ERROR", Code: "53300",
+		Message: fmt.Sprintf("no server connection available within checkout_timeout (%s): %s reached", d.route().Settings.CheckoutTimeout, hit.key),
+		Detail: fmt.Sprintf("%s is at its %s (%d of %d server connections, all its pools together), so pool %s/%s could not open one: total %d, idle %d, active %d, waiting %d, max_size %d",
+			hit.whose, hit.key, hit.count, hit.max, d.key.database, d.key.user, st.Total, st.Idle, st.Active, st.Waiting, st.MaxSize),
+		Hint: fmt.Sprintf("raise %s for %s (its entry in the poolerd configuration, or the global key) if PostgreSQL allows it, have its other pools hold fewer connections (min_size, shorter transactions), or raise checkout_timeout", hit.key, hit.whose)}
+}
+
 // errCheckoutCancelled refuses a request the client cancelled while it
 // waited for a server connection, as PostgreSQL refuses a cancelled query.
 func errCheckoutCancelled() *wire.Error {
 	return &wire.Error{Severity: "ERROR", Code: "57014", Message: "canceling statement due to user request",
 		Detail: "the request was cancelled while it waited for a server connection"}
+}
+
+// errRateLimited builds the 53400 refusal naming the rule and bucket.
+func errRateLimited(severity string, r *rateRule, d limiter.Decision) *wire.Error {
+	// Rounded up: a retry under half a millisecond must not read "retry
+	// in 0s", and retrying at the announced time must succeed.
+	retry := max(d.RetryAfter.Truncate(time.Millisecond), time.Millisecond)
+	if retry < d.RetryAfter {
+		retry += time.Millisecond
+	}
+	return &wire.Error{Severity: severity, Code: "53400",
+		Message: fmt.Sprintf("rate limit exceeded: rule %q, bucket %s", r.cfg.Name, d.Bucket),
+		Detail:  fmt.Sprintf("retry in %s", retry),
+		Hint:    "slow down, or ask the operator to raise the rule's limit (rate_limits in the poolerd configuration)"}
+}
+
+// errRateCheckUnavailable refuses a request whose rate-limit decision
+// failed (Redis) when on_redis_error is deny; rules are the rules it was
+// asked of.
+func errRateCheckUnavailable(severity string, rules []string) *wire.Error {
+	what := "rule " + strconv.Quote(rules[0])
+	if len(rules) > 1 {
+		quoted := make([]string, len(rules))
+		for i, r := range rules {
+			quoted[i] = strconv.Quote(r)
+		}
+		what = "rules " + strings.Join(quoted, ", ")
+	}
+	return &wire.Error{Severity: severity, Code: "53400", Message: "rate limit check unavailable: " + what,
+		Detail: "the rate-limit store (Redis) failed and on_redis_error is deny",
+		Hint:   "retry shortly; the operator can set on_redis_error allow"}
+}
+
+// errClientGone ends a session whose client closed its connection while
+// its request (or login) waited for a rate limit. Nobody reads it: it is
+// what the log of the disconnection says.
+func errClientGone() *wire.Error {
+	return &wire.Error{Severity: "FATAL", Code: "08006", Message: "client closed the connection while its request waited for a rate limit",
+		Hint: "nothing to do: the request was dropped before it was debited or sent to the server"}
 }
 
 // errLoginTimeout ends a client that did not log in within

@@ -224,29 +224,11 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 			return false
 		}
 	}
-	// Connection limits and login rate limits come before any
-	// authentication work, so that a login storm costs little.
-	if !IsConsoleDatabase(s.database) {
-		if werr := s.srv.admitClient(s.database, s.user); werr != nil {
-			s.refuseLogin(werr)
-			return false
-		}
-		s.admitted.Store(true)
-		rates := s.srv.rates.Load().forSession(s.database, s.user, raw["application_name"], s.conn.RemoteAddr())
-		if len(rates) > 0 {
-			deadline := s.loginDeadline
-			if deadline.IsZero() {
-				deadline = time.Now().Add(time.Hour)
-			}
-			ctx, cancel := context.WithDeadline(s.srv.ctx, deadline)
-			werr := s.srv.checkRate(ctx, s.log, rates, connectionsBucket, "FATAL")
-			cancel()
-			if werr != nil {
-				s.refuseLogin(werr)
-				return false
-			}
-			s.rates.Store(&rates)
-		}
+	// The limits on what the client is (max_client_conn, login rates by
+	// address) come before any authentication work, so that a login storm
+	// costs little; those on who it claims to be, after it (admitUser).
+	if !IsConsoleDatabase(s.database) && !s.admitLogin(raw["application_name"]) {
+		return false
 	}
 	// Authenticate before looking at the database, as PostgreSQL does, so
 	// that an anonymous client cannot learn which databases exist.
@@ -259,6 +241,9 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 			return false
 		}
 		return true // serveConn hands the connection to the console
+	}
+	if !s.admitUser() {
+		return false
 	}
 	if _, disabled := s.srv.dbFlags(s.database); disabled {
 		s.refuseLogin(&wire.Error{Severity: "FATAL", Code: "08P01", Message: fmt.Sprintf("database %q is disabled", s.database),

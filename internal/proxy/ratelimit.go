@@ -3,8 +3,8 @@ package proxy
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -35,8 +35,16 @@ type rateRule struct {
 	subnet *net.IPNet
 	addr   net.IP
 	wait   bool
-	// Buckets, named as in the configuration.
-	queries, transactions, connections *limiter.Bucket
+	// preAuth: the rule depends on nothing the client claims (it matches
+	// and keys by the client's address only), so its connections bucket
+	// is checked before authentication; any other rule's, after it.
+	preAuth bool
+	// The buckets a request takes (request[1] when it starts a
+	// transaction, request[0] otherwise) and a login takes, named as in
+	// the configuration; empty when the rule has none for it. Shared by
+	// every decision, never changed.
+	request [2][]limiter.Bucket
+	login   []limiter.Bucket
 }
 
 // sessionRate is a rule that applies to a session, with the session's key.
@@ -45,11 +53,12 @@ type sessionRate struct {
 	key  string
 }
 
-func bucketOf(name string, b *config.RateBucket) *limiter.Bucket {
+// appendBucket appends the bucket name of the configuration b, if set.
+func appendBucket(to []limiter.Bucket, name string, b *config.RateBucket) []limiter.Bucket {
 	if b == nil {
-		return nil
+		return to
 	}
-	return &limiter.Bucket{Name: name, Limit: b.Limit, Per: b.Per, Cost: 1}
+	return append(to, limiter.Bucket{Name: name, Limit: b.Limit, Per: b.Per, Cost: 1})
 }
 
 // newRateLimits compiles cfg's rules. With no rules it returns nil.
@@ -59,9 +68,12 @@ func newRateLimits(cfg *config.Config) (*rateLimits, error) {
 	}
 	rl := &rateLimits{onErrAllow: cfg.OnRedisError == "allow", backend: cfg.RateLimitBackend}
 	for _, r := range cfg.RateLimits {
-		cr := &rateRule{cfg: r, wait: r.Mode == "wait",
-			queries: bucketOf("queries", r.Queries), transactions: bucketOf("transactions", r.Transactions),
-			connections: bucketOf("connections", r.Connections)}
+		cr := &rateRule{cfg: r, wait: r.Mode == "wait"}
+		cr.request[0] = appendBucket(nil, "queries", r.Queries)
+		cr.request[1] = appendBucket(appendBucket(nil, "queries", r.Queries), "transactions", r.Transactions)
+		cr.login = appendBucket(nil, "connections", r.Connections)
+		cr.preAuth = r.Match.Database == "" && r.Match.User == "" && r.Match.ApplicationName == "" &&
+			!slices.ContainsFunc(r.KeyBy, func(k string) bool { return k != "client" })
 		if m := r.Match.Client; m != "" {
 			if _, n, err := net.ParseCIDR(m); err == nil {
 				cr.subnet = n
@@ -147,74 +159,98 @@ type warnLogger interface {
 	Warn(msg string, fields ...zap.Field)
 }
 
-// errRateLimited builds the 53400 refusal naming the rule and bucket.
-func errRateLimited(severity string, r *rateRule, d limiter.Decision) *wire.Error {
-	// Rounded up: a retry under half a millisecond must not read "retry
-	// in 0s", and retrying at the announced time must succeed.
-	retry := max(d.RetryAfter.Truncate(time.Millisecond), time.Millisecond)
-	if retry < d.RetryAfter {
-		retry += time.Millisecond
-	}
-	return &wire.Error{Severity: severity, Code: "53400",
-		Message: fmt.Sprintf("rate limit exceeded: rule %q, bucket %s", r.cfg.Name, d.Bucket),
-		Detail:  fmt.Sprintf("retry in %s", retry),
-		Hint:    "slow down, or ask the operator to raise the rule's limit (rate_limits in the poolerd configuration)"}
-}
-
-// checkRate asks every applicable rule for the buckets a request takes
-// (queries, transactions or connections, as picked by which). A reject
-// rule refuses at once; a wait rule delays up to its max_wait. It returns
-// the refusal, or nil to go on.
-func (srv *Server) checkRate(ctx context.Context, log warnLogger, rates []sessionRate, which func(*rateRule) []limiter.Bucket, severity string) error {
+// checkRate decides a request (or a login) against every applicable rule
+// at once, for the buckets which picks (queries, transactions or
+// connections): either every rule allows and all are debited, or none is.
+// A denial by a reject-mode rule refuses at once; when only wait-mode rules
+// deny, the request waits for the longest of their retries, as long as the
+// total wait fits in the max_wait of each denying rule (limiter.WaitAll),
+// and is debited only when all allow. w, when not nil, ends such a wait
+// when the client leaves or its session ends (clientWatch); its zero value
+// watches nothing. It returns the refusal, or nil to go on.
+func (srv *Server) checkRate(ctx context.Context, log warnLogger, rates []sessionRate, which func(*rateRule) []limiter.Bucket, severity string, rw rateWait) error {
 	rl := srv.rates.Load()
 	if rl == nil {
 		return nil
 	}
-	var buf [3]limiter.Bucket
+	// On the stack: the decision's own slices are copied (decide) where
+	// they would escape.
+	var ruleBuf [4]*rateRule
+	var reqBuf [4]limiter.Request
+	var dBuf [4]limiter.Decision
+	rules, reqs := ruleBuf[:0], reqBuf[:0]
+	waits := false
 	for _, sr := range rates {
-		r := sr.rule
-		buckets := which(r)
+		buckets := which(sr.rule)
 		if len(buckets) == 0 {
 			continue
 		}
-		req := limiter.Request{Key: sr.key, Buckets: append(buf[:0], buckets...)}
-		start := time.Now()
-		var d limiter.Decision
-		var err error
-		waited := time.Duration(0)
-		if r.wait {
-			d, waited, err = limiter.Wait(ctx, rl.lim, req, r.cfg.MaxWait)
-		} else {
-			d, err = rl.lim.Allow(ctx, req)
+		waits = waits || sr.rule.wait
+		rules = append(rules, sr.rule)
+		reqs = append(reqs, limiter.Request{Key: sr.key, Buckets: buckets})
+	}
+	if len(reqs) == 0 {
+		return nil
+	}
+	ds := dBuf[:]
+	if len(reqs) > len(dBuf) {
+		ds = make([]limiter.Decision, len(reqs))
+	}
+	ds = ds[:len(reqs)]
+	start := time.Now()
+	allowed, err := decide(ctx, rl.lim, reqs, ds)
+	var waited time.Duration
+	var w *clientWatch // made only for a wait
+	if !allowed && err == nil && waits && waitable(rules, ds) {
+		// The slow path: wait, deciding again until every rule allows.
+		maxWaits := make([]time.Duration, len(rules))
+		for i, r := range rules {
+			if r.wait {
+				maxWaits[i] = r.cfg.MaxWait
+			}
 		}
-		if rl.redis != nil {
-			srv.rateMet.redisLatency.Observe(time.Since(start).Seconds() - waited.Seconds())
+		opts := limiter.WaitOptions{MaxWait: maxWaits}
+		if rw.conn != nil {
+			w = &clientWatch{rateWait: rw}
+			opts.Watch = w.watch
 		}
-		if err != nil && ctx.Err() != nil {
+		wds := make([]limiter.Decision, len(reqs))
+		allowed, waited, err = limiter.WaitAll(ctx, rl.lim, slices.Clone(reqs), wds, opts)
+		copy(ds, wds)
+	}
+	if rl.redis != nil {
+		srv.rateMet.redisLatency.Observe(time.Since(start).Seconds() - waited.Seconds())
+	}
+	if err != nil {
+		if ended := w.ended(); ended != nil {
+			return ended // the client left, or its session ended, while it waited
+		}
+		if ctx.Err() != nil {
 			return errShuttingDown()
 		}
-		if err != nil {
-			srv.rateMet.redisErrors.Inc()
-			if rl.onErrAllow {
-				srv.rateMet.decisions.WithLabelValues(r.cfg.Name, "all", "error_allowed").Inc()
-				log.Warn("rate limit check failed; allowing (on_redis_error allow)", zap.String("rule", r.cfg.Name), zap.Error(err))
+		return srv.rateCheckFailed(rl, log, rules, err, severity)
+	}
+	if !allowed {
+		// The refusal names the rule that needs the longest to have room:
+		// after its retry every rule would allow the request.
+		worst := -1
+		for i, d := range ds {
+			if d.Allowed {
 				continue
 			}
-			srv.rateMet.decisions.WithLabelValues(r.cfg.Name, "all", "error_denied").Inc()
-			log.Warn("rate limit check failed; denying (on_redis_error deny)", zap.String("rule", r.cfg.Name), zap.Error(err))
-			return &wire.Error{Severity: severity, Code: "53400", Message: fmt.Sprintf("rate limit check unavailable: rule %q", r.cfg.Name),
-				Detail: "the rate-limit store (Redis) failed and on_redis_error is deny",
-				Hint:   "retry shortly; the operator can set on_redis_error allow"}
-		}
-		if !d.Allowed {
-			srv.rateMet.decisions.WithLabelValues(r.cfg.Name, d.Bucket, "rejected").Inc()
-			if r.wait {
-				srv.rateMet.wait.WithLabelValues(r.cfg.Name).Observe(waited.Seconds())
+			srv.rateMet.decisions.WithLabelValues(rules[i].cfg.Name, d.Bucket, "rejected").Inc()
+			if rules[i].wait {
+				srv.rateMet.wait.WithLabelValues(rules[i].cfg.Name).Observe(waited.Seconds())
 			}
-			return errRateLimited(severity, r, d)
+			if worst < 0 || d.RetryAfter > ds[worst].RetryAfter {
+				worst = i
+			}
 		}
+		return errRateLimited(severity, rules[worst], ds[worst])
+	}
+	for _, r := range rules {
 		outcome := "allowed"
-		if waited > 0 {
+		if waited > 0 && r.wait {
 			outcome = "waited"
 			srv.rateMet.wait.WithLabelValues(r.cfg.Name).Observe(waited.Seconds())
 		}
@@ -223,24 +259,120 @@ func (srv *Server) checkRate(ctx context.Context, log warnLogger, rates []sessio
 	return nil
 }
 
-func connectionsBucket(r *rateRule) []limiter.Bucket {
-	if r.connections == nil {
+// decide is one decision over reqs, into ds: Allow for a single request,
+// AllowAll for several (on copies, so that reqs and ds can live on the
+// caller's stack).
+func decide(ctx context.Context, lim limiter.Limiter, reqs []limiter.Request, ds []limiter.Decision) (bool, error) {
+	if len(reqs) == 1 {
+		d, err := lim.Allow(ctx, reqs[0])
+		ds[0] = d
+		return d.Allowed, err
+	}
+	out := make([]limiter.Decision, len(reqs))
+	allowed, err := lim.AllowAll(ctx, slices.Clone(reqs), out)
+	copy(ds, out)
+	return allowed, err
+}
+
+// waitable reports whether a denied request may wait: every rule that
+// denied it is a wait rule whose max_wait leaves room for the first sleep.
+func waitable(rules []*rateRule, ds []limiter.Decision) bool {
+	var sleep time.Duration
+	for _, d := range ds {
+		sleep = max(sleep, d.RetryAfter)
+	}
+	for i, d := range ds {
+		if !d.Allowed && (!rules[i].wait || sleep > rules[i].cfg.MaxWait) {
+			return false
+		}
+	}
+	return true
+}
+
+// rateCheckFailed handles a decision that failed (Redis unreachable, an
+// error, a timeout) as on_redis_error says: every rule of the request
+// allows it, or it is refused.
+func (srv *Server) rateCheckFailed(rl *rateLimits, log warnLogger, rules []*rateRule, err error, severity string) error {
+	srv.rateMet.redisErrors.Inc()
+	names := make([]string, len(rules))
+	for i, r := range rules {
+		names[i] = r.cfg.Name
+	}
+	outcome := "error_denied"
+	if rl.onErrAllow {
+		outcome = "error_allowed"
+	}
+	for _, name := range names {
+		srv.rateMet.decisions.WithLabelValues(name, "all", outcome).Inc()
+	}
+	if rl.onErrAllow {
+		log.Warn("rate limit check failed; allowing (on_redis_error allow)", zap.String("rule", strings.Join(names, ", ")), zap.Error(err))
 		return nil
 	}
-	return []limiter.Bucket{*r.connections}
+	log.Warn("rate limit check failed; denying (on_redis_error deny)", zap.String("rule", strings.Join(names, ", ")), zap.Error(err))
+	return errRateCheckUnavailable(severity, names)
+}
+
+// loginBuckets returns the buckets a login takes from the rules checked
+// before authentication (preAuth), or from those checked after it.
+func loginBuckets(preAuth bool) func(r *rateRule) []limiter.Bucket {
+	return func(r *rateRule) []limiter.Bucket {
+		if r.preAuth != preAuth {
+			return nil
+		}
+		return r.login
+	}
+}
+
+// loginRate checks a login against the connections buckets of the rules
+// of rates checked before authentication (preAuth) or after it. A wait is
+// bounded by client_login_timeout, and ends if the client leaves.
+func (s *session) loginRate(rates []sessionRate, preAuth bool) error {
+	if len(rates) == 0 {
+		return nil
+	}
+	deadline := s.loginDeadline
+	if deadline.IsZero() {
+		deadline = time.Now().Add(time.Hour)
+	}
+	ctx, cancel := context.WithDeadline(s.srv.ctx, deadline)
+	defer cancel()
+	return s.srv.checkRate(ctx, s.log, rates, loginBuckets(preAuth), "FATAL",
+		rateWait{conn: s.conn, deadline: s.loginDeadline, owner: loginWait{s}})
+}
+
+// loginWait is the owner of a login's rate-limit wait.
+type loginWait struct{ s *session }
+
+// waitEnded implements waitOwner: a login ends with a shutdown
+// (stopAccepting wakes it) or at its deadline.
+func (l loginWait) waitEnded() *wire.Error {
+	switch {
+	case l.s.srv.shuttingDown():
+		return errShuttingDown()
+	case !l.s.loginDeadline.IsZero() && !time.Now().Before(l.s.loginDeadline):
+		return errLoginTimeout()
+	}
+	return nil
+}
+
+// waitEnded implements waitOwner for a session's requests: the session
+// ends with its final message (finishLocked wakes it), or closed.
+func (s *session) waitEnded() *wire.Error {
+	if werr := s.endErr.Load(); werr != nil {
+		return werr
+	}
+	if s.closed.Load() {
+		return errShuttingDown()
+	}
+	return nil
 }
 
 // requestBuckets returns the buckets a request takes: a query, and a
 // transaction when it starts one.
 func requestBuckets(startsTx bool) func(r *rateRule) []limiter.Bucket {
-	return func(r *rateRule) []limiter.Bucket {
-		var out []limiter.Bucket
-		if r.queries != nil {
-			out = append(out, *r.queries)
-		}
-		if startsTx && r.transactions != nil {
-			out = append(out, *r.transactions)
-		}
-		return out
+	if startsTx {
+		return func(r *rateRule) []limiter.Bucket { return r.request[1] }
 	}
+	return func(r *rateRule) []limiter.Bucket { return r.request[0] }
 }

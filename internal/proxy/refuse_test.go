@@ -29,17 +29,12 @@ const payloadMark = "PAYLOAD-MARK-e3b0c442"
 // observed.
 func startLoginServer(t *testing.T, authType string) (addr string, logs *observer.ObservedLogs) {
 	t.Helper()
-	cfg := config.Defaults()
-	cfg.Listen = "127.0.0.1:0"
-	cfg.HTTPListen = ""
-	cfg.Upstream = "postgres://app:secret@127.0.0.1:1/app"
-	cfg.AuthType = authType
-	cfg.ClientLoginTimeout = 10 * time.Second
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
+	cfg := unreachableConfig(t, func(c *config.Config) {
+		c.AuthType = authType
+		c.ClientLoginTimeout = 10 * time.Second
+	})
 	core, logs := observer.New(zapcore.DebugLevel)
-	return serve(t, New(&cfg, zap.New(core))), logs
+	return serve(t, New(cfg, zap.New(core))), logs
 }
 
 // rawClient is a client that writes raw bytes and reads backend messages.

@@ -5,7 +5,25 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/poolerd/poolerd/internal/config"
 )
+
+// unreachableConfig returns the default configuration with a loopback
+// listener, no HTTP server and an upstream that is never reached (port
+// 1), changed by mutate and validated.
+func unreachableConfig(tb testing.TB, mutate func(c *config.Config)) *config.Config {
+	tb.Helper()
+	cfg := config.Defaults()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.HTTPListen = ""
+	cfg.Upstream = "postgres://app:secret@127.0.0.1:1/app"
+	mutate(&cfg)
+	if err := cfg.Validate(); err != nil {
+		tb.Fatal(err)
+	}
+	return &cfg
+}
 
 // serve runs srv on a loopback listener (cfg.Listen of the tests) until
 // the test ends, then shuts it down, and returns the address clients dial.

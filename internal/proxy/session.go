@@ -743,7 +743,7 @@ func (s *session) rateCheck(t byte, unsynced bool) error {
 		startsTx = startsTx && sc.pending == 0
 		sc.mu.Unlock()
 	}
-	return s.srv.checkRate(s.srv.ctx, s.log, rates, requestBuckets(startsTx), "ERROR")
+	return s.srv.checkRate(s.srv.ctx, s.log, rates, requestBuckets(startsTx), "ERROR", rateWait{conn: s.conn, owner: s})
 }
 
 // waitAnswered waits until the held server has answered every request sent

@@ -11,6 +11,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -340,4 +341,88 @@ func TestConnLimitRefusedLoginsFreeSlots(t *testing.T) {
 	refusedAs(p.dsn(pgtest.RoleApp, "wrong", pgtest.DBApp), "28P01")
 	obExec(t, clAdmittedAgain(t, p.appDSN("application_name=free")), "SELECT 1")
 	clRefused(t, p.appDSN("application_name=free"), "max_db_client_connections 2", "raise max_db_client_connections")
+}
+
+// A request that waits out checkout_timeout because max_db_connections or
+// max_user_connections kept its pool from opening a connection (its pool
+// is below max_size) gets a 53300 that names the limit, its value and
+// whose it is, and says to raise it, rather than only the pool's counts.
+func TestConnLimitCheckoutTimeoutNamesLimit(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		mutate  func(c *config.Config)
+		key     string
+		whose   string
+		setting string
+	}{
+		{"database", func(c *config.Config) { c.MaxDBConnections = 1 }, "max_db_connections", `database "app"`, "max_db_connections (1 of 1"},
+		{"user", func(c *config.Config) { c.MaxUserConnections = 1 }, "max_user_connections", `user "app"`, "max_user_connections (1 of 1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			p := startPoolerd(t, func(c *config.Config) {
+				c.MaxSize = 4
+				c.CheckoutTimeout = 500 * time.Millisecond
+				tc.mutate(c)
+			})
+			holder := connectDSN(t, p.appDSN())
+			obExec(t, holder, "BEGIN") // keeps the one connection the limit allows
+			obExec(t, holder, "SELECT 1")
+			waiter := connectDSN(t, p.appDSN())
+			_, err := waiter.Exec(ctxTimeout(t, 10*time.Second), "SELECT 1")
+			var pe *pgconn.PgError
+			if !errors.As(err, &pe) || pe.Code != "53300" || pe.Severity != "ERROR" {
+				t.Fatalf("query with the only allowed connection taken: %v, want ERROR 53300", err)
+			}
+			t.Logf("%s: %s\nDETAIL: %s\nHINT: %s", pe.Code, pe.Message, pe.Detail, pe.Hint)
+			if !strings.Contains(pe.Message, "checkout_timeout") || !strings.Contains(pe.Message, tc.key) {
+				t.Errorf("message %q does not name checkout_timeout and %s", pe.Message, tc.key)
+			}
+			if !strings.Contains(pe.Detail, tc.whose) || !strings.Contains(pe.Detail, tc.setting) {
+				t.Errorf("detail %q does not say that %s reached %s", pe.Detail, tc.whose, tc.setting)
+			}
+			if !strings.Contains(pe.Hint, "raise "+tc.key) {
+				t.Errorf("hint %q does not say to raise %s", pe.Hint, tc.key)
+			}
+			obExec(t, holder, "COMMIT")
+			obExec(t, waiter, "SELECT 1") // the connection is free again
+		})
+	}
+}
+
+// SHOW DATABASES and SHOW USERS show the connection limits in force for
+// each database and user, as PgBouncer does: an entry's own value, else
+// the global one (0: no limit); the admin console's rows are never
+// limited and show 0.
+func TestAdminShowConnectionLimits(t *testing.T) {
+	t.Parallel()
+	p := obStart(t, obOpts{mutate: func(c *config.Config) {
+		c.MaxDBConnections = 7
+		c.MaxDBClientConnections = 11
+		c.MaxUserConnections = 5
+		c.MaxUserClientConnections = 13
+		c.Databases = []config.Database{{Name: pgtest.DBOther, MaxDBConnections: clInt(3), MaxDBClientConnections: clInt(0)}}
+		c.Users = []config.User{{Name: pgtest.RoleSCRAM, Password: pgtest.Password, MaxUserConnections: clInt(2), MaxUserClientConnections: clInt(4)}}
+	}})
+	adm := obAdmin(t, p.instance, pgtest.RoleApp)
+	// limits checks the two columns of the rows named in want.
+	type limits struct {
+		name             string
+		servers, clients int64
+	}
+	check := func(show, serversCol, clientsCol string, want ...limits) {
+		t.Helper()
+		tb := obShow(t, adm, show)
+		for _, w := range want {
+			i := tb.must(t, show, "name", w.name)
+			if got := (limits{w.name, tb.num(i, serversCol), tb.num(i, clientsCol)}); got != w {
+				t.Errorf("%s %s: %s %d, %s %d; want %d, %d\n%s", show, w.name, serversCol, got.servers, clientsCol, got.clients, w.servers, w.clients, tb)
+			}
+		}
+	}
+	check("SHOW DATABASES", "max_connections", "max_client_connections",
+		limits{pgtest.DBApp, 7, 11}, limits{pgtest.DBOther, 3, 0}, limits{"pgbouncer", 0, 0})
+	check("SHOW USERS", "max_user_connections", "max_user_client_connections",
+		limits{pgtest.RoleApp, 5, 13}, limits{pgtest.RoleSCRAM, 2, 4}, limits{"pgbouncer", 0, 0})
 }
