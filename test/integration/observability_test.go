@@ -482,6 +482,27 @@ func TestObsMetricsPromtool(t *testing.T) {
 	if pe := obLoginErr(t, p.dsn(pgtest.RoleApp, "wrong", pgtest.DBApp)); pe.Code != "28P01" {
 		t.Fatalf("wrong password: %s %q", pe.Code, pe.Message)
 	}
+	// A pool miss: b waits while a holds the pool's one connection in a
+	// transaction; a's backend is terminated and b gets a fresh connection.
+	// (Earlier misses depend on whether the pool reopened a connection
+	// before a request asked for one.)
+	obBegin(t, a)
+	var pidA string
+	if err := a.QueryRow(ctx, "SELECT pg_backend_pid()::text").Scan(&pidA); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() {
+		_, err := b.Exec(ctx, "SELECT 1")
+		waited <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	if err := pg.Exec(ctx, "postgres", "SELECT pg_terminate_backend("+pidA+")"); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waited; err != nil {
+		t.Fatalf("b's request while a's backend was terminated: %v", err)
+	}
 
 	text, m := obScrape(t, p)
 	cmd := exec.Command(promtool, "check", "metrics")
