@@ -61,6 +61,11 @@ type dbPool struct {
 	ctr              counters
 	clients, pins    atomic.Int64
 	retired, closing atomic.Bool
+	// stmtEpoch counts the errors that said the statements poolerd keeps
+	// prepared on this pool's server connections may be stale (a schema
+	// change: see staleStatementError); each connection drops its
+	// statements when it is next clean (serverConn.stmtEpoch).
+	stmtEpoch atomic.Uint64
 	// limitHit is the server connection limit that refused the pool's
 	// latest attempt to open a connection, nil if it was admitted: a
 	// checkout that times out names it (checkoutError).

@@ -105,6 +105,10 @@ type serverConn struct {
 	stq      stmtQueue   // Parse and Close in flight (prepared.go)
 	qundo    []qUndo     // DEALLOCATE and DISCARD ALL in flight
 	stmts    serverStmts // statements prepared on the connection
+	// stmtEpoch is the pool's stmtEpoch its statements are known to be
+	// valid at; behind the pool's, they are dropped (DEALLOCATE ALL) at
+	// the next clean point.
+	stmtEpoch uint64
 	// unnamedBy and unnamedGen say whose unnamed statement the server has
 	// (a session and its count of unnamed Parses); nil when unknown.
 	unnamedBy  *session
@@ -182,9 +186,11 @@ func newServerConn(dbp *dbPool, c *backend.Conn) *serverConn {
 		log:      dbp.log,
 		txStatus: wire.TxIdle,
 		readBuf:  make([]byte, wire.Headroom+serverReadSize),
-		params:   make(map[string]string, len(c.Params)),
-		applied:  map[string]string{},
-		resetZ:   -1,
+		// A new connection has no statement prepared: none is stale.
+		stmtEpoch: dbp.stmtEpoch.Load(),
+		params:    make(map[string]string, len(c.Params)),
+		applied:   map[string]string{},
+		resetZ:    -1,
 		// Immutable after login.
 		loginAuth:  c.Params["session_authorization"],
 		loginSuper: c.Params["is_superuser"],
@@ -377,6 +383,9 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 				if !sc.drop && own != nil {
 					sc.dbp.ctr.countError(code)
 				}
+				if staleStatementError(code, msg) {
+					sc.dbp.stmtEpoch.Add(1)
+				}
 				if sev == "FATAL" || sev == "PANIC" {
 					sc.markBroken()
 					if own != nil && !sc.drop {
@@ -529,6 +538,15 @@ func (sc *serverConn) settleLocked(rfqs int, status byte) {
 		sc.mu.Unlock()
 		sc.dbp.pool.Discard(sc, evictBroken)
 		return
+	}
+	if release && sc.stmtEpoch != sc.dbp.stmtEpoch.Load() && sc.cleanLocked() {
+		// A schema change may have made the statements prepared here
+		// stale: drop them before anyone else gets the connection; the
+		// next Parse of each prepares it again.
+		release = false
+		sc.stmtEpoch = sc.dbp.stmtEpoch.Load()
+		sc.stmts.clear()
+		sc.ownQueryLocked(nil, "DEALLOCATE ALL")
 	}
 	if release && own.settingsDirty() {
 		// The client changed settings during the transaction: read what
@@ -832,7 +850,9 @@ func (sc *serverConn) pinCheckLocked(own *session) {
 func (sc *serverConn) ownQueryLocked(z *atomic.Int64, sql string) {
 	sc.pending++
 	sc.unnamedBy = nil
-	z.Store(sc.zSent)
+	if z != nil {
+		z.Store(sc.zSent)
+	}
 	sc.swallowGroupLocked(sc.zSent)
 	sc.zSent++
 	if _, err := sc.Conn.Write(wire.AppendQuery(nil, sql)); err != nil {
@@ -851,4 +871,20 @@ func (sc *serverConn) unknownStatementReply(own *session, sev, code, msg string)
 		}
 	}
 	return sc.timeoutReply(own, sev, code, msg)
+}
+
+// staleStatementError reports whether an error from PostgreSQL says that a
+// prepared statement was planned against objects that changed since (a
+// migration altered a table, or dropped and created a type): PostgreSQL
+// answers a client's own fresh Parse with the new schema, but a statement
+// poolerd keeps prepared for the pool's clients keeps failing until it is
+// prepared again.
+func staleStatementError(code, msg string) bool {
+	switch code {
+	case "0A000":
+		return strings.HasPrefix(msg, "cached plan must not change result type")
+	case "XX000":
+		return strings.HasPrefix(msg, "cache lookup failed for type")
+	}
+	return false
 }

@@ -1291,8 +1291,11 @@ func (s *session) releaseAtEnd(sc *serverConn) {
 		q = "DISCARD ALL"
 	case s.settingsDirty():
 		q = "RESET ALL"
+	case s.tracked && sc.stmtEpoch != s.dbp.stmtEpoch.Load():
+		q = "DEALLOCATE ALL" // statements a schema change may have made stale
 	}
 	if q != "" {
+		epoch := s.dbp.stmtEpoch.Load()
 		ctx, cancel := context.WithTimeout(s.srv.ctx, resetTimeout)
 		err := sc.exec(ctx, q)
 		cancel()
@@ -1306,11 +1309,14 @@ func (s *session) releaseAtEnd(sc *serverConn) {
 		// server's defaults; DISCARD ALL and DEALLOCATE ALL drop every
 		// prepared statement.
 		sc.mu.Lock()
-		clear(sc.applied)
-		sc.paramGen++
 		eff := sqlscan.Scan(q)
+		if eff.Settings {
+			clear(sc.applied)
+			sc.paramGen++
+		}
 		if eff.DeallocateAll {
 			sc.stmts.clear()
+			sc.stmtEpoch = epoch
 		}
 		if eff.Unpin && eff.Pin == "" {
 			sc.roleBy = 0 // DISCARD ALL: SET SESSION AUTHORIZATION DEFAULT, RESET ALL
