@@ -68,6 +68,11 @@ type Config struct {
 	// AuthFile is a PgBouncer-format userlist file ("user" "secret" per line).
 	AuthFile string `mapstructure:"auth_file"`
 
+	// MaxPacketSize is the longest message a logged-in client may send,
+	// in bytes (length field included); longer ones end the connection
+	// with 08P01. PostgreSQL's own limit is 1 GB - 1.
+	MaxPacketSize int `mapstructure:"max_packet_size"`
+
 	// ClientTLSSSLMode is what poolerd accepts from clients: disable (no
 	// TLS), allow or prefer (TLS when the client asks), require (TLS
 	// only), verify-ca (TLS with a client certificate signed by
@@ -355,6 +360,7 @@ func Defaults() Config {
 		// prefer, as PgBouncer 1.20+: encrypted when the server offers it.
 		ServerTLSSSLMode: "prefer",
 		ClientTLSSSLMode: "disable",
+		MaxPacketSize:    1<<30 - 1,
 		PoolSettings: PoolSettings{
 			PoolMode:               PoolTransaction,
 			MaxPreparedStatements:  200,

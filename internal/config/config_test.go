@@ -112,6 +112,9 @@ func TestEveryKeyHasAnEnvVar(t *testing.T) {
 				}
 			case int:
 				val = "2"
+				if k.Name == "max_packet_size" {
+					val = "4096"
+				}
 			case time.Duration:
 				val = "3s"
 			case bool:

@@ -42,6 +42,7 @@ func Keys() []Key {
 		{Name: "upstream", Flag: "upstream", Help: "sidecar shorthand: postgres://user:password@host:port/db of the upstream server"},
 		{Name: "auth_type", Flag: "auth-type", Help: "client authentication: scram-sha-256, md5 or trust"},
 		{Name: "auth_file", Flag: "auth-file", Help: "PgBouncer-format userlist file with client secrets"},
+		{Name: "max_packet_size", Help: "longest message a logged-in client may send, in bytes"},
 		{Name: "client_tls_sslmode", Help: "TLS from clients: disable, allow, prefer, require, verify-ca or verify-full"},
 		{Name: "client_tls_cert_file", Help: "certificate poolerd presents to clients"},
 		{Name: "client_tls_key_file", Help: "private key of client_tls_cert_file"},

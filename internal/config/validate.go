@@ -194,6 +194,9 @@ func (c *Config) Validate() error {
 	}
 
 	seenDB := map[string]bool{}
+	if c.MaxPacketSize < 1024 || c.MaxPacketSize > 1<<30-1 {
+		bad("max_packet_size %d must be from 1024 to 1073741823 bytes (PostgreSQL's own limit)", c.MaxPacketSize)
+	}
 	if _, err := ClientTLS(c); err != nil {
 		bad("%v", err)
 	}

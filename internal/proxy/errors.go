@@ -179,6 +179,14 @@ func errNoConsole() *wire.Error {
 		Hint: "this poolerd runs without an admin console; use the metrics and /stats endpoints"}
 }
 
+// errPacketTooLarge ends a client that sent a message longer than
+// max_packet_size.
+func errPacketTooLarge(typ byte, n, limit int) *wire.Error {
+	return &wire.Error{Severity: "FATAL", Code: "08P01",
+		Message: fmt.Sprintf("message %s of %d bytes is longer than max_packet_size (%d)", quoteByte(typ), n, limit),
+		Hint:    "send smaller messages (COPY large data in pieces; bind fewer or smaller parameters), or raise max_packet_size (POOLERD_MAX_PACKET_SIZE)"}
+}
+
 // errTimedOut ends a session whose limit of kind expired.
 func errTimedOut(kind timeoutKind, limit time.Duration) *wire.Error {
 	switch kind {

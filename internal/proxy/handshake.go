@@ -266,6 +266,7 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	s.mode = route.Settings.PoolMode
 	s.stateful = s.mode != config.PoolSession
 	s.maxPrepared = route.Settings.MaxPreparedStatements
+	s.maxPacket = cfg.MaxPacketSize
 	s.tracked = s.stateful && s.maxPrepared > 0
 	s.refuseState = route.Settings.SessionState == config.SessionStateRefuse
 	if s.tracked {

@@ -54,6 +54,7 @@ type session struct {
 	refuseState    bool // session_state: refuse
 	maxPrepared    int
 	tls            bool // the client connection is TLS (conn is a *tls.Conn): never parked
+	maxPacket      int  // max_packet_size at login (0: only the protocol's limit)
 
 	// Owned by the client goroutine (run, fromClient and what they call;
 	// the goroutine may change between parks, never run two at once).
@@ -421,6 +422,13 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 			if !isFrontendType(t) {
 				s.flush(data(), b)
 				s.fail(errProtocol("invalid frontend message type " + quoteByte(t)))
+				return true
+			}
+			if s.maxPacket > 0 && s.cur.Len+4 > s.maxPacket {
+				// Refused before any of it is forwarded; what came before
+				// goes out first.
+				s.flush(data(), b)
+				s.fail(errPacketTooLarge(t, s.cur.Len+4, s.maxPacket))
 				return true
 			}
 			if t == 'X' {

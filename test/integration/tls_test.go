@@ -209,3 +209,22 @@ func isTLS(c *pgconn.PgConn) bool {
 	_, ok := c.Conn().(*tls.Conn)
 	return ok
 }
+
+// TestMaxPacketSize: a logged-in client's message longer than
+// max_packet_size ends its connection with 08P01 naming the setting, and
+// nothing of it reaches PostgreSQL; messages up to the limit go through.
+func TestMaxPacketSize(t *testing.T) {
+	t.Parallel()
+	p := startPoolerd(t, func(c *config.Config) { c.MaxPacketSize = 64 << 10 })
+	c := p.connect(t)
+	ctx := ctxTimeout(t, 20*time.Second)
+	if got := scalarText(t, c, "SELECT length('"+strings.Repeat("x", 60<<10)+"')::text"); got != "61440" {
+		t.Fatalf("a message under the limit: %q", got)
+	}
+	_, err := c.Exec(ctx, "SELECT length('"+strings.Repeat("y", 70<<10)+"')")
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "08P01" || !strings.Contains(pe.Message, "max_packet_size (65536)") ||
+		!strings.Contains(pe.Hint, "POOLERD_MAX_PACKET_SIZE") {
+		t.Fatalf("a message over the limit: %v, want FATAL 08P01 naming max_packet_size", err)
+	}
+}
