@@ -68,6 +68,12 @@ type Config struct {
 	// AuthFile is a PgBouncer-format userlist file ("user" "secret" per line).
 	AuthFile string `mapstructure:"auth_file"`
 
+	// AuthFailureDelay delays the answer to a failed authentication from
+	// an address that failed before: it starts at this and doubles with
+	// each failure in a row, up to AuthFailureDelayMax; 0 disables.
+	AuthFailureDelay    time.Duration `mapstructure:"auth_failure_delay"`
+	AuthFailureDelayMax time.Duration `mapstructure:"auth_failure_delay_max"`
+
 	// MaxPacketSize is the longest message a logged-in client may send,
 	// in bytes (length field included); longer ones end the connection
 	// with 08P01. PostgreSQL's own limit is 1 GB - 1.
@@ -361,6 +367,10 @@ func Defaults() Config {
 		ServerTLSSSLMode: "prefer",
 		ClientTLSSSLMode: "disable",
 		MaxPacketSize:    1<<30 - 1,
+		// A mistyped password costs 0.1 s; a guessing address soon waits
+		// 5 s per attempt.
+		AuthFailureDelay:    100 * time.Millisecond,
+		AuthFailureDelayMax: 5 * time.Second,
 		PoolSettings: PoolSettings{
 			PoolMode:               PoolTransaction,
 			MaxPreparedStatements:  200,

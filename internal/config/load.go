@@ -42,6 +42,8 @@ func Keys() []Key {
 		{Name: "upstream", Flag: "upstream", Help: "sidecar shorthand: postgres://user:password@host:port/db of the upstream server"},
 		{Name: "auth_type", Flag: "auth-type", Help: "client authentication: scram-sha-256, md5 or trust"},
 		{Name: "auth_file", Flag: "auth-file", Help: "PgBouncer-format userlist file with client secrets"},
+		{Name: "auth_failure_delay", Help: "delay before answering a failed login; doubles per failure in a row from the address (0 = off)"},
+		{Name: "auth_failure_delay_max", Help: "longest auth_failure_delay"},
 		{Name: "max_packet_size", Help: "longest message a logged-in client may send, in bytes"},
 		{Name: "client_tls_sslmode", Help: "TLS from clients: disable, allow, prefer, require, verify-ca or verify-full"},
 		{Name: "client_tls_cert_file", Help: "certificate poolerd presents to clients"},

@@ -194,6 +194,9 @@ func (c *Config) Validate() error {
 	}
 
 	seenDB := map[string]bool{}
+	if c.AuthFailureDelay < 0 || c.AuthFailureDelayMax < c.AuthFailureDelay {
+		bad("auth_failure_delay %s and auth_failure_delay_max %s: the delay must not be negative (0 disables it) and its maximum not below it", c.AuthFailureDelay, c.AuthFailureDelayMax)
+	}
 	if c.MaxPacketSize < 1024 || c.MaxPacketSize > 1<<30-1 {
 		bad("max_packet_size %d must be from 1024 to 1073741823 bytes (PostgreSQL's own limit)", c.MaxPacketSize)
 	}

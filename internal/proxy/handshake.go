@@ -417,6 +417,14 @@ func (s *session) authenticate(cfg *config.Config) bool {
 	}
 	if !ok {
 		s.srv.authFailures.Add(1)
+		if d := s.srv.authDelays.failed(s.conn.RemoteAddr(), time.Now(), cfg.AuthFailureDelay, cfg.AuthFailureDelayMax); d > 0 {
+			// A password-guessing address waits longer each time; the
+			// login deadline still applies.
+			if dl := s.loginDeadline; !dl.IsZero() {
+				d = min(d, max(time.Until(dl), 0))
+			}
+			time.Sleep(d)
+		}
 		s.fail(errBadPassword(s.user))
 		method := "md5"
 		if useSCRAM {
@@ -425,6 +433,7 @@ func (s *session) authenticate(cfg *config.Config) bool {
 		s.log.Info("client authentication failed", zap.String("method", method))
 		return false
 	}
+	s.srv.authDelays.succeeded(s.conn.RemoteAddr())
 	return true
 }
 

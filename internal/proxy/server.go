@@ -50,8 +50,10 @@ type Server struct {
 	scramKeys *auth.SCRAMKeyCache
 	parker    *parker // idle client sessions without a goroutine
 	limits    *connLimits
-	rateMet   *rateMetrics
-	metrics   *metrics // nil until Instrument
+	// authDelays slows down repeated failed logins per address.
+	authDelays authDelays
+	rateMet    *rateMetrics
+	metrics    *metrics // nil until Instrument
 	// ctx ends when the server is closed; checkouts and cancel requests
 	// give up with it.
 	ctx         context.Context

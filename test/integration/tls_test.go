@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -226,5 +227,56 @@ func TestMaxPacketSize(t *testing.T) {
 	if !errors.As(err, &pe) || pe.Code != "08P01" || !strings.Contains(pe.Message, "max_packet_size (65536)") ||
 		!strings.Contains(pe.Hint, "POOLERD_MAX_PACKET_SIZE") {
 		t.Fatalf("a message over the limit: %v, want FATAL 08P01 naming max_packet_size", err)
+	}
+}
+
+// TestAuthFailureDelay: failed logins from one address are answered more
+// and more slowly (auth_failure_delay doubling up to its maximum), while a
+// login from another address is not slowed, and a successful login from
+// the guessing address starts it over.
+func TestAuthFailureDelay(t *testing.T) {
+	t.Parallel()
+	p := startPoolerd(t, func(c *config.Config) {
+		c.AuthFailureDelay = 100 * time.Millisecond
+		c.AuthFailureDelayMax = 400 * time.Millisecond
+	})
+	login := func(from, password string) (time.Duration, error) {
+		cfg, err := pgconn.ParseConfig(p.dsn(pgtest.RoleApp, password, pgtest.DBApp))
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+		cfg.DialFunc = d.DialContext
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		start := time.Now()
+		c, err := pgconn.ConnectConfig(ctx, cfg)
+		took := time.Since(start)
+		if err == nil {
+			c.Close(ctx)
+		}
+		return took, err
+	}
+	var took []time.Duration
+	for range 4 {
+		d, err := login("127.0.0.1", "wrong")
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || pe.Code != "28P01" {
+			t.Fatalf("wrong password: %v", err)
+		}
+		took = append(took, d)
+	}
+	t.Logf("failed logins from one address took %v", took)
+	if took[0] < 90*time.Millisecond || took[2] < 380*time.Millisecond || took[3] < 380*time.Millisecond || took[3] > 3*time.Second {
+		t.Fatalf("failed logins took %v, want about 0.1, 0.2, 0.4, 0.4 s", took)
+	}
+	if d, err := login("127.0.0.2", pgtest.Password); err != nil || d > 300*time.Millisecond {
+		t.Fatalf("a login from another address: %v after %v, want no delay", err, d)
+	}
+	if _, err := login("127.0.0.1", pgtest.Password); err != nil {
+		t.Fatalf("the right password from the guessing address: %v", err)
+	}
+	if d, err := login("127.0.0.1", "wrong"); err == nil || d > 300*time.Millisecond {
+		t.Fatalf("a failure after a success: %v after %v, want the first delay again", err, d)
 	}
 }
