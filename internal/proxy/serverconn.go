@@ -838,7 +838,7 @@ func (sc *serverConn) snapshotLocked(own *session) {
 
 // pinCheckLocked sends the pin check query for own on a clean connection.
 func (sc *serverConn) pinCheckLocked(own *session) {
-	sc.checkGen = own.pinGen.Load()
+	sc.checkGen = own.undoGen.Load()
 	sc.ownQueryLocked(&sc.checkZ, pinCheckSQL(sc.loginAuth))
 }
 

@@ -127,11 +127,18 @@ type session struct {
 	// pinReason is set while the session is pinned, since pinnedSince
 	// (nanotime); pinGen counts the requests that created session state
 	// (pinned or not), pinUndo is set when a pinned client ran one that
-	// may have undone it, until a pin check is sent (see pinCheckDue).
+	// may have undone it, until a pin check is sent (see pinCheckDue), and
+	// undoGen is pinGen when that request was read: a check is void if
+	// any request read after it created state, even one the server ran
+	// after the check.
 	pinReason   atomic.Pointer[string]
 	pinnedSince atomic.Int64
 	pinGen      atomic.Uint64
+	undoGen     atomic.Uint64
 	pinUndo     atomic.Bool
+	// pinMu orders pinning with unpinning (see pinEffects, pinChecked):
+	// taken alone or under the held serverConn's mu.
+	pinMu sync.Mutex
 	// timeoutsP are the session's limits (timeouts.go); a reload replaces
 	// them.
 	timeoutsP atomic.Pointer[timeouts]

@@ -636,6 +636,24 @@ func (s *session) stateEffects(eff sqlscan.Effects, canRefuse bool) error {
 			Detail:  "in statement mode every statement may run on a different server connection",
 			Hint:    "send the transaction as one query string, or use pool_mode transaction or session for this database or user"}
 	}
+	if eff.Pin != "" || !eff.Undo.Empty() {
+		if err := s.pinEffects(eff, canRefuse); err != nil {
+			return err
+		}
+	}
+	if eff.Settings {
+		s.markSettings()
+	}
+	return nil
+}
+
+// pinEffects pins the session for state eff creates (or returns the
+// refusal), and notes an undo of a pinned client's state for a pin check.
+// It runs under pinMu, as pinChecked does: a check's answer either sees
+// the request (and is void) or unpins before the request pins again.
+func (s *session) pinEffects(eff sqlscan.Effects, canRefuse bool) error {
+	s.pinMu.Lock()
+	defer s.pinMu.Unlock()
 	if eff.Pin != "" {
 		s.pinGen.Add(1) // a pin check sent before this request is void
 	}
@@ -651,10 +669,8 @@ func (s *session) stateEffects(eff sqlscan.Effects, canRefuse bool) error {
 		}
 	}
 	if !eff.Undo.Empty() && s.pinReason.Load() != nil {
+		s.undoGen.Store(s.pinGen.Load())
 		s.pinUndo.Store(true)
-	}
-	if eff.Settings {
-		s.markSettings()
 	}
 	return nil
 }
@@ -722,8 +738,10 @@ func pinWhat(reason string) string {
 // the server's reader.
 func (s *session) roleChanged() {
 	if s.stateful {
+		s.pinMu.Lock()
 		s.pinGen.Add(1)
 		s.pin(sqlscan.PinRole, true)
+		s.pinMu.Unlock()
 	}
 }
 
@@ -743,13 +761,11 @@ func (s *session) pin(reason string, force bool) bool {
 		s.dbp.pins.Add(-1) // pinned meanwhile by the server's reader
 		return true
 	}
-	now := s.srv.nanotime()
-	s.pinnedSince.Store(now)
+	s.pinnedSince.Store(s.srv.nanotime())
 	s.dbp.ctr.pinned(reason, 1)
 	s.log.Debug("client pinned to its server connection", zap.String("reason", reason))
-	if t := s.timeouts().pinnedIdleTimeout; t != 0 {
-		s.arm(max(s.wd.lastActive.Load(), now) + t)
-	}
+	// pinned_idle_timeout is armed when the client is next idle
+	// (noteActive): not here, where the server's mu may be held.
 	return true
 }
 
@@ -795,6 +811,8 @@ var pinCheckKinds = [...]string{sqlscan.PinCursorOnHold, sqlscan.PinListen, sqls
 // with the connection's mu held.
 func (s *session) pinChecked(row []byte, failed bool, gen uint64) {
 	cols, ok := dataRow(row, len(pinCheckKinds))
+	s.pinMu.Lock()
+	defer s.pinMu.Unlock()
 	if failed || !ok || s.pinGen.Load() != gen {
 		return // stays pinned: nothing is provable
 	}

@@ -97,7 +97,7 @@ func obStart(t *testing.T, o obOpts) *obInst {
 			t.Fatalf("invalid test configuration: %v", err)
 		}
 	}
-	logs := &logBuffer{}
+	logs := newLogBuffer()
 	enc := zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig())
 	log := zap.New(zapcore.NewCore(enc, logs, zapcore.DebugLevel))
 	ln, err := net.Listen("tcp", cfg.Listen)

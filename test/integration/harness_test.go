@@ -40,6 +40,13 @@ func TestMain(m *testing.M) {
 	if err := pg.Cleanup(); err != nil {
 		fmt.Fprintln(os.Stderr, "integration: cleanup:", err)
 	}
+	// No log line of any poolerd the tests ran holds a secret.
+	if code == 0 {
+		if found := secretsInLogs(); len(found) > 0 {
+			fmt.Fprintln(os.Stderr, "integration: secrets in poolerd's logs:\n"+strings.Join(found, "\n"))
+			code = 1
+		}
+	}
 	// Every goroutine poolerd started (sessions, server readers, pool
 	// maintainers) must have ended with its instance's shutdown.
 	if code == 0 {
@@ -57,6 +64,56 @@ type instance struct {
 	addr string
 	cfg  *config.Config
 	logs *logBuffer
+}
+
+// allLogs keeps every poolerd log of the run, for secretsInLogs.
+var allLogs struct {
+	mu   sync.Mutex
+	bufs []*logBuffer
+}
+
+// newLogBuffer returns a log buffer that secretsInLogs will read.
+func newLogBuffer() *logBuffer {
+	l := &logBuffer{}
+	allLogs.mu.Lock()
+	allLogs.bufs = append(allLogs.bufs, l)
+	allLogs.mu.Unlock()
+	return l
+}
+
+// secretsInLogs looks through every poolerd log of the run for what must
+// never be logged: the test roles' password (as a field value or in a
+// connection URL), the superuser's password, SCRAM secrets and private
+// keys. It returns one line per finding.
+func secretsInLogs() []string {
+	allLogs.mu.Lock()
+	defer allLogs.mu.Unlock()
+	var found []string
+	for _, l := range allLogs.bufs {
+		found = append(found, secretsIn(l.String())...)
+	}
+	return found
+}
+
+// secretsIn lists the lines of log text that hold a secret (see
+// secretsInLogs).
+func secretsIn(text string) []string {
+	needles := []string{`"` + pgtest.Password + `"`, ":" + pgtest.Password + "@", "=" + pgtest.Password + " ",
+		"SCRAM-SHA-256$", "PRIVATE KEY"}
+	if u, err := url.Parse(pg.SuperDSN("postgres")); err == nil {
+		if pw, ok := u.User.Password(); ok {
+			needles = append(needles, pw)
+		}
+	}
+	var found []string
+	for _, line := range strings.Split(text, "\n") {
+		for _, n := range needles {
+			if strings.Contains(line, n) {
+				found = append(found, fmt.Sprintf("%q in: %s", n, line))
+			}
+		}
+	}
+	return found
 }
 
 // logBuffer collects poolerd's log output for assertions and for printing
@@ -100,7 +157,7 @@ func startPoolerd(t *testing.T, mutate func(c *config.Config)) *instance {
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("invalid test configuration: %v", err)
 	}
-	logs := &logBuffer{}
+	logs := newLogBuffer()
 	enc := zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig())
 	log := zap.New(zapcore.NewCore(enc, logs, zapcore.DebugLevel))
 	ln, err := net.Listen("tcp", cfg.Listen)

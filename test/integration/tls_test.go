@@ -280,3 +280,22 @@ func TestAuthFailureDelay(t *testing.T) {
 		t.Fatalf("a failure after a success: %v after %v, want the first delay again", err, d)
 	}
 }
+
+// TestSecretsScanner: the scan TestMain runs over every poolerd log finds
+// each kind of secret it looks for (and the suite fails if one is there).
+func TestSecretsScanner(t *testing.T) {
+	for _, line := range []string{
+		`INFO	x	{"password": "` + pgtest.Password + `"}`,
+		"upstream postgres://app:" + pgtest.Password + "@127.0.0.1/app",
+		"secret SCRAM-SHA-256$4096:abc",
+		"-----BEGIN EC PRIVATE KEY-----",
+		strings.TrimPrefix(strings.SplitN(strings.SplitN(pg.SuperDSN("postgres"), "@", 2)[0], ":", 3)[2], ""),
+	} {
+		if len(secretsIn(line)) == 0 {
+			t.Errorf("not found in %q", line)
+		}
+	}
+	if got := secretsIn("client authentication failed: the SCRAM secret is not the server's"); len(got) != 0 {
+		t.Errorf("false positive: %v", got)
+	}
+}
