@@ -1,5 +1,8 @@
 package integration
 
+// Security at the edges (issue 14): TLS on both sides, max_packet_size,
+// the delay after failed logins, and the scan of every log for secrets.
+
 import (
 	"context"
 	"crypto/tls"
@@ -70,13 +73,7 @@ func TestServerTLS(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := start(t, tc.mode, tc.ca)
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			c, err := pgconn.Connect(ctx, p.appDSN())
-			if err == nil {
-				_, err = c.Exec(ctx, "SELECT 1").ReadAll()
-				c.Close(ctx)
-			}
+			err := selectOne(p.appDSN())
 			var pe *pgconn.PgError
 			if !errors.As(err, &pe) || !strings.Contains(pe.Detail+pe.Message, tc.want) {
 				t.Fatalf("got %v, want an error whose detail mentions %q", err, tc.want)
@@ -95,13 +92,7 @@ func TestServerTLS(t *testing.T) {
 			c.ServerTLSSSLMode = "require"
 			c.ReconnectBackoffBase = 50 * time.Millisecond
 		})
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		c, err := pgconn.Connect(ctx, p.appDSN())
-		if err == nil {
-			_, err = c.Exec(ctx, "SELECT 1").ReadAll()
-			c.Close(ctx)
-		}
+		err := selectOne(p.appDSN())
 		var pe *pgconn.PgError
 		if !errors.As(err, &pe) || !strings.Contains(pe.Detail, "does not accept TLS") {
 			t.Fatalf("got %v, want a refusal saying the server does not accept TLS", err)
@@ -298,4 +289,18 @@ func TestSecretsScanner(t *testing.T) {
 	if got := secretsIn("client authentication failed: the SCRAM secret is not the server's"); len(got) != 0 {
 		t.Errorf("false positive: %v", got)
 	}
+}
+
+// selectOne connects to dsn and runs SELECT 1: the error of the first step
+// that fails.
+func selectOne(dsn string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := pgconn.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer c.Close(ctx)
+	_, err = c.Exec(ctx, "SELECT 1").ReadAll()
+	return err
 }
