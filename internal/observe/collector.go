@@ -33,6 +33,7 @@ var poolMetricDefs = []metricDef{
 	{"poolerd_clients", "Logged-in clients by state: active (holding a server connection), waiting (for one), idle.", []string{"state"}},
 	{"poolerd_waiting_clients", "Clients waiting for a server connection.", nil},
 	{"poolerd_server_connections", "Server connections by state: idle, active (held by a client), opening.", []string{"state"}},
+	{"poolerd_server_tls_connections", "Open server connections that use TLS, by TLS version.", []string{"version"}},
 	{"poolerd_checkouts_total", "Server connections handed to clients.", nil},
 	{"poolerd_pool_hits_total", "Checkouts served by an open connection.", nil},
 	{"poolerd_pool_misses_total", "Checkouts served by a newly opened connection.", nil},
@@ -106,6 +107,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		gauge("poolerd_server_connections", float64(ps.Idle), db, user, "idle")
 		gauge("poolerd_server_connections", float64(ps.Active), db, user, "active")
 		gauge("poolerd_server_connections", float64(ps.Opening), db, user, "opening")
+		for _, version := range tlsVersions {
+			gauge("poolerd_server_tls_connections", float64(ps.TLSConnections[version]), db, user, version)
+		}
 		counter("poolerd_checkouts_total", float64(ps.Acquisitions), db, user)
 		counter("poolerd_pool_hits_total", float64(ps.Hits), db, user)
 		counter("poolerd_pool_misses_total", float64(ps.Misses), db, user)
@@ -158,3 +162,7 @@ func b2f(b bool) float64 {
 	}
 	return 0
 }
+
+// tlsVersions are the TLS versions poolerd speaks to PostgreSQL: each has a
+// poolerd_server_tls_connections series, 0 when no connection uses it.
+var tlsVersions = [...]string{"TLSv1.2", "TLSv1.3"}

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/poolerd/poolerd/internal/backend"
@@ -202,6 +203,9 @@ type PoolStats struct {
 	Mode           string
 	// ServerUser is the role its server connections log in as.
 	ServerUser string
+	// TLSConnections counts its open server connections that use TLS,
+	// by TLS version ("TLSv1.3").
+	TLSConnections map[string]int
 	pool.Stats
 	// SessionTimeouts counts sessions' timeouts by kind: query,
 	// transaction, idle_transaction, client_idle, server_response (the
@@ -244,6 +248,7 @@ func (p *dbPool) snapshot(oldest *[len(pinReasons)]time.Duration) PoolStats {
 	st := p.pool.Stats()
 	route := p.route()
 	ps := PoolStats{Database: p.key.database, User: p.key.user, Mode: route.Settings.PoolMode, ServerUser: route.ServerUser,
+		TLSConnections: p.tlsConnections(),
 		Stats: st, SessionTimeouts: make(map[string]uint64, numTimeoutKinds), Leaks: p.leaks.Load(),
 		Clients: p.clients.Load(), Traffic: p.traffic(st),
 		PreparedCacheHits: p.ctr.cacheHits.Load(), PreparedEvictions: p.ctr.stmtEvictions.Load(),
@@ -399,6 +404,18 @@ func (srv *Server) DatabaseTotals() map[string]Totals {
 		t := out[p.key.database]
 		t.Add(p.totals())
 		out[p.key.database] = t
+	}
+	return out
+}
+
+// tlsConnections counts the pool's open server connections by TLS version.
+func (p *dbPool) tlsConnections() map[string]int {
+	out := map[string]int{}
+	for _, sc := range p.pool.All() {
+		if st := backend.TLSState(sc.Conn.Conn); st != "" {
+			version, _, _ := strings.Cut(st, "/")
+			out[version]++
+		}
 	}
 	return out
 }

@@ -64,6 +64,13 @@ func TestServerTLS(t *testing.T) {
 			if len(tb.Rows) == 0 || !strings.HasPrefix(tb.val(0, "tls"), "TLSv1.") {
 				t.Fatalf("SHOW SERVERS tls column: %v", tb)
 			}
+			var tlsConns int
+			for _, n := range p.poolStats(t, pgtest.DBApp, pgtest.RoleApp).TLSConnections {
+				tlsConns += n
+			}
+			if tlsConns != 1 {
+				t.Fatalf("TLS server connections in the pool's snapshot (poolerd_server_tls_connections): %d, want 1", tlsConns)
+			}
 		})
 	}
 	for _, tc := range []struct{ name, mode, ca, want string }{
