@@ -166,19 +166,3 @@ func (srv *Server) releaseClient(database, user string) {
 	l.userClients[user]--
 	l.mu.Unlock()
 }
-
-// serverCounts returns the server connections counted against the
-// database and user limits (for SHOW DATABASES and SHOW USERS).
-func (srv *Server) limitCounts() (dbServers, userServers, dbClients, userClients map[string]int) {
-	l := srv.limits
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	cp := func(m map[string]int) map[string]int {
-		out := make(map[string]int, len(m))
-		for k, v := range m {
-			out[k] = v
-		}
-		return out
-	}
-	return cp(l.dbServers), cp(l.userServers), cp(l.dbClients), cp(l.userClients)
-}

@@ -239,12 +239,6 @@ func (q *stmtQueue) pop() stmtOp {
 	return op
 }
 
-// clear empties the queue, dropping references.
-func (q *stmtQueue) clear() {
-	clear(q.ops)
-	q.ops, q.head = q.ops[:0], 0
-}
-
 // stmtAnswered pops the queue entry that a ParseComplete ('1') or
 // CloseComplete ('3') answers, and reports whether the frame is poolerd's to
 // swallow. Reader goroutine.

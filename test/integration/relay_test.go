@@ -182,23 +182,6 @@ func (rc *rawConn) recvUntil(d time.Duration, stop func(pgproto3.BackendMessage)
 	}
 }
 
-// expectNothing checks that no message arrives within d.
-func (rc *rawConn) expectNothing(d time.Duration) {
-	rc.t.Helper()
-	_ = rc.nc.SetReadDeadline(time.Now().Add(d))
-	defer func() { _ = rc.nc.SetReadDeadline(time.Time{}) }()
-	msg, err := rc.fe.Receive()
-	if err == nil {
-		rc.t.Fatalf("unexpected message %s", describeMsg(msg))
-	}
-	var ne net.Error
-	if !errors.As(err, &ne) || !ne.Timeout() {
-		rc.t.Fatalf("connection failed while idle: %v", err)
-	}
-	// pgproto3 cannot resume after a read error mid-message, but a timeout
-	// with no bytes read leaves it usable.
-}
-
 func isRFQ(m pgproto3.BackendMessage) bool { _, ok := m.(*pgproto3.ReadyForQuery); return ok }
 
 func isType[T pgproto3.BackendMessage](m pgproto3.BackendMessage) bool { _, ok := m.(T); return ok }
