@@ -174,7 +174,7 @@ func obStart(t *testing.T, o obOpts) *obInst {
 		stopStats()
 		<-statsDone
 		if t.Failed() {
-			t.Logf("poolerd log:\n%s", logs.String())
+			dumpLog(t, "poolerd log", logs.String())
 		}
 	})
 	return inst

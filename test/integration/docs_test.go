@@ -102,7 +102,7 @@ rate_limits:
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 		if t.Failed() {
-			t.Logf("poolerd log:\n%s", d.logs.String())
+			dumpLog(t, "poolerd log", d.logs.String())
 		}
 	})
 	eventually(t, 15*time.Second, "poolerd listening", func() bool {

@@ -179,7 +179,7 @@ func startPoolerd(t *testing.T, mutate func(c *config.Config)) *instance {
 		_ = srv.Shutdown(ctx)
 		<-done
 		if t.Failed() {
-			t.Logf("poolerd log:\n%s", logs.String())
+			dumpLog(t, "poolerd log", logs.String())
 		}
 	})
 	return inst
@@ -261,4 +261,34 @@ func (p *instance) poolStats(t *testing.T, database, user string) proxy.PoolStat
 	}
 	t.Fatalf("no pool for %s/%s", database, user)
 	return proxy.PoolStats{}
+}
+
+// logTailLines is how many of a failed test's last poolerd log lines go into
+// the test output. The whole log goes to a file: a failure's own message
+// must stay in the last part of the output, which is all CI shows.
+const logTailLines = 80
+
+// dumpLog reports what poolerd logged in a failed test t: the last
+// logTailLines lines in the test output, the whole log in a file under the
+// system temp dir, whose path it names.
+func dumpLog(t *testing.T, what, log string) {
+	t.Helper()
+	lines := strings.Split(strings.TrimRight(log, "\n"), "\n")
+	path := "(not written)"
+	dir := os.Getenv("POOLERD_TEST_LOG_DIR")
+	if dir == "" {
+		dir = os.TempDir()
+	}
+	if f, err := os.CreateTemp(dir, "poolerd-"+strings.ReplaceAll(t.Name(), "/", "_")+"-*.log"); err == nil {
+		_, werr := f.WriteString(log)
+		if cerr := f.Close(); werr == nil && cerr == nil {
+			path = f.Name()
+		}
+	}
+	if len(lines) <= logTailLines {
+		t.Logf("%s (whole log in %s):\n%s", what, path, log)
+		return
+	}
+	t.Logf("%s, last %d of %d lines (whole log in %s):\n%s", what, logTailLines, len(lines), path,
+		strings.Join(lines[len(lines)-logTailLines:], "\n"))
 }

@@ -356,7 +356,7 @@ shutdown_timeout: 5s
 			t.Errorf("poolerd did not stop within 10s of SIGTERM")
 		}
 		if t.Failed() {
-			t.Logf("poolerd output:\n%s", out.String())
+			dumpLog(t, "poolerd output", out.String())
 		}
 	})
 	running := func() {
