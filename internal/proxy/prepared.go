@@ -56,8 +56,9 @@ type stmtDef struct {
 	// maps (nil while mapped).
 	unused *list.Element
 	// settings: the statement may change session settings (set_config);
-	// calls: it calls a function that may set the role (sqlscan Calls).
-	settings, calls atomic.Bool
+	// calls: it calls a function that may set the role (sqlscan Calls);
+	// commits: it may commit (sqlscan Commits).
+	settings, calls, commits atomic.Bool
 }
 
 // maxUnusedStmts is how many definitions no client maps the registry keeps,
@@ -273,31 +274,54 @@ func (sc *serverConn) stmtFailed() (dupClient, dupServer string) {
 	for sc.stq.len() > 0 && sc.stq.front().zseq <= sc.zRecv {
 		op := sc.stq.pop()
 		sc.nops.Add(-1)
-		switch op.kind {
-		case opClientParse:
-			op.sess.unmapStatement(op.client, op.def)
-			sc.stmts.remove(op.def.name)
-		case opCacheHit:
-			op.sess.unmapStatement(op.client, op.def)
-		case opInject:
-			sc.stmts.remove(op.def.name)
-		case opNopClose:
-			if op.ran {
-				sc.broken = true // the scratch statement stays on the server
-			}
-		case opEvict:
-			sc.stmts.add(op.name) // still prepared: list it again
-		case opClientClose:
-			op.sess.remapStatement(op.client, op.def)
-		case opInjectUnnamed:
-			sc.unnamedBy = nil
-		case opDuplicate:
-			if dupClient == "" {
-				dupClient, dupServer = op.client, op.def.name
-			}
+		if op.kind == opDuplicate && dupClient == "" {
+			dupClient, dupServer = op.client, op.def.name
 		}
+		sc.undoOpLocked(op)
 	}
 	return dupClient, dupServer
+}
+
+// stmtLostLocked undoes every queue entry and pending qUndo: the connection
+// was lost before the server answered them, and its client keeps its
+// session (keep.go), with the statement names a direct connection's error
+// would have left it.
+func (sc *serverConn) stmtLostLocked() {
+	for sc.stq.len() > 0 {
+		sc.undoOpLocked(sc.stq.pop())
+	}
+	sc.nops.Store(0)
+	for _, u := range sc.qundo {
+		if u.undo != nil {
+			u.undo(sc)
+		}
+	}
+	clear(sc.qundo)
+	sc.qundo = sc.qundo[:0]
+	sc.nqundo.Store(0)
+}
+
+// undoOpLocked undoes the effect of a queue entry the server skipped.
+func (sc *serverConn) undoOpLocked(op stmtOp) {
+	switch op.kind {
+	case opClientParse:
+		op.sess.unmapStatement(op.client, op.def)
+		sc.stmts.remove(op.def.name)
+	case opCacheHit:
+		op.sess.unmapStatement(op.client, op.def)
+	case opInject:
+		sc.stmts.remove(op.def.name)
+	case opNopClose:
+		if op.ran {
+			sc.broken = true // the scratch statement stays on the server
+		}
+	case opEvict:
+		sc.stmts.add(op.name) // still prepared: list it again
+	case opClientClose:
+		op.sess.remapStatement(op.client, op.def)
+	case opInjectUnnamed:
+		sc.unnamedBy = nil
+	}
 }
 
 // duplicateError is what a client gets for a Parse of a name it already

@@ -97,6 +97,12 @@ type serverConn struct {
 	// surprise (which would close the backend before the cancel reaches it).
 	draining  atomic.Bool
 	replacing bool // reader only: the current ErrorResponse is being rewritten
+	// lostErr is the server's FATAL, held back from an owner that may keep
+	// its session when the connection ends (reader only; keep.go).
+	lostErr *wire.Error
+	// hung is server_response_timeout when the owner's watchdog closed the
+	// connection as hung (closeHung); 0 otherwise.
+	hung atomic.Int64
 
 	mu       sync.Mutex
 	pending  int   // ReadyForQuery owed
@@ -114,10 +120,14 @@ type serverConn struct {
 	unnamedBy  *session
 	unnamedGen uint64
 	unsynced   bool // extended-protocol messages sent since the last Sync
-	txStatus   byte // from the last ReadyForQuery
-	cancelling bool // a cancel request for this backend is in flight
-	busy       bool // the owner is assembling a batch for this server
-	midFrame   bool // the reader stopped inside a frame (set at each settle)
+	// runZ and commitZ: the response groups before them may have run, or
+	// committed, a statement; failZ is the group of a failBlockSQL (-1:
+	// none). See keep.go.
+	runZ, commitZ, failZ int64
+	txStatus             byte // from the last ReadyForQuery
+	cancelling           bool // a cancel request for this backend is in flight
+	busy                 bool // the owner is assembling a batch for this server
+	midFrame             bool // the reader stopped inside a frame (set at each settle)
 
 	// Timestamps for the owner's watchdog (server nanotime; 0 = unset),
 	// kept only when the owner has a limit: busySince is when the server
@@ -191,6 +201,7 @@ func newServerConn(dbp *dbPool, c *backend.Conn) *serverConn {
 		params:    make(map[string]string, len(c.Params)),
 		applied:   map[string]string{},
 		resetZ:    -1,
+		failZ:     -1,
 		// Immutable after login.
 		loginAuth:  c.Params["session_authorization"],
 		loginSuper: c.Params["is_superuser"],
@@ -303,7 +314,7 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 				}
 				// The reply to a query_timeout cancel, or to a duplicate
 				// Parse, is held back and rewritten at its end.
-				sc.replacing = !sc.drop && own != nil && (sc.timeoutCancel.Load() || sc.dupClient != "" || own.tracked)
+				sc.replacing = !sc.drop && own != nil && (sc.timeoutCancel.Load() || sc.dupClient != "" || own.tracked || own.mayKeep())
 			case 'G':
 				sc.copyIn.Store(true)
 			}
@@ -357,6 +368,19 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 				}
 			case 'E':
 				sev, code, msg := wire.ErrorFields(sc.cur.Body())
+				if sc.replacing && (sev == "FATAL" || sev == "PANIC") && own.mayKeep() {
+					// Held back: the client may keep its session when the
+					// connection ends (keep.go), and gets an ERROR then.
+					sc.replacing = false
+					if out > start {
+						own.writeFromServer(buf[start:out])
+					}
+					start, out = off, off
+					sc.lostErr = &wire.Error{Severity: sev, Code: code, Message: msg}
+					sc.dbp.ctr.countError(code)
+					sc.markBroken()
+					break
+				}
 				if sc.replacing {
 					sc.replacing = false
 					if out > start {
@@ -621,8 +645,12 @@ func (sc *serverConn) gone(err error) {
 	sc.mu.Lock()
 	sc.broken = true
 	own := sc.owner.Load()
+	var kp *keepPlan
+	hung := time.Duration(sc.hung.Load())
 	if own != nil {
-		sc.loseLocked(own)
+		if kp = own.keepLocked(sc, sc.lostErr, hung); kp == nil {
+			sc.loseLocked(own)
+		}
 	}
 	if sc.quiet != nil {
 		close(sc.quiet)
@@ -630,11 +658,20 @@ func (sc *serverConn) gone(err error) {
 	}
 	sc.mu.Unlock()
 	sc.dbp.pool.Discard(sc, evictServerClosed)
-	if own != nil {
+	switch {
+	case kp != nil:
+		own.kept(sc, kp, err)
+	case own != nil && hung != 0:
+		own.serverLostWith(sc, err, errTimedOut(timeoutServerResponse, hung))
+	case own != nil && sc.lostErr != nil:
+		// Held back for a keep that could not be: the client gets the
+		// server's own FATAL.
+		own.serverLostWith(sc, err, sc.lostErr)
+	case own != nil:
 		own.serverLost(sc, err)
-	} else if errors.Is(err, net.ErrClosed) {
+	case errors.Is(err, net.ErrClosed):
 		sc.log.Debug("idle server connection closed by poolerd", zap.Uint64("conn_id", sc.ID()))
-	} else {
+	default:
 		sc.log.Debug("idle server connection closed", zap.Uint64("conn_id", sc.ID()), zap.Error(err))
 	}
 }
@@ -722,6 +759,10 @@ func (sc *serverConn) swallowed(own *session, status byte) {
 		}
 		sc.checkRow = sc.checkRow[:0]
 		sc.opErr = nil
+	}
+	if sc.failZ == sc.zRecv {
+		sc.failZ = -1
+		sc.opErr = nil // the failed block was the point (keep.go)
 	}
 	if sc.resetZ == sc.zRecv {
 		sc.resetZ = -1

@@ -104,7 +104,13 @@ type session struct {
 	unnamedGen      uint64
 	unnamedSettings bool            // the unnamed statement may change settings
 	unnamedCalls    bool            // ... or calls a function that may set the role
+	unnamedCommits  bool            // ... or commit (sqlscan Commits)
 	eff             sqlscan.Effects // of the Query or Parse being handled
+	// portalCommits: a portal bound since the session attached its server
+	// may commit when executed (see keep.go).
+	portalCommits bool
+	// syncFail: the parameter sync ends with failBlockQuery (see keep.go).
+	syncFail bool
 	// waiter is this session's reusable place in its pool's queue (made on
 	// its first wait), cancelWait withdraws it; waiterPool is the pool it
 	// belongs to.
@@ -168,6 +174,16 @@ type session struct {
 	// than released clean: from then on nothing the client sends reaches
 	// any server, and the session ends (see attach).
 	severed atomic.Bool
+	// failedBlock: the session keeps its session after losing its server
+	// connection inside a transaction block; the next server connection it
+	// attaches starts in a failed block (keep.go). owed is the error its
+	// next request gets first (the block was lost while idle).
+	failedBlock atomic.Bool
+	owed        atomic.Pointer[wire.Error]
+	// lossMu is held while a lost server connection's answer is written to
+	// a client that keeps its session; attach waits for it, so that no
+	// later request is answered first (keep.go).
+	lossMu sync.Mutex
 	// endErr is the final message, set once (under finalMu).
 	endErr atomic.Pointer[wire.Error]
 	// handshaking is set while the session logs in on serveConn's
@@ -377,6 +393,9 @@ func (s *session) restoreIO(rd *wire.ConnReader) {
 type batch struct {
 	reqs     int  // ReadyForQuery the batch earns
 	unsynced bool // extended-protocol state after the batch
+	// runs: the batch runs statements (Query, Execute, FunctionCall);
+	// commits: one of them may commit (keep.go).
+	runs, commits bool
 }
 
 // fromClient handles one read from the client. It returns true when the
@@ -497,7 +516,7 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 					s.localClose = true
 					s.cur.Capture(s.cur.Len)
 				case 'S':
-					s.writeClient(wire.AppendReadyForQuery(nil, wire.TxIdle))
+					s.writeClient(wire.AppendReadyForQuery(nil, s.txStatus()))
 				}
 			case s.server.Load() == nil:
 				attached, quit := s.attachOrRefuse()
@@ -515,6 +534,7 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 				}
 			}
 			if !s.dropFrame {
+				s.noteRuns(&b, t)
 				switch {
 				case s.heldFrame(t, s.cur.Len):
 					// Counted when complete, in the batch that sends it.
@@ -549,6 +569,7 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 					// Too long to hold: already on its way, so it can
 					// only pin.
 					_ = s.scanEffects(t, body, false)
+					b.commits = b.commits || t == 'Q' && s.eff.Commits
 				}
 				break
 			}
@@ -589,6 +610,7 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 			}
 			zb := b.reqs
 			s.count(&b, t)
+			b.commits = b.commits || t == 'Q' && s.eff.Commits
 			s.fo = s.fo[:0]
 			if t == 'Q' {
 				s.queryFrame(sc, body, &b, zb)
@@ -724,7 +746,7 @@ func (s *session) refuse(err error) {
 func (s *session) txStatus() byte {
 	sc := s.server.Load()
 	if sc == nil {
-		if s.severed.Load() {
+		if s.severed.Load() || s.failedBlock.Load() {
 			return wire.TxFailed // whatever it was in is gone
 		}
 		return wire.TxIdle
@@ -807,6 +829,15 @@ func (s *session) abortTx(sc *serverConn) {
 	sc.mu.Unlock()
 }
 
+// lossWait waits until the answer to a lost server connection's request,
+// if one is being written, has gone out (keep.go): a read handled without
+// a server must not be answered first.
+func (s *session) lossWait() {
+	s.lossMu.Lock()
+	//lint:ignore SA2001 an empty critical section: the wait is the point
+	s.lossMu.Unlock()
+}
+
 // beginBatch keeps the held server from being released while this read is
 // being processed, so that all of it goes to one server.
 //
@@ -815,13 +846,16 @@ func (s *session) abortTx(sc *serverConn) {
 func (s *session) beginBatch() bool {
 	sc := s.server.Load()
 	if sc == nil {
+		s.lossWait()
 		return s.endErr.Load() == nil
 	}
 	sc.mu.Lock()
-	defer sc.mu.Unlock()
 	if sc.owner.Load() != s {
+		sc.mu.Unlock()
+		s.lossWait()
 		return s.endErr.Load() == nil
 	}
+	defer sc.mu.Unlock()
 	sc.busy = true
 	if s.endErr.Load() != nil {
 		sc.busy = false // nothing will be sent: the connection stays clean
@@ -844,8 +878,8 @@ func (s *session) flush(data []byte, b batch) bool {
 		// the session ends.
 		return !s.severed.Load()
 	}
-	sync, syncReqs, reset := s.syncQuery, s.syncReqs, s.syncReset
-	s.syncQuery, s.syncReqs, s.syncReset = nil, 0, false
+	sync, syncReqs, reset, fail := s.syncQuery, s.syncReqs, s.syncReset, s.syncFail
+	s.syncQuery, s.syncReqs, s.syncReset, s.syncFail = nil, 0, false, false
 	var now, busySince, queryStart int64
 	timed := len(data) > 0
 	if timed {
@@ -876,6 +910,9 @@ func (s *session) flush(data []byte, b batch) bool {
 	if reset {
 		sc.resetZ, sc.opErr, sc.roleBy = sc.zSent, nil, 0
 	}
+	if fail {
+		sc.failZ = sc.zSent + int64(syncReqs) - 1 // the last of them
+	}
 	if s.calls {
 		sc.roleBy = s.id // it may set a role that others must not get
 		s.calls = false
@@ -896,6 +933,20 @@ func (s *session) flush(data []byte, b batch) bool {
 	}
 	sc.zSent = base + int64(b.reqs)
 	sc.unsynced = b.unsynced
+	if b.runs || b.commits {
+		// The groups before end (the batch's, and the one it leaves
+		// unsynced) may have run, or committed, a statement.
+		end := sc.zSent
+		if b.unsynced {
+			end++
+		}
+		if b.runs {
+			sc.runZ = end
+		}
+		if b.commits {
+			sc.commitZ = end
+		}
+	}
 	// A held frame still arriving (it spans reads) is part of the batch
 	// being assembled: the connection stays busy, and so unreleasable,
 	// until it is complete and sent.
@@ -951,6 +1002,10 @@ func (s *session) flush(data []byte, b batch) bool {
 func (s *session) attach(held *serverConn) error {
 	if held == nil && s.severed.Load() {
 		return errServerLost()
+	}
+	if werr := s.owed.Swap(nil); werr != nil {
+		// The block was lost while idle (keep.go).
+		return werr
 	}
 	// During a shutdown a request already read runs (the session is ended
 	// at its next idle point); a session already ended does not attach.
@@ -1013,6 +1068,14 @@ func (s *session) attach(held *serverConn) error {
 		if reset {
 			s.syncQuery = append(resetRoleQuery[:len(resetRoleQuery):len(resetRoleQuery)], s.syncQuery...)
 			s.syncReqs++
+		}
+		s.portalCommits = false
+		if held == nil && s.failedBlock.Swap(false) {
+			// The client's transaction block was lost with its last
+			// server connection: it continues, failed, on this one.
+			s.syncQuery = wire.AppendQuery(s.syncQuery, failBlockSQL)
+			s.syncReqs++
+			s.syncFail = true
 		}
 		if s.syncQuery != nil && s.tracked {
 			sc.mu.Lock()
@@ -1206,6 +1269,12 @@ func (s *session) setDropReason(reason string) { s.dropReason.Store(&reason) }
 // the client gets 08006, unless it already has the server's own FATAL, in
 // which case the connection is only closed.
 func (s *session) serverLost(sc *serverConn, err error) {
+	s.serverLostWith(sc, err, errServerLost())
+}
+
+// serverLostWith is serverLost with the final message werr (the server's
+// own FATAL, when it was held back; see keep.go).
+func (s *session) serverLostWith(sc *serverConn, err error, werr *wire.Error) {
 	s.severed.Store(true)
 	s.server.CompareAndSwap(sc, nil)
 	if s.closed.Load() {
@@ -1214,7 +1283,7 @@ func (s *session) serverLost(sc *serverConn, err error) {
 	s.log.Warn("server connection lost while in use", zap.Uint64("conn_id", sc.ID()), zap.Error(err))
 	// The client's session state on the server is gone, as after a backend
 	// crash: end the client connection the way PostgreSQL would.
-	s.terminate(errServerLost())
+	s.terminate(werr)
 }
 
 // end cleans up after the client has gone: the server connection goes back

@@ -120,7 +120,7 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 			m.serverParses.Add(1)
 			s.unnamedGen++
 			s.unnamed = appendFrame(s.unnamed[:0], 'P', body)
-			s.unnamedSettings, s.unnamedCalls = s.eff.Settings, s.eff.Calls
+			s.unnamedSettings, s.unnamedCalls, s.unnamedCommits = s.eff.Settings, s.eff.Calls, s.eff.Commits
 			sc.mu.Lock()
 			sc.unnamedBy, sc.unnamedGen = s, s.unnamedGen
 			sc.mu.Unlock()
@@ -144,6 +144,9 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 		}
 		if s.eff.Calls {
 			def.calls.Store(true)
+		}
+		if s.eff.Commits {
+			def.commits.Store(true)
 		}
 		s.stmu.Lock()
 		s.stmts[name] = def
@@ -177,6 +180,7 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 				s.markSettings()
 			}
 			s.calls = s.calls || s.unnamedCalls
+			s.portalCommits = s.portalCommits || s.unnamedCommits
 			if s.ensureUnnamed(sc, zb) {
 				s.emitFrame(t, body)
 			}
@@ -193,6 +197,7 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 			s.markSettings() // SELECT set_config(...) prepared, run again
 		}
 		s.calls = s.calls || def.calls.Load()
+		s.portalCommits = s.portalCommits || def.commits.Load()
 		s.ensurePrepared(sc, def, zb)
 		s.noteBound(def.name, name)
 		s.emitFrame('B', []byte(portal), nul, []byte(def.name), nul, r2)
@@ -474,8 +479,8 @@ func (s *session) scanEffects(t byte, body []byte, canRefuse bool) error {
 	s.eff = sqlscan.Scan(bytesView(body)) // Scan keeps nothing of its input
 	if s.cur.Truncated() {
 		// Longer than maxScan: what was not read may change settings or
-		// the role (a SET ROLE after a long comment).
-		s.eff.Settings = true
+		// the role (a SET ROLE after a long comment), or commit.
+		s.eff.Settings, s.eff.Commits = true, true
 	}
 	s.calls = s.calls || s.eff.Calls // a Parse counts as if it ran
 	if s.eff.Settings {

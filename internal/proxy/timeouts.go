@@ -376,6 +376,12 @@ func (s *session) timedOut(kind timeoutKind, sc *serverConn) {
 	if kind != timeoutClientIdle && kind != timeoutPinnedIdle {
 		fields = append(fields, zap.String("query", s.queryText()))
 	}
+	if kind == timeoutServerResponse && sc != nil && s.closeHung(sc, limit) {
+		// Hung: closed now, no cancel request to send. Its reader answers
+		// the client, which may keep its session (keep.go).
+		s.log.Warn("server connection closed: timeout", fields...)
+		return
+	}
 	s.log.Warn("client connection closed: timeout", fields...)
 	s.setDropReason(evictTimeout)
 	switch {

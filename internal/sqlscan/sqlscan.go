@@ -175,6 +175,11 @@ type Effects struct {
 	// common built-ins (see builtin), which may change the role (a
 	// function that runs SET ROLE or set_config('role', ...)).
 	Calls bool
+	// Commits: the text may commit a transaction: COMMIT, END, COMMIT AND
+	// CHAIN, PREPARE TRANSACTION, COMMIT PREPARED, ROLLBACK PREPARED, or
+	// DO and CALL (a procedure or DO block may COMMIT). A statement that
+	// only rolls back (ROLLBACK, ABORT) does not count.
+	Commits bool
 }
 
 // Interesting reports whether the text does anything a pooler must act on.
@@ -572,8 +577,9 @@ func statement(e *Effects, sql string, ws []token, onCommitDrop bool) {
 			e.Undo |= kindRole
 		}
 	case w0.is("do"), w0.is("call"):
-		// DO and CALL run code that may change settings or the role.
-		e.Settings = true
+		// DO and CALL run code that may change settings or the role, and
+		// commit.
+		e.Settings, e.Commits = true, true
 	case w0.is("discard"):
 		switch w1 := word(ws, 1); {
 		case w1.is("all"):
@@ -615,7 +621,9 @@ func statement(e *Effects, sql string, ws []token, onCommitDrop bool) {
 			}
 		}
 	case w0.is("prepare"):
-		if !word(ws, 1).is("transaction") {
+		if word(ws, 1).is("transaction") {
+			e.Commits = true // the transaction outlives the session
+		} else {
 			pin(PinPrepare)
 		}
 	case w0.is("listen"):
@@ -629,8 +637,12 @@ func statement(e *Effects, sql string, ws []token, onCommitDrop bool) {
 	case w0.is("begin"), w0.is("start") && word(ws, 1).is("transaction"):
 		e.BeginTx = true
 	case w0.is("commit"), w0.is("end"), w0.is("abort"), w0.is("rollback"):
-		if w1 := word(ws, 1); !w1.is("prepared") && !w1.is("to") && !(w1.is("and") && word(ws, 2).is("chain")) {
+		w1 := word(ws, 1)
+		if !w1.is("prepared") && !w1.is("to") && !(w1.is("and") && word(ws, 2).is("chain")) {
 			e.BeginTx = false
+		}
+		if w0.is("commit") || w0.is("end") || w1.is("prepared") {
+			e.Commits = true
 		}
 	case w0.is("deallocate"):
 		i := 1

@@ -14,8 +14,9 @@ import (
 
 // TestServerResetMessageReachesClient: when the network to PostgreSQL resets
 // server connections in the middle of clients' transactions, every client
-// whose session ends reads poolerd's FATAL before the connection closes,
-// and the stream it reads stays well formed. The client reads the raw
+// whose session ends (a COMMIT was in flight) reads poolerd's FATAL before
+// the connection closes, every client that keeps its session gets an ERROR
+// (internal/proxy/keep.go), and the stream it reads stays well formed. The client reads the raw
 // protocol: libpq-based clients may not report a FATAL that arrives in the
 // same packet as the ReadyForQuery before it (they find it only after
 // sending their next query, and report the close instead).
@@ -34,7 +35,7 @@ func TestServerResetMessageReachesClient(t *testing.T) {
 	const clients = 4
 	stop := make(chan struct{})
 	var mu sync.Mutex
-	var ends, withMsg int
+	var ends, withMsg, kept int
 	var bad []string
 	var wg sync.WaitGroup
 	for range clients {
@@ -64,6 +65,11 @@ func TestServerResetMessageReachesClient(t *testing.T) {
 							break session
 						}
 						last = m
+						if e, ok := m.(*pgproto3.ErrorResponse); ok && e.Severity == "ERROR" && (e.Code == "08006" || e.Code == "08007") {
+							mu.Lock()
+							kept++
+							mu.Unlock()
+						}
 						if _, ok := m.(*pgproto3.ReadyForQuery); ok {
 							break
 						}
@@ -90,11 +96,11 @@ func TestServerResetMessageReachesClient(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
-	t.Logf("%d sessions ended by a reset, %d with a FATAL", ends, withMsg)
+	t.Logf("%d sessions ended by a reset, %d with a FATAL; %d requests answered with an ERROR, their sessions kept", ends, withMsg, kept)
 	for _, b := range bad {
 		t.Error(b)
 	}
-	if ends == 0 {
-		t.Fatal("no session was ended by a reset")
+	if ends == 0 || kept == 0 {
+		t.Fatal("the resets neither ended a session nor were survived by one")
 	}
 }

@@ -608,8 +608,9 @@ func TestTimeoutClientIdleAfterLongQuery(t *testing.T) {
 // server_response_timeout
 
 // A server that receives a query but sends nothing back for
-// server_response_timeout is declared hung: the client gets FATAL 08006
-// naming the limit and the server connection is closed.
+// server_response_timeout is declared hung: the client gets ERROR 08007
+// naming the limit (the query may have run) and keeps its session, and the
+// server connection is closed.
 func TestTimeoutServerResponse(t *testing.T) {
 	t.Parallel()
 	fp := toStartProxy(t)
@@ -629,10 +630,10 @@ func TestTimeoutServerResponse(t *testing.T) {
 	_, err := c.Exec(ctx, "SELECT 1 /* to-sr-hung */")
 	elapsed := time.Since(start)
 	pe := toPgErr(t, err, "query to a hung server")
-	if pe.Code != "08006" || pe.Severity != "FATAL" || !strings.Contains(pe.Message, "server_response_timeout") {
-		t.Fatalf("got %s %s %q, want FATAL 08006 naming server_response_timeout", pe.Severity, pe.Code, pe.Message)
+	if pe.Code != "08007" || pe.Severity != "ERROR" || !strings.Contains(pe.Message, "server_response_timeout") {
+		t.Fatalf("got %s %s %q, want ERROR 08007 naming server_response_timeout", pe.Severity, pe.Code, pe.Message)
 	}
-	toBetween(t, "FATAL 08006", elapsed, 450*time.Millisecond, 2500*time.Millisecond)
+	toBetween(t, "ERROR 08007", elapsed, 450*time.Millisecond, 2500*time.Millisecond)
 	// The hung connection is closed (the pool may already be opening a
 	// replacement: it keeps one connection warm).
 	toEventuallyPool(t, p, "the hung server connection to be discarded", func(st proxy.PoolStats) bool {
@@ -647,8 +648,8 @@ func TestTimeoutServerResponse(t *testing.T) {
 	fp.HoldResponses(false)
 	eventually(t, 5*time.Second, "the proxied connection to close", func() bool { return fp.Conns() <= 1 })
 	var pid2 int
-	if err := p.connect(t).QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&pid2); err != nil {
-		t.Fatalf("new client after the timeout: %v", err)
+	if err := c.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&pid2); err != nil {
+		t.Fatalf("the same client after the timeout: %v", err)
 	}
 	if pid2 == pid {
 		t.Errorf("the hung server connection (backend %d) was reused", pid)
@@ -664,8 +665,9 @@ func TestTimeoutServerResponse(t *testing.T) {
 
 // PostgreSQL sends nothing while a query runs (pg_sleep here), so a query
 // running longer than server_response_timeout is indistinguishable from a
-// hung server and is ended with FATAL 08006: server_response_timeout must
-// exceed the longest query (use query_timeout to bound queries).
+// hung server and is ended with ERROR 08007 (the session is kept):
+// server_response_timeout must exceed the longest query (use query_timeout
+// to bound queries).
 func TestTimeoutServerResponseLongQuery(t *testing.T) {
 	t.Parallel()
 	p := startPoolerd(t, func(c *config.Config) { c.ServerResponseTimeout = 500 * time.Millisecond })
@@ -678,10 +680,13 @@ func TestTimeoutServerResponseLongQuery(t *testing.T) {
 	_, err := c.Exec(ctx, "SELECT pg_sleep(1.5)")
 	elapsed := time.Since(start)
 	pe := toPgErr(t, err, "query longer than server_response_timeout")
-	if pe.Code != "08006" || !strings.Contains(pe.Message, "server_response_timeout") {
-		t.Fatalf("got %s %q, want 08006 naming server_response_timeout", pe.Code, pe.Message)
+	if pe.Code != "08007" || !strings.Contains(pe.Message, "server_response_timeout") {
+		t.Fatalf("got %s %q, want 08007 naming server_response_timeout", pe.Code, pe.Message)
 	}
-	toBetween(t, "FATAL 08006", elapsed, 450*time.Millisecond, 1400*time.Millisecond)
+	toBetween(t, "ERROR 08007", elapsed, 450*time.Millisecond, 1400*time.Millisecond)
+	if _, err := c.Exec(ctx, "SELECT 1"); err != nil {
+		t.Errorf("the client after the timeout: %v", err)
+	}
 	if got := p.poolStats(t, pgtest.DBApp, pgtest.RoleApp).SessionTimeouts["server_response"]; got != 1 {
 		t.Errorf("SessionTimeouts[server_response] = %d, want 1", got)
 	}
