@@ -91,7 +91,7 @@ func TestKeepKilledOutsideBlock(t *testing.T) {
 			if err := c.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid1); err != nil {
 				t.Fatal(err)
 			}
-			pe := keepErr(t, sleepKilled(t, ctx, c, "keep_out_" + mode), "08007", "statement whose backend was killed")
+			pe := keepErr(t, sleepKilled(t, ctx, c, "keep_out_"+mode), "08007", "statement whose backend was killed")
 			if !strings.Contains(pe.Message, "server connection lost") {
 				t.Errorf("message %q does not say the server connection was lost", pe.Message)
 			}
@@ -122,7 +122,7 @@ func TestKeepKilledInBlock(t *testing.T) {
 			if _, err := c.Exec(ctx, "INSERT INTO "+table+" VALUES (1)"); err != nil {
 				t.Fatal(err)
 			}
-			pe := keepErr(t, sleepKilled(t, ctx, c, "keep_in_" + mode), "08006", "statement in a block whose backend was killed")
+			pe := keepErr(t, sleepKilled(t, ctx, c, "keep_in_"+mode), "08006", "statement in a block whose backend was killed")
 			if !strings.Contains(pe.Detail, "rolled back") {
 				t.Errorf("detail %q does not say the transaction was rolled back", pe.Detail)
 			}
