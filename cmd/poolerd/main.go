@@ -28,6 +28,7 @@ import (
 	"github.com/poolerd/poolerd/internal/console"
 	"github.com/poolerd/poolerd/internal/health"
 	"github.com/poolerd/poolerd/internal/observe"
+	"github.com/poolerd/poolerd/internal/pgbini"
 	"github.com/poolerd/poolerd/internal/proxy"
 )
 
@@ -53,6 +54,9 @@ func tuneGC(getenv func(string) string) {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "convert" {
+		return convert(args[1:], stdout, stderr)
+	}
 	loader, err := config.NewLoader(args, stderr)
 	if errors.Is(err, config.ErrHelp) {
 		return 0
@@ -65,6 +69,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "poolerd %s (%s)\n", version, runtime.Version())
 		return 0
 	}
+	// --config may name a pgbouncer.ini, recognised by its form.
+	loader.Translate = pgbini.Translate
 	cfg, err := loader.Load()
 	if err != nil {
 		fmt.Fprintln(stderr, "poolerd: invalid configuration:")
@@ -82,6 +88,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	defer func() { _ = log.Sync() }()
+	warnIni(loader.File, log)
 	if err := serve(cfg, loader, log, level); err != nil {
 		log.Error("poolerd stopped", zap.Error(err))
 		return 1
