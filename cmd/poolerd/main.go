@@ -193,8 +193,16 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 			}
 		}()
 	}
+	// The shutdown signals, as PgBouncer 1.23+: SIGTERM waits for the
+	// clients to leave, SIGINT for the transactions to end, SIGQUIT
+	// waits for nothing (docs/operations.md, "Graceful shutdown").
 	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGQUIT)
+	// SIGUSR1 and SIGUSR2 are PAUSE and RESUME.
+	usr := make(chan os.Signal, 2)
+	signal.Notify(usr, syscall.SIGUSR1, syscall.SIGUSR2)
+	defer signal.Stop(usr)
+	go pauseOnSignals(srv, usr, log)
 	// SIGHUP reloads the configuration, like RELOAD on the console; a
 	// broken file keeps the running configuration (and says why).
 	hups := make(chan os.Signal, 1)
@@ -237,18 +245,25 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 		srv.Close()
 		return err
 	case sig := <-sigs:
-		if sig == syscall.SIGINT {
-			// The fast stop, as PostgreSQL's own SIGINT: every client gets
-			// 57P01 now and open transactions roll back with their
-			// server connections.
-			log.Info("SIGINT: fast stop; every client is ended now, open transactions roll back")
+		switch sig {
+		case syscall.SIGQUIT:
+			// PgBouncer's immediate shutdown: every client gets 57P01 now
+			// and open transactions roll back with their server
+			// connections.
+			log.Info("SIGQUIT: immediate shutdown; every client is ended now, open transactions roll back")
 			srv.Close()
 			stopHTTP(hs)
 			log.Info("poolerd stopped")
 			return nil
+		case syscall.SIGTERM:
+			// PgBouncer 1.23's "super safe shutdown", for rolling restarts.
+			log.Info("SIGTERM: no new clients; exiting when the connected ones have left")
+			drain = true
+		default:
+			// SIGINT, PgBouncer's safe shutdown.
+			log.Info("shutting down: no new clients; transactions in progress may finish",
+				zap.String("signal", sig.String()), zap.Duration("shutdown_timeout", srv.Config().ShutdownTimeout))
 		}
-		log.Info("shutting down: no new clients; transactions in progress may finish",
-			zap.String("signal", sig.String()), zap.Duration("shutdown_timeout", srv.Config().ShutdownTimeout))
 	case mode := <-srv.ShutdownRequests():
 		switch mode {
 		case "":

@@ -79,7 +79,7 @@ func Keys() []Key {
 		{Name: "client_idle_timeout", Help: "end a client idle outside a transaction this long (0 = off)"},
 		{Name: "server_response_timeout", Help: "declare a server hung after this long without a byte while requests are pending (0 = off)"},
 		{Name: "client_login_timeout", Help: "limit on a client's startup and authentication (0 = no limit)"},
-		{Name: "shutdown_timeout", Help: "how long SIGTERM lets transactions finish before closing everything"},
+		{Name: "shutdown_timeout", Help: "how long SIGINT lets transactions finish before closing everything"},
 		{Name: "max_client_conn", Help: "most client connections poolerd accepts (0 = no limit)"},
 		{Name: "max_db_connections", Help: "most server connections per database, over all its pools (0 = no limit)"},
 		{Name: "max_user_connections", Help: "most server connections per user, over all its pools (0 = no limit)"},
