@@ -56,4 +56,8 @@ USER nonroot:nonroot
 # 6432: PostgreSQL clients. 9930: /healthz, /readyz, /metrics (with
 # POOLERD_HTTP_LISTEN=0.0.0.0:9930); 9931 is the usual http_probe_listen.
 EXPOSE 6432 9930
+# docker stop and Kubernetes send the image's stop signal: SIGINT is the safe
+# shutdown bounded by shutdown_timeout. SIGTERM, as in PgBouncer 1.23+, waits
+# for every client to disconnect (docs/operations.md, "Graceful shutdown").
+STOPSIGNAL SIGINT
 ENTRYPOINT ["/poolerd"]

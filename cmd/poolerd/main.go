@@ -28,6 +28,7 @@ import (
 	"github.com/poolerd/poolerd/internal/console"
 	"github.com/poolerd/poolerd/internal/health"
 	"github.com/poolerd/poolerd/internal/observe"
+	"github.com/poolerd/poolerd/internal/pgbini"
 	"github.com/poolerd/poolerd/internal/proxy"
 )
 
@@ -53,6 +54,9 @@ func tuneGC(getenv func(string) string) {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "convert" {
+		return convert(args[1:], stdout, stderr)
+	}
 	loader, err := config.NewLoader(args, stderr)
 	if errors.Is(err, config.ErrHelp) {
 		return 0
@@ -65,6 +69,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "poolerd %s (%s)\n", version, runtime.Version())
 		return 0
 	}
+	// --config may name a pgbouncer.ini, recognised by its form.
+	loader.Translate = pgbini.Translate
 	cfg, err := loader.Load()
 	if err != nil {
 		fmt.Fprintln(stderr, "poolerd: invalid configuration:")
@@ -82,6 +88,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	defer func() { _ = log.Sync() }()
+	warnIni(loader.File, log)
 	if err := serve(cfg, loader, log, level); err != nil {
 		log.Error("poolerd stopped", zap.Error(err))
 		return 1
@@ -186,8 +193,16 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 			}
 		}()
 	}
+	// The shutdown signals, as PgBouncer 1.23+: SIGTERM waits for the
+	// clients to leave, SIGINT for the transactions to end, SIGQUIT
+	// waits for nothing (docs/operations.md, "Graceful shutdown").
 	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGQUIT)
+	// SIGUSR1 and SIGUSR2 are PAUSE and RESUME.
+	usr := make(chan os.Signal, 2)
+	signal.Notify(usr, syscall.SIGUSR1, syscall.SIGUSR2)
+	defer signal.Stop(usr)
+	go pauseOnSignals(srv, usr, log)
 	// SIGHUP reloads the configuration, like RELOAD on the console; a
 	// broken file keeps the running configuration (and says why).
 	hups := make(chan os.Signal, 1)
@@ -230,18 +245,25 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 		srv.Close()
 		return err
 	case sig := <-sigs:
-		if sig == syscall.SIGINT {
-			// The fast stop, as PostgreSQL's own SIGINT: every client gets
-			// 57P01 now and open transactions roll back with their
-			// server connections.
-			log.Info("SIGINT: fast stop; every client is ended now, open transactions roll back")
+		switch sig {
+		case syscall.SIGQUIT:
+			// PgBouncer's immediate shutdown: every client gets 57P01 now
+			// and open transactions roll back with their server
+			// connections.
+			log.Info("SIGQUIT: immediate shutdown; every client is ended now, open transactions roll back")
 			srv.Close()
 			stopHTTP(hs)
 			log.Info("poolerd stopped")
 			return nil
+		case syscall.SIGTERM:
+			// PgBouncer 1.23's "super safe shutdown", for rolling restarts.
+			log.Info("SIGTERM: no new clients; exiting when the connected ones have left")
+			drain = true
+		default:
+			// SIGINT, PgBouncer's safe shutdown.
+			log.Info("shutting down: no new clients; transactions in progress may finish",
+				zap.String("signal", sig.String()), zap.Duration("shutdown_timeout", srv.Config().ShutdownTimeout))
 		}
-		log.Info("shutting down: no new clients; transactions in progress may finish",
-			zap.String("signal", sig.String()), zap.Duration("shutdown_timeout", srv.Config().ShutdownTimeout))
 	case mode := <-srv.ShutdownRequests():
 		switch mode {
 		case "":

@@ -117,7 +117,7 @@ type Config struct {
 	RecycleRate int `mapstructure:"recycle_rate"`
 	// ClientLoginTimeout bounds a client's startup and authentication.
 	ClientLoginTimeout time.Duration `mapstructure:"client_login_timeout"`
-	// ShutdownTimeout is how long SIGTERM waits for transactions to finish.
+	// ShutdownTimeout is how long SIGINT waits for transactions to finish.
 	ShutdownTimeout time.Duration `mapstructure:"shutdown_timeout"`
 
 	// AdminUsers may run every admin console command; StatsUsers only SHOW.

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"reflect"
 	"strings"
 	"time"
@@ -80,7 +79,7 @@ func Keys() []Key {
 		{Name: "client_idle_timeout", Help: "end a client idle outside a transaction this long (0 = off)"},
 		{Name: "server_response_timeout", Help: "declare a server hung after this long without a byte while requests are pending (0 = off)"},
 		{Name: "client_login_timeout", Help: "limit on a client's startup and authentication (0 = no limit)"},
-		{Name: "shutdown_timeout", Help: "how long SIGTERM lets transactions finish before closing everything"},
+		{Name: "shutdown_timeout", Help: "how long SIGINT lets transactions finish before closing everything"},
 		{Name: "max_client_conn", Help: "most client connections poolerd accepts (0 = no limit)"},
 		{Name: "max_db_connections", Help: "most server connections per database, over all its pools (0 = no limit)"},
 		{Name: "max_user_connections", Help: "most server connections per user, over all its pools (0 = no limit)"},
@@ -112,6 +111,11 @@ type Loader struct {
 	CheckOnly bool
 	// Version is set by --version.
 	Version bool
+	// Translate, when set, reads a --config file written in another
+	// format (cmd/poolerd sets internal/pgbini's, for pgbouncer.ini): it
+	// returns the tree of keys a YAML file would hold and true, or false
+	// for a file it does not recognise, which is then read as YAML.
+	Translate func(path string, data []byte) (tree map[string]any, ok bool, err error)
 }
 
 // ErrHelp is returned by NewLoader when -h or --help was given; the usage
@@ -176,14 +180,8 @@ func (l *Loader) Load() (*Config, error) {
 		}
 	}
 	if l.File != "" {
-		f, err := os.Open(l.File)
-		if err != nil {
-			return nil, fmt.Errorf("config file: %w", err)
-		}
-		defer f.Close()
-		v.SetConfigType("yaml")
-		if err := v.ReadConfig(f); err != nil {
-			return nil, fmt.Errorf("config file %s: %w", l.File, err)
+		if err := l.readFile(v); err != nil {
+			return nil, err
 		}
 	}
 	cfg := Defaults()

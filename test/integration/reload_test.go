@@ -344,16 +344,18 @@ shutdown_timeout: 5s
 			return
 		default:
 		}
-		_ = cmd.Process.Signal(syscall.SIGTERM)
+		// SIGINT: the safe shutdown ends idle clients (SIGTERM would
+		// wait for them to leave).
+		_ = cmd.Process.Signal(syscall.SIGINT)
 		select {
 		case err := <-exited:
 			if err != nil {
-				t.Errorf("poolerd exit after SIGTERM: %v", err)
+				t.Errorf("poolerd exit after SIGINT: %v", err)
 			}
 		case <-time.After(10 * time.Second):
 			_ = cmd.Process.Kill()
 			<-exited
-			t.Errorf("poolerd did not stop within 10s of SIGTERM")
+			t.Errorf("poolerd did not stop within 10s of SIGINT")
 		}
 		if t.Failed() {
 			dumpLog(t, "poolerd output", out.String())

@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -352,103 +350,5 @@ func TestShutdownWaitForClients(t *testing.T) {
 	}
 }
 
-// TestSignalsBinary runs the real binary: SIGTERM lets a client inside a
-// transaction COMMIT and then ends it with 57P01; SIGINT is the fast stop,
-// ending a client inside a transaction at once (its transaction rolls
-// back) and exiting 0.
-func TestSignalsBinary(t *testing.T) {
-	t.Parallel()
-	bin := lcBuildBinary(t)
-	upstream := pg.DSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp)
-	direct := appDirect(t)
-	ctx := ctxTimeout(t, 60*time.Second)
-	if _, err := direct.Exec(ctx, "CREATE TABLE IF NOT EXISTS signals_binary (sig text)"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := direct.Exec(ctx, "DELETE FROM signals_binary"); err != nil {
-		t.Fatal(err)
-	}
-	start := func(t *testing.T) (*lcProc, *pgx.Conn) {
-		listen := lcFreeAddr(t)
-		proc := lcStartBinary(t, bin, "--listen", listen, "--http-listen=", "--upstream", upstream)
-		u, _ := url.Parse(upstream)
-		u.Host = listen
-		var c *pgx.Conn
-		var lastErr error
-		deadline := time.Now().Add(10 * time.Second)
-		for c == nil {
-			cc, err := pgx.Connect(ctx, u.String()+"&"+txExecMode)
-			if err == nil {
-				c = cc
-				break
-			}
-			lastErr = err
-			if time.Now().After(deadline) {
-				t.Fatalf("cannot connect through poolerd: %v\n%s", lastErr, proc.stderr.String())
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		t.Cleanup(func() { _ = c.Close(context.Background()) })
-		return proc, c
-	}
-	rows := func(sig string) int {
-		var n int
-		if err := direct.QueryRow(ctx, "SELECT count(*) FROM signals_binary WHERE sig = $1", sig).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-
-	t.Run("SIGTERM", func(t *testing.T) {
-		proc, c := start(t)
-		if _, err := c.Exec(ctx, "BEGIN; INSERT INTO signals_binary VALUES ('term')"); err != nil {
-			t.Fatal(err)
-		}
-		if err := proc.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(300 * time.Millisecond)
-		if _, err := c.Exec(ctx, "INSERT INTO signals_binary VALUES ('term')"); err != nil {
-			t.Fatalf("statement inside the transaction after SIGTERM: %v", err)
-		}
-		if _, err := c.Exec(ctx, "COMMIT"); err != nil {
-			t.Fatalf("COMMIT after SIGTERM: %v", err)
-		}
-		pgxQueryFails(t, c)
-		if code, _ := proc.wait(t, 10*time.Second); code != 0 {
-			t.Fatalf("exit code %d after SIGTERM; output:\n%s", code, proc.stderr.String())
-		}
-		if n := rows("term"); n != 2 {
-			t.Errorf("%d rows committed, want 2", n)
-		}
-	})
-
-	t.Run("SIGINT", func(t *testing.T) {
-		proc, c := start(t)
-		if _, err := c.Exec(ctx, "BEGIN; INSERT INTO signals_binary VALUES ('int')"); err != nil {
-			t.Fatal(err)
-		}
-		if err := proc.cmd.Process.Signal(syscall.SIGINT); err != nil {
-			t.Fatal(err)
-		}
-		code, took := proc.wait(t, 10*time.Second)
-		if code != 0 {
-			t.Fatalf("exit code %d after SIGINT; output:\n%s", code, proc.stderr.String())
-		}
-		if took > 8*time.Second {
-			t.Errorf("SIGINT took %s to stop", took)
-		}
-		pgxQueryFails(t, c)
-		eventually(t, 10*time.Second, "the open transaction rolled back", func() bool {
-			var n int
-			_ = direct.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'INSERT INTO signals_binary%' AND datname = current_database()").Scan(&n)
-			return n == 0
-		})
-		if n := rows("int"); n != 0 {
-			t.Errorf("%d rows of the transaction cut by SIGINT committed, want 0", n)
-		}
-		if !strings.Contains(proc.stderr.String(), "fast stop") {
-			t.Errorf("no fast-stop line in the output:\n%s", proc.stderr.String())
-		}
-	})
-}
+// The signals of the real binary are tested in pgbouncer_test.go
+// (TestSignalsLikePgBouncer).

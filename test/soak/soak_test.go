@@ -424,18 +424,19 @@ func (s *soak) startPoolerd() {
 	time.Sleep(2 * time.Second) // min_size connections
 }
 
-// stopPoolerd sends SIGTERM: poolerd must exit 0 within shutdown_timeout.
+// stopPoolerd sends SIGINT (the safe shutdown; SIGTERM would wait for the
+// clients to leave): poolerd must exit 0 within shutdown_timeout.
 func (s *soak) stopPoolerd() {
-	if err := s.proc.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := s.proc.Process.Signal(syscall.SIGINT); err != nil {
 		s.t.Fatal(err)
 	}
 	select {
 	case <-s.exited:
 	case <-time.After(20 * time.Second):
-		s.t.Fatalf("poolerd did not exit within 20s of SIGTERM:\n%s", tail(s.out.String(), 30))
+		s.t.Fatalf("poolerd did not exit within 20s of SIGINT:\n%s", tail(s.out.String(), 30))
 	}
 	if code := s.proc.ProcessState.ExitCode(); code != 0 {
-		s.t.Errorf("poolerd exited %d after SIGTERM:\n%s", code, tail(s.out.String(), 30))
+		s.t.Errorf("poolerd exited %d after SIGINT:\n%s", code, tail(s.out.String(), 30))
 	}
 }
 

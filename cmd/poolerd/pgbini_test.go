@@ -1,0 +1,33 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+// poolerd convert prints the YAML of a pgbouncer.ini, lists what it does
+// not honour, and says when the result would not start.
+func TestConvertCommand(t *testing.T) {
+	var out, errOut bytes.Buffer
+	code := run([]string{"convert", "../../internal/pgbini/testdata/debian-pgbouncer.ini"}, &out, &errOut)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	for _, want := range []string{"listen: localhost:6432\n", "pool_mode: session\n", "#   pidfile (debian-pgbouncer.ini:46): "} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if !strings.Contains(errOut.String(), "3 settings poolerd does not honour") || !strings.Contains(errOut.String(), "no databases") {
+		t.Errorf("stderr: %s", errOut.String())
+	}
+	out.Reset()
+	errOut.Reset()
+	if code := run([]string{"convert"}, &out, &errOut); code != 2 || !strings.Contains(errOut.String(), "Usage: poolerd convert") {
+		t.Errorf("convert without a file: exit %d, %s", code, errOut.String())
+	}
+	if code := run([]string{"convert", "/nonexistent.ini"}, &out, &errOut); code != 1 {
+		t.Errorf("convert of a missing file: exit %d", code)
+	}
+}

@@ -1,0 +1,588 @@
+package pgbini
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/poolerd/poolerd/internal/config"
+)
+
+// kind is how a PgBouncer value becomes a poolerd one.
+type kind int
+
+const (
+	kindNone    kind = iota // not honoured
+	kindString              // as written
+	kindPath                // a file name, relative ones taken from the ini's directory
+	kindInt                 // an integer
+	kindSeconds             // PgBouncer's seconds (possibly fractional) to a duration
+	kindBool                // 0/1, yes/no, on/off, true/false
+	kindList                // comma-separated names
+	kindSpecial             // translated by code in translate
+)
+
+// Rule is how one PgBouncer setting maps to poolerd.
+type Rule struct {
+	// Section is pgbouncer, databases (a connection-string parameter of a
+	// [databases] entry) or users (a parameter of a [users] entry).
+	Section string
+	// Key is PgBouncer's name.
+	Key string
+	// To is poolerd's key (for databases and users, the field of the
+	// entry); empty when poolerd has no equivalent.
+	To   string
+	kind kind
+	// ifKey: To is honoured only once poolerd has that key (one being
+	// added); until then the setting is reported like one without an
+	// equivalent.
+	ifKey bool
+	// Default is PgBouncer's default, written when the file does not set
+	// the key, for the keys whose poolerd default differs.
+	Default string
+	// Note says what differs (honoured keys) or what to do instead.
+	Note string
+}
+
+// Honoured reports whether poolerd applies the setting.
+func (r Rule) Honoured() bool {
+	if r.kind == kindNone {
+		return false
+	}
+	return !r.ifKey || hasKey(r.To)
+}
+
+func hasKey(name string) bool {
+	return slices.ContainsFunc(config.Keys(), func(k config.Key) bool { return k.Name == name })
+}
+
+const (
+	adviceTCPOnly     = "poolerd listens on TCP only (listen): point clients that used the Unix socket at host=127.0.0.1 and the listen port"
+	adviceKeepalive   = "poolerd keeps Go's TCP keepalive (15 s) on every connection; to end dead or silent peers use server_response_timeout and client_idle_timeout"
+	adviceDNS         = "poolerd resolves host names with the system resolver at each connect: nothing to set"
+	adviceReserve     = "poolerd has no reserve pool: add it to the pool size (max_size); checkout_timeout bounds the wait"
+	adviceStartupParm = "not stored by poolerd: set it in PostgreSQL with ALTER DATABASE … SET (or ALTER ROLE … SET), or in the client's connection string"
+	adviceAuthQuery   = "poolerd has no auth_query yet: list every user with its secret in auth_file (SELECT usename, passwd FROM pg_shadow gives the lines)"
+	adviceHBA         = "poolerd has no hba file yet: bind listen to a private address and firewall it; every client still needs its password (auth_type)"
+	adviceTLSProto    = "poolerd speaks TLS 1.2 and 1.3 with Go's default cipher suites: nothing to set"
+	adviceNotNeeded   = "not needed by poolerd: remove it"
+	adviceLog         = "poolerd logs to stderr (journald under systemd, `docker logs` in a container): redirect stderr to keep a file"
+)
+
+// Rules is the whole mapping, in the order of the migration guide.
+func Rules() []Rule {
+	return []Rule{
+		// [pgbouncer]: where clients connect, authentication.
+		{Section: "pgbouncer", Key: "listen_addr", To: "listen", kind: kindSpecial, Note: "with listen_port: `*` listens on every address; a list keeps its first address (poolerd has one listener); unset (Unix socket only) becomes 127.0.0.1"},
+		{Section: "pgbouncer", Key: "listen_port", To: "listen", kind: kindSpecial, Default: "6432"},
+		{Section: "pgbouncer", Key: "unix_socket_dir", Note: adviceTCPOnly},
+		{Section: "pgbouncer", Key: "unix_socket_mode", Note: adviceTCPOnly},
+		{Section: "pgbouncer", Key: "unix_socket_group", Note: adviceTCPOnly},
+		{Section: "pgbouncer", Key: "auth_type", To: "auth_type", kind: kindSpecial, Default: "md5", Note: "`md5`, `scram-sha-256` and `trust` as in PgBouncer; `plain` becomes `md5` and `any` becomes `trust` (both reported); `hba`, `cert`, `pam` and `ldap` are reported and `md5` is used"},
+		{Section: "pgbouncer", Key: "auth_file", To: "auth_file", kind: kindPath, Note: "same format (userlist.txt)"},
+		{Section: "pgbouncer", Key: "auth_hba_file", To: "auth_hba_file", kind: kindPath, ifKey: true, Note: adviceHBA},
+		{Section: "pgbouncer", Key: "auth_query", To: "auth_query", kind: kindString, ifKey: true, Note: adviceAuthQuery},
+		{Section: "pgbouncer", Key: "auth_user", To: "auth_user", kind: kindString, ifKey: true, Note: adviceAuthQuery},
+		{Section: "pgbouncer", Key: "auth_dbname", To: "auth_dbname", kind: kindString, ifKey: true, Note: adviceAuthQuery},
+		{Section: "pgbouncer", Key: "auth_ldap_options", Note: "LDAP authentication is not supported: use auth_file"},
+		{Section: "pgbouncer", Key: "admin_users", To: "admin_users", kind: kindList},
+		{Section: "pgbouncer", Key: "stats_users", To: "stats_users", kind: kindList},
+		// Pools.
+		{Section: "pgbouncer", Key: "pool_mode", To: "pool_mode", kind: kindString, Default: "session"},
+		{Section: "pgbouncer", Key: "default_pool_size", To: "max_size", kind: kindInt},
+		{Section: "pgbouncer", Key: "min_pool_size", To: "min_size", kind: kindInt},
+		{Section: "pgbouncer", Key: "reserve_pool_size", Note: adviceReserve},
+		{Section: "pgbouncer", Key: "reserve_pool_timeout", Note: adviceReserve},
+		{Section: "pgbouncer", Key: "max_client_conn", To: "max_client_conn", kind: kindInt, Default: "100"},
+		{Section: "pgbouncer", Key: "max_db_connections", To: "max_db_connections", kind: kindInt},
+		{Section: "pgbouncer", Key: "max_user_connections", To: "max_user_connections", kind: kindInt},
+		{Section: "pgbouncer", Key: "max_db_client_connections", To: "max_db_client_connections", kind: kindInt},
+		{Section: "pgbouncer", Key: "max_user_client_connections", To: "max_user_client_connections", kind: kindInt},
+		{Section: "pgbouncer", Key: "max_prepared_statements", To: "max_prepared_statements", kind: kindInt},
+		{Section: "pgbouncer", Key: "server_reset_query", To: "server_reset_query", kind: kindString},
+		{Section: "pgbouncer", Key: "server_reset_query_always", Note: "poolerd runs server_reset_query in session mode only; in transaction mode it tracks session state itself (session_state)"},
+		{Section: "pgbouncer", Key: "server_check_query", To: "validation_query", kind: kindSpecial, Note: "empty turns the check off (validation_interval 0)"},
+		{Section: "pgbouncer", Key: "server_check_delay", To: "validation_interval", kind: kindSeconds, Default: "30"},
+		{Section: "pgbouncer", Key: "server_fast_close", Note: "no equivalent: RECONNECT and a changed database close idle connections at once and busy ones when released"},
+		{Section: "pgbouncer", Key: "server_round_robin", Note: "no equivalent: nothing to set"},
+		{Section: "pgbouncer", Key: "server_lifetime", To: "max_lifetime", kind: kindSeconds, Note: "poolerd adds ±10 % jitter per connection"},
+		{Section: "pgbouncer", Key: "server_idle_timeout", To: "idle_timeout", kind: kindSeconds, Default: "600"},
+		{Section: "pgbouncer", Key: "server_connect_timeout", To: "server_connect_timeout", kind: kindSeconds},
+		{Section: "pgbouncer", Key: "server_login_retry", To: "reconnect_backoff_max", kind: kindSpecial, Note: "poolerd backs off exponentially from reconnect_backoff_base (1s) up to this"},
+		{Section: "pgbouncer", Key: "autodb_idle_timeout", Note: "pools of the `*` entry are kept; idle_timeout closes their connections"},
+		{Section: "pgbouncer", Key: "suspend_timeout", Note: "SUSPEND and online restart (-R) are not supported"},
+		{Section: "pgbouncer", Key: "track_extra_parameters", Note: "poolerd tracks every parameter the server reports: nothing to set"},
+		{Section: "pgbouncer", Key: "ignore_startup_parameters", Note: "poolerd accepts and applies every startup parameter (extra_float_digits, search_path, options…): nothing to set"},
+		{Section: "pgbouncer", Key: "disable_pqexec", Note: "no equivalent: multi-statement simple queries are forwarded"},
+		{Section: "pgbouncer", Key: "application_name_add_host", Note: "no equivalent: the client address is in SHOW CLIENTS"},
+		{Section: "pgbouncer", Key: "max_packet_size", To: "max_packet_size", kind: kindSpecial, Note: "capped at PostgreSQL's own limit, 1073741823"},
+		{Section: "pgbouncer", Key: "pkt_buf", Note: "poolerd sizes its buffers itself: remove it"},
+		{Section: "pgbouncer", Key: "sbuf_loopcnt", Note: "poolerd sizes its buffers itself: remove it"},
+		{Section: "pgbouncer", Key: "listen_backlog", Note: "poolerd uses the kernel's somaxconn: remove it"},
+		{Section: "pgbouncer", Key: "so_reuseport", To: "so_reuseport", kind: kindBool, ifKey: true, Note: "not supported yet: stop the old process before the new one binds the port"},
+		{Section: "pgbouncer", Key: "peer_id", Note: "peering is not supported: a cancel request must reach the poolerd its client is connected to"},
+		// Timeouts.
+		{Section: "pgbouncer", Key: "query_timeout", To: "query_timeout", kind: kindSeconds},
+		{Section: "pgbouncer", Key: "query_wait_timeout", To: "checkout_timeout", kind: kindSeconds, Default: "120"},
+		{Section: "pgbouncer", Key: "cancel_wait_timeout", Note: "poolerd forwards a cancel request at once: nothing to set"},
+		{Section: "pgbouncer", Key: "client_idle_timeout", To: "client_idle_timeout", kind: kindSeconds},
+		{Section: "pgbouncer", Key: "client_login_timeout", To: "client_login_timeout", kind: kindSeconds},
+		{Section: "pgbouncer", Key: "idle_transaction_timeout", To: "idle_transaction_timeout", kind: kindSeconds},
+		{Section: "pgbouncer", Key: "transaction_timeout", To: "transaction_timeout", kind: kindSeconds},
+		// TLS.
+		{Section: "pgbouncer", Key: "client_tls_sslmode", To: "client_tls_sslmode", kind: kindString},
+		{Section: "pgbouncer", Key: "client_tls_cert_file", To: "client_tls_cert_file", kind: kindPath},
+		{Section: "pgbouncer", Key: "client_tls_key_file", To: "client_tls_key_file", kind: kindPath},
+		{Section: "pgbouncer", Key: "client_tls_ca_file", To: "client_tls_ca_file", kind: kindPath},
+		{Section: "pgbouncer", Key: "client_tls_protocols", To: "client_tls_protocols", kind: kindString, ifKey: true, Note: adviceTLSProto},
+		{Section: "pgbouncer", Key: "client_tls_ciphers", To: "client_tls_ciphers", kind: kindString, ifKey: true, Note: adviceTLSProto},
+		{Section: "pgbouncer", Key: "client_tls_ecdhcurve", Note: adviceTLSProto},
+		{Section: "pgbouncer", Key: "client_tls_dheparams", Note: adviceTLSProto},
+		{Section: "pgbouncer", Key: "server_tls_sslmode", To: "server_tls_sslmode", kind: kindString},
+		{Section: "pgbouncer", Key: "server_tls_ca_file", To: "server_tls_ca_file", kind: kindPath},
+		{Section: "pgbouncer", Key: "server_tls_cert_file", To: "server_tls_cert_file", kind: kindPath},
+		{Section: "pgbouncer", Key: "server_tls_key_file", To: "server_tls_key_file", kind: kindPath},
+		{Section: "pgbouncer", Key: "server_tls_protocols", To: "server_tls_protocols", kind: kindString, ifKey: true, Note: adviceTLSProto},
+		{Section: "pgbouncer", Key: "server_tls_ciphers", To: "server_tls_ciphers", kind: kindString, ifKey: true, Note: adviceTLSProto},
+		// Network.
+		{Section: "pgbouncer", Key: "tcp_defer_accept", Note: adviceKeepalive},
+		{Section: "pgbouncer", Key: "tcp_socket_buffer", Note: adviceKeepalive},
+		{Section: "pgbouncer", Key: "tcp_keepalive", Note: adviceKeepalive},
+		{Section: "pgbouncer", Key: "tcp_keepcnt", Note: adviceKeepalive},
+		{Section: "pgbouncer", Key: "tcp_keepidle", Note: adviceKeepalive},
+		{Section: "pgbouncer", Key: "tcp_keepintvl", Note: adviceKeepalive},
+		{Section: "pgbouncer", Key: "tcp_user_timeout", Note: adviceKeepalive},
+		{Section: "pgbouncer", Key: "dns_max_ttl", Note: adviceDNS},
+		{Section: "pgbouncer", Key: "dns_nxdomain_ttl", Note: adviceDNS},
+		{Section: "pgbouncer", Key: "dns_zone_check_period", Note: adviceDNS},
+		{Section: "pgbouncer", Key: "resolv_conf", Note: adviceDNS},
+		// Logging and the process.
+		{Section: "pgbouncer", Key: "stats_period", To: "stats_period", kind: kindSeconds},
+		{Section: "pgbouncer", Key: "log_connections", To: "log_connections", kind: kindBool},
+		{Section: "pgbouncer", Key: "log_disconnections", To: "log_disconnections", kind: kindBool},
+		{Section: "pgbouncer", Key: "log_stats", To: "log_stats", kind: kindBool},
+		{Section: "pgbouncer", Key: "log_pooler_errors", Note: "poolerd logs every refusal with its reason (log_disconnections): nothing to set"},
+		{Section: "pgbouncer", Key: "verbose", To: "log_level", kind: kindSpecial, Note: "1 or more becomes `debug`"},
+		{Section: "pgbouncer", Key: "logfile", Note: adviceLog},
+		{Section: "pgbouncer", Key: "syslog", Note: adviceLog},
+		{Section: "pgbouncer", Key: "syslog_ident", Note: adviceLog},
+		{Section: "pgbouncer", Key: "syslog_facility", Note: adviceLog},
+		{Section: "pgbouncer", Key: "pidfile", Note: "poolerd writes no pid file: use systemd's MainPID (or $! from the shell that started it)"},
+		{Section: "pgbouncer", Key: "user", Note: "poolerd does not switch users: start it as the user it should run as (systemd User=)"},
+		{Section: "pgbouncer", Key: "conffile", Note: adviceNotNeeded},
+		{Section: "pgbouncer", Key: "service_name", Note: adviceNotNeeded},
+		{Section: "pgbouncer", Key: "job_name", Note: adviceNotNeeded},
+
+		// [databases] connection-string parameters.
+		{Section: "databases", Key: "host", To: "host", kind: kindSpecial, Note: "unset (PgBouncer's Unix socket) becomes /var/run/postgresql, or /tmp where that does not exist; a list of hosts keeps the first (reported)"},
+		{Section: "databases", Key: "port", To: "port", kind: kindInt, Note: "a list keeps the first"},
+		{Section: "databases", Key: "dbname", To: "dbname", kind: kindString},
+		{Section: "databases", Key: "user", To: "user", kind: kindString},
+		{Section: "databases", Key: "password", To: "password", kind: kindString, Note: "without it the password of user in auth_file is used, as in PgBouncer"},
+		{Section: "databases", Key: "auth_user", Note: adviceAuthQuery},
+		{Section: "databases", Key: "auth_query", Note: adviceAuthQuery},
+		{Section: "databases", Key: "auth_dbname", Note: adviceAuthQuery},
+		{Section: "databases", Key: "pool_size", To: "max_size", kind: kindInt},
+		{Section: "databases", Key: "min_pool_size", To: "min_size", kind: kindInt},
+		{Section: "databases", Key: "reserve_pool", Note: adviceReserve},
+		{Section: "databases", Key: "reserve_pool_size", Note: adviceReserve},
+		{Section: "databases", Key: "pool_mode", To: "pool_mode", kind: kindString},
+		{Section: "databases", Key: "max_db_connections", To: "max_db_connections", kind: kindInt},
+		{Section: "databases", Key: "max_db_client_connections", To: "max_db_client_connections", kind: kindInt},
+		{Section: "databases", Key: "server_lifetime", To: "max_lifetime", kind: kindSeconds},
+		{Section: "databases", Key: "client_encoding", Note: adviceStartupParm},
+		{Section: "databases", Key: "datestyle", Note: adviceStartupParm},
+		{Section: "databases", Key: "timezone", Note: adviceStartupParm},
+		{Section: "databases", Key: "application_name", Note: adviceStartupParm},
+		{Section: "databases", Key: "connect_query", Note: "no per-connection query: put settings in ALTER DATABASE … SET or ALTER ROLE … SET"},
+		{Section: "databases", Key: "load_balance_hosts", Note: "one host per database: put a load balancer or a DNS name in front of the replicas"},
+
+		// [users] parameters.
+		{Section: "users", Key: "pool_mode", To: "pool_mode", kind: kindString},
+		{Section: "users", Key: "pool_size", To: "max_size", kind: kindInt},
+		{Section: "users", Key: "reserve_pool_size", Note: adviceReserve},
+		{Section: "users", Key: "max_user_connections", To: "max_user_connections", kind: kindInt},
+		{Section: "users", Key: "max_user_client_connections", To: "max_user_client_connections", kind: kindInt},
+		{Section: "users", Key: "query_timeout", To: "query_timeout", kind: kindSeconds},
+		{Section: "users", Key: "idle_transaction_timeout", To: "idle_transaction_timeout", kind: kindSeconds},
+		{Section: "users", Key: "client_idle_timeout", To: "client_idle_timeout", kind: kindSeconds},
+		{Section: "users", Key: "transaction_timeout", To: "transaction_timeout", kind: kindSeconds},
+	}
+}
+
+// Ignored is a setting of the ini that poolerd does not honour. It names
+// the setting, never its value (which may be a password).
+type Ignored struct {
+	// Setting is the key, with its section and entry for [databases] and
+	// [users] ("[databases] app: client_encoding").
+	Setting string
+	// Where is file:line.
+	Where string
+	// Advice says what to do instead.
+	Advice string
+}
+
+func (ig Ignored) String() string {
+	return fmt.Sprintf("%s (%s): %s", ig.Setting, ig.Where, ig.Advice)
+}
+
+// Result is a translated pgbouncer.ini.
+type Result struct {
+	// Tree holds the poolerd keys, as a YAML file would: scalars, the
+	// databases and users lists of maps.
+	Tree map[string]any
+	// Ignored lists the settings poolerd does not honour, in file order.
+	Ignored []Ignored
+	// Defaulted lists the poolerd keys set to PgBouncer's default because
+	// the file does not set them and poolerd's own default differs.
+	Defaulted []string
+	// File is the ini's path.
+	File string
+}
+
+// Load reads and translates the pgbouncer.ini at path.
+func Load(path string) (*Result, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("pgbouncer.ini: %w", err)
+	}
+	return translate(path, data)
+}
+
+// Translate is config.Loader's hook: it translates data read from path
+// when it is a pgbouncer.ini, and reports false for anything else.
+func Translate(path string, data []byte) (map[string]any, bool, error) {
+	if !Detect(data) {
+		return nil, false, nil
+	}
+	r, err := translate(path, data)
+	if err != nil {
+		return nil, true, err
+	}
+	return r.Tree, true, nil
+}
+
+func rulesBySection() map[string]map[string]Rule {
+	out := map[string]map[string]Rule{}
+	for _, r := range Rules() {
+		if out[r.Section] == nil {
+			out[r.Section] = map[string]Rule{}
+		}
+		out[r.Section][r.Key] = r
+	}
+	return out
+}
+
+// translate does the work of Load on data read from path.
+func translate(path string, data []byte) (*Result, error) {
+	var entries []entry
+	if _, err := parseFile(path, data, 0, "", &entries); err != nil {
+		return nil, err
+	}
+	res := &Result{Tree: map[string]any{}, File: path}
+	rules := rulesBySection()
+	ignore := func(setting string, e entry, advice string) {
+		res.Ignored = append(res.Ignored, Ignored{Setting: setting, Where: e.where(), Advice: advice})
+	}
+	set := map[string]entry{} // [pgbouncer] keys, last one wins as in PgBouncer
+	var setOrder []string
+	var dbs, users []any
+	for _, e := range entries {
+		switch e.section {
+		case "pgbouncer":
+			if _, dup := set[e.key]; !dup {
+				setOrder = append(setOrder, e.key)
+			}
+			set[e.key] = e
+		case "databases":
+			d, err := translateEntry(e, "databases", rules["databases"], ignore)
+			if err != nil {
+				return nil, err
+			}
+			dbs = append(dbs, d)
+		case "users":
+			u, err := translateEntry(e, "users", rules["users"], ignore)
+			if err != nil {
+				return nil, err
+			}
+			users = append(users, u)
+		case "peers":
+			ignore("[peers] "+e.key, e, "peering is not supported: a cancel request must reach the poolerd its client is connected to")
+		default:
+			ignore(fmt.Sprintf("[%s] %s", e.section, e.key), e, "unknown section: PgBouncer reads [databases], [users], [peers] and [pgbouncer]")
+		}
+	}
+	for _, key := range setOrder {
+		e := set[key]
+		r, ok := rules["pgbouncer"][key]
+		if !ok {
+			ignore(key, e, "unknown to poolerd (and to PgBouncer 1.25): check the spelling, or remove it")
+			continue
+		}
+		if !r.Honoured() {
+			ignore(key, e, r.Note)
+			continue
+		}
+		if err := res.setPgbouncer(r, e, set, ignore); err != nil {
+			return nil, fmt.Errorf("%s: %s: %w", e.where(), key, err)
+		}
+	}
+	// PgBouncer's defaults where poolerd's differ.
+	for _, r := range rules["pgbouncer"] {
+		if r.Default == "" || r.To == "" {
+			continue
+		}
+		if _, ok := set[r.Key]; ok {
+			continue
+		}
+		if _, ok := res.Tree[r.To]; ok {
+			continue
+		}
+		e := entry{key: r.Key, value: r.Default, file: path}
+		if err := res.setPgbouncer(r, e, set, ignore); err != nil {
+			return nil, err
+		}
+		res.Defaulted = append(res.Defaulted, r.To)
+	}
+	slices.Sort(res.Defaulted)
+	if len(dbs) > 0 {
+		res.Tree["databases"] = dbs
+	}
+	if len(users) > 0 {
+		res.Tree["users"] = users
+	}
+	return res, nil
+}
+
+// setPgbouncer translates one [pgbouncer] setting into res.Tree.
+func (res *Result) setPgbouncer(r Rule, e entry, set map[string]entry, ignore func(string, entry, string)) error {
+	if r.kind != kindSpecial {
+		v, err := convert(r.kind, e.value, e.file)
+		if err != nil {
+			return err
+		}
+		res.Tree[r.To] = v
+		return nil
+	}
+	switch r.Key {
+	case "listen_addr", "listen_port":
+		if _, done := res.Tree["listen"]; done {
+			return nil
+		}
+		port := "6432"
+		if p, ok := set["listen_port"]; ok {
+			if _, err := strconv.ParseUint(p.value, 10, 16); err != nil {
+				return fmt.Errorf("listen_port %q is not a port number", p.value)
+			}
+			port = p.value
+		}
+		host := "127.0.0.1"
+		a, ok := set["listen_addr"]
+		switch {
+		case !ok || strings.TrimSpace(a.value) == "":
+			ignore("listen_addr (unset: Unix socket only)", e, adviceTCPOnly+"; poolerd listens on 127.0.0.1")
+		default:
+			addrs := strings.Split(a.value, ",")
+			host = strings.TrimSpace(addrs[0])
+			if len(addrs) > 1 {
+				ignore("listen_addr (more than one address)", a, "poolerd has one listener: it listens on the first address only; use * for every address")
+			}
+		}
+		if host == "*" {
+			host = ""
+		}
+		res.Tree["listen"] = joinHostPort(host, port)
+	case "auth_type":
+		switch v := strings.ToLower(e.value); v {
+		case config.AuthMD5, config.AuthSCRAM, config.AuthTrust:
+			res.Tree["auth_type"] = v
+		case "plain":
+			res.Tree["auth_type"] = config.AuthMD5
+			ignore("auth_type plain", e, "poolerd does not ask for cleartext passwords: md5 is used (plain passwords in auth_file still work)")
+		case "any":
+			res.Tree["auth_type"] = config.AuthTrust
+			ignore("auth_type any", e, "trust is used: any user name is accepted without a password, as with any")
+		default:
+			res.Tree["auth_type"] = config.AuthMD5
+			advice := "not supported: md5 is used (every client needs its password in auth_file)"
+			if v == "hba" {
+				advice = adviceHBA + "; md5 is used"
+			}
+			ignore("auth_type "+v, e, advice)
+		}
+	case "server_check_query":
+		if strings.TrimSpace(e.value) == "" {
+			res.Tree["validation_interval"] = "0s"
+			return nil
+		}
+		res.Tree["validation_query"] = e.value
+	case "server_login_retry":
+		d, err := seconds(e.value)
+		if err != nil {
+			return err
+		}
+		if d <= 0 {
+			ignore("server_login_retry 0", e, "poolerd always waits between attempts: reconnect_backoff_base (1s) doubling up to reconnect_backoff_max (16s)")
+			return nil
+		}
+		res.Tree["reconnect_backoff_max"] = fmtDuration(d)
+		if d < config.Defaults().ReconnectBackoffBase {
+			res.Tree["reconnect_backoff_base"] = fmtDuration(d)
+		}
+	case "max_packet_size":
+		n, err := strconv.ParseInt(e.value, 10, 64)
+		if err != nil {
+			return fmt.Errorf("%q is not a number", e.value)
+		}
+		res.Tree["max_packet_size"] = int(min(max(n, 1024), 1<<30-1))
+	case "verbose":
+		n, err := strconv.Atoi(e.value)
+		if err != nil {
+			return fmt.Errorf("%q is not a number", e.value)
+		}
+		if n > 0 {
+			res.Tree["log_level"] = "debug"
+		}
+	}
+	return nil
+}
+
+// translateEntry turns one [databases] or [users] line into an entry of
+// poolerd's databases or users list.
+func translateEntry(e entry, section string, rules map[string]Rule, ignore func(string, entry, string)) (map[string]any, error) {
+	params, err := parseConnString(e.value)
+	if err != nil {
+		return nil, fmt.Errorf("%s: [%s] %s: %w", e.where(), section, e.key, err)
+	}
+	out := map[string]any{"name": e.key}
+	label := fmt.Sprintf("[%s] %s", section, e.key)
+	for _, p := range params {
+		r, ok := rules[p.key]
+		if !ok {
+			ignore(label+": "+p.key, e, "unknown parameter: check the spelling, or remove it")
+			continue
+		}
+		if !r.Honoured() {
+			ignore(label+": "+p.key, e, r.Note)
+			continue
+		}
+		if r.kind == kindSpecial { // host
+			hosts := strings.Split(p.value, ",")
+			out["host"] = strings.TrimSpace(hosts[0])
+			if len(hosts) > 1 {
+				ignore(label+": host (more than one)", e, "one host per database: the first is used; put a load balancer or a DNS name in front of the replicas")
+			}
+			continue
+		}
+		value := p.value
+		if p.key == "port" {
+			value = strings.TrimSpace(strings.Split(value, ",")[0])
+		}
+		v, err := convert(r.kind, value, e.file)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %s %s: %w", e.where(), label, p.key, err)
+		}
+		out[r.To] = v
+	}
+	if section == "databases" {
+		if _, ok := out["host"]; !ok || out["host"] == "" {
+			out["host"] = defaultSocketDir()
+		}
+	}
+	return out, nil
+}
+
+// defaultSocketDir is where PgBouncer (as Debian builds it) looks for
+// PostgreSQL's Unix socket when a database has no host.
+func defaultSocketDir() string {
+	if fi, err := os.Stat("/var/run/postgresql"); err == nil && fi.IsDir() {
+		return "/var/run/postgresql"
+	}
+	return "/tmp"
+}
+
+// convert turns a PgBouncer value into the value of a poolerd key.
+func convert(k kind, v, file string) (any, error) {
+	switch k {
+	case kindString:
+		return v, nil
+	case kindPath:
+		if v != "" && !filepath.IsAbs(v) {
+			return filepath.Join(filepath.Dir(file), v), nil
+		}
+		return v, nil
+	case kindInt:
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not an integer", v)
+		}
+		return n, nil
+	case kindSeconds:
+		d, err := seconds(v)
+		if err != nil {
+			return nil, err
+		}
+		return fmtDuration(d), nil
+	case kindBool:
+		switch strings.ToLower(v) {
+		case "1", "yes", "on", "true":
+			return true, nil
+		case "0", "no", "off", "false":
+			return false, nil
+		}
+		return nil, fmt.Errorf("%q is not a boolean (0 or 1)", v)
+	case kindList:
+		list := []string{}
+		for _, s := range strings.Split(v, ",") {
+			if s = strings.TrimSpace(s); s != "" {
+				list = append(list, s)
+			}
+		}
+		return list, nil
+	}
+	return nil, fmt.Errorf("no conversion")
+}
+
+// seconds parses a PgBouncer time: seconds, possibly fractional ("0.5");
+// a value with a unit ("30s", "500ms") is accepted too.
+func seconds(v string) (time.Duration, error) {
+	v = strings.TrimSpace(v)
+	if f, err := strconv.ParseFloat(v, 64); err == nil {
+		if f < 0 || math.IsNaN(f) || f > math.MaxInt64/float64(time.Second) {
+			return 0, fmt.Errorf("%q is not a time in seconds", v)
+		}
+		return time.Duration(math.Round(f * float64(time.Second))), nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("%q is not a time in seconds", v)
+	}
+	return d, nil
+}
+
+// fmtDuration writes d the way a person would in YAML: 10m, 30s, 1h, 500ms.
+func fmtDuration(d time.Duration) string {
+	switch {
+	case d == 0:
+		return "0s"
+	case d%time.Hour == 0:
+		return fmt.Sprintf("%dh", d/time.Hour)
+	case d%time.Minute == 0:
+		return fmt.Sprintf("%dm", d/time.Minute)
+	case d%time.Second == 0:
+		return fmt.Sprintf("%ds", d/time.Second)
+	}
+	return d.String()
+}
+
+func joinHostPort(host, port string) string {
+	if strings.Contains(host, ":") {
+		return "[" + host + "]:" + port
+	}
+	return host + ":" + port
+}

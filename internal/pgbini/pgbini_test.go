@@ -1,0 +1,392 @@
+package pgbini
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/poolerd/poolerd/internal/config"
+)
+
+// loadWith loads path through config.Loader, with the ini hook as
+// cmd/poolerd installs it.
+func loadWith(t *testing.T, path string) (*config.Config, error) {
+	t.Helper()
+	l, err := config.NewLoader([]string{"--config", path}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Translate = Translate
+	return l.Load()
+}
+
+func settings(res *Result) []string {
+	var out []string
+	for _, ig := range res.Ignored {
+		out = append(out, ig.Setting)
+	}
+	return out
+}
+
+func TestDetect(t *testing.T) {
+	for _, tc := range []struct {
+		name, text string
+		want       bool
+	}{
+		{"section", "[databases]\nfoo = host=x\n", true},
+		{"comments first", ";; comment\n# other\n\n  [pgbouncer]\n", true},
+		{"include", "%include /etc/pgbouncer/common.ini\n", true},
+		{"yaml", "listen: 127.0.0.1:6432\nupstream: postgres://a@b/c\n", false},
+		{"yaml comment", "# poolerd\nlisten: x\n", false},
+		{"yaml flow list", "[a, b]\n", false},
+		{"empty", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := Detect([]byte(tc.text)); got != tc.want {
+				t.Errorf("Detect = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// The sample Debian's pgbouncer package installs as
+// /etc/pgbouncer/pgbouncer.ini, unchanged.
+func TestDebianSample(t *testing.T) {
+	res, err := Load("testdata/debian-pgbouncer.ini")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{
+		"listen":              "localhost:6432",
+		"auth_type":           "md5",
+		"auth_file":           "/etc/pgbouncer/userlist.txt",
+		"pool_mode":           "session",
+		"max_client_conn":     100,
+		"idle_timeout":        "10m",
+		"checkout_timeout":    "2m",
+		"validation_interval": "30s",
+	}
+	if !reflect.DeepEqual(res.Tree, want) {
+		t.Errorf("tree\n got %#v\nwant %#v", res.Tree, want)
+	}
+	if got, want := settings(res), []string{"logfile", "pidfile", "unix_socket_dir"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("not honoured %q, want %q", got, want)
+	}
+	for _, ig := range res.Ignored {
+		if ig.Advice == "" || !strings.HasPrefix(ig.Where, "debian-pgbouncer.ini:") {
+			t.Errorf("ignored setting without advice or line: %+v", ig)
+		}
+	}
+	// As shipped it lists no database, and its userlist is empty: poolerd
+	// says what to add (PgBouncer starts, but serves nothing either).
+	dir := t.TempDir()
+	ini, _ := os.ReadFile("testdata/debian-pgbouncer.ini")
+	text := strings.Replace(string(ini), "/etc/pgbouncer/userlist.txt", "userlist.txt", 1)
+	writeFile(t, filepath.Join(dir, "pgbouncer.ini"), text)
+	writeFile(t, filepath.Join(dir, "userlist.txt"), "")
+	_, err = loadWith(t, filepath.Join(dir, "pgbouncer.ini"))
+	if err == nil || !strings.Contains(err.Error(), "no databases") {
+		t.Errorf("Debian sample as shipped: %v, want the no databases error", err)
+	}
+	// With one database line and one user, as an operator fills it in.
+	text = strings.Replace(text, ";foodb =\n", "foodb = host=127.0.0.1\n", 1)
+	writeFile(t, filepath.Join(dir, "pgbouncer.ini"), text)
+	writeFile(t, filepath.Join(dir, "userlist.txt"), `"app" "secret"`+"\n")
+	cfg, err := loadWith(t, filepath.Join(dir, "pgbouncer.ini"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Listen != "localhost:6432" || cfg.PoolMode != config.PoolSession || cfg.AuthType != config.AuthMD5 ||
+		len(cfg.Databases) != 1 || cfg.Databases[0].Host != "127.0.0.1" || cfg.IdleTimeout != 10*time.Minute {
+		t.Errorf("config %+v", cfg)
+	}
+}
+
+func writeFile(t *testing.T, path, text string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A multi-database ini with a userlist, as PgBouncer's documentation
+// writes them, with a %include.
+func TestMultiDatabase(t *testing.T) {
+	res, err := Load("testdata/multi/pgbouncer.ini")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantTop := map[string]any{
+		"listen":                   ":6543",
+		"auth_type":                "md5",
+		"auth_file":                "testdata/multi/userlist.txt",
+		"admin_users":              []string{"admin", "someuser"},
+		"stats_users":              []string{"stats"},
+		"pool_mode":                "transaction",
+		"max_size":                 20,
+		"min_size":                 2,
+		"max_client_conn":          500,
+		"max_lifetime":             "30m",
+		"idle_timeout":             "5m",
+		"query_timeout":            "0s",
+		"checkout_timeout":         "1m",
+		"idle_transaction_timeout": "500ms",
+		"client_idle_timeout":      "10m",
+		"server_reset_query":       "DISCARD ALL",
+		"server_connect_timeout":   "5s",
+		"client_login_timeout":     "30s",
+		"stats_period":             "30s",
+		"log_connections":          false,
+		"validation_interval":      "30s",
+	}
+	for k, v := range wantTop {
+		if !reflect.DeepEqual(res.Tree[k], v) {
+			t.Errorf("%s = %#v, want %#v", k, res.Tree[k], v)
+		}
+	}
+	dbs := res.Tree["databases"].([]any)
+	wantDBs := []any{
+		map[string]any{"name": "foodb", "host": defaultSocketDir()},
+		map[string]any{"name": "bardb", "host": "localhost", "dbname": "bazdb"},
+		map[string]any{"name": "forcedb", "host": "localhost", "port": 300, "user": "baz", "password": "foo"},
+		map[string]any{"name": "nondefaultdb", "host": defaultSocketDir(), "max_size": 50, "pool_mode": "session", "max_db_connections": 60},
+		map[string]any{"name": "my-db", "host": "10.0.0.5", "dbname": "my db"},
+		map[string]any{"name": "*", "host": "testserver"},
+	}
+	if !reflect.DeepEqual(dbs, wantDBs) {
+		t.Errorf("databases\n got %#v\nwant %#v", dbs, wantDBs)
+	}
+	wantUsers := []any{map[string]any{"name": "user1", "pool_mode": "transaction", "max_user_connections": 10}}
+	if !reflect.DeepEqual(res.Tree["users"], wantUsers) {
+		t.Errorf("users %#v", res.Tree["users"])
+	}
+	wantIgnored := []string{
+		"[databases] forcedb: client_encoding", "[databases] forcedb: datestyle", "[databases] forcedb: connect_query",
+		"[databases] nondefaultdb: reserve_pool", "[databases] my-db: application_name",
+		"reserve_pool_size", "ignore_startup_parameters", "logfile", "pidfile", "tcp_keepalive",
+	}
+	if got := settings(res); !reflect.DeepEqual(got, wantIgnored) {
+		t.Errorf("not honoured\n got %q\nwant %q", got, wantIgnored)
+	}
+	// The included file's lines are reported with its name.
+	for _, ig := range res.Ignored {
+		if ig.Setting == "tcp_keepalive" && ig.Where != "timeouts.ini:4" {
+			t.Errorf("tcp_keepalive reported at %s, want timeouts.ini:4", ig.Where)
+		}
+	}
+
+	cfg, err := loadWith(t, "testdata/multi/pgbouncer.ini")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.IdleTransactionTimeout != 500*time.Millisecond || len(cfg.Databases) != 6 || cfg.Databases[2].Port != 300 ||
+		*cfg.Databases[3].MaxSize != 50 || cfg.Listen != ":6543" || len(cfg.UserNames()) != 4 {
+		t.Errorf("config %+v", cfg)
+	}
+	if _, err := cfg.Route("forcedb", "someone"); err != nil {
+		t.Errorf("route forcedb: %v", err)
+	}
+}
+
+// poolerd convert's YAML loads back to the same configuration as the ini.
+func TestConvertRoundTrip(t *testing.T) {
+	for _, ini := range []string{"testdata/multi/pgbouncer.ini", "testdata/debian-filled.ini"} {
+		t.Run(filepath.Base(ini), func(t *testing.T) {
+			if ini == "testdata/debian-filled.ini" {
+				dir := t.TempDir()
+				b, _ := os.ReadFile("testdata/debian-pgbouncer.ini")
+				text := strings.Replace(string(b), "/etc/pgbouncer/userlist.txt", "userlist.txt", 1)
+				text = strings.Replace(text, ";* = host=testserver\n", "* = host=db.internal port=5433 pool_size=7\n", 1)
+				ini = filepath.Join(dir, "pgbouncer.ini")
+				writeFile(t, ini, text)
+				writeFile(t, filepath.Join(dir, "userlist.txt"), `"app" "md5d7d880f96044b72d0bba108ace96d1e4"`+"\n")
+			}
+			fromIni, err := loadWith(t, ini)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := Load(ini)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := res.YAML()
+			if err != nil {
+				t.Fatal(err)
+			}
+			yml := filepath.Join(t.TempDir(), "poolerd.yaml")
+			writeFile(t, yml, string(out))
+			l, err := config.NewLoader([]string{"--config", yml}, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fromYAML, err := l.Load() // no Translate: plain YAML
+			if err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			if diff := configDiff(fromIni, fromYAML); diff != "" {
+				t.Errorf("the YAML loads to another configuration: %s\n%s", diff, out)
+			}
+			if !strings.Contains(string(out), "# Settings poolerd does not honour:") {
+				t.Errorf("no list of settings not honoured:\n%s", out)
+			}
+		})
+	}
+}
+
+// configDiff names what differs between a and b: a top-level key, the
+// databases or users lists, or the users with secrets.
+func configDiff(a, b *config.Config) string {
+	var diff []string
+	for _, k := range config.Keys() {
+		if va, vb := config.FormatValue(a, k.Name), config.FormatValue(b, k.Name); va != vb {
+			diff = append(diff, fmt.Sprintf("%s: %q vs %q", k.Name, va, vb))
+		}
+	}
+	if !reflect.DeepEqual(a.Databases, b.Databases) {
+		diff = append(diff, fmt.Sprintf("databases: %+v vs %+v", a.Databases, b.Databases))
+	}
+	if !reflect.DeepEqual(a.Users, b.Users) {
+		diff = append(diff, fmt.Sprintf("users: %+v vs %+v", a.Users, b.Users))
+	}
+	if !reflect.DeepEqual(a.UserNames(), b.UserNames()) {
+		diff = append(diff, fmt.Sprintf("user names: %q vs %q", a.UserNames(), b.UserNames()))
+	}
+	if !reflect.DeepEqual(a.RateLimits, b.RateLimits) {
+		diff = append(diff, "rate_limits")
+	}
+	return strings.Join(diff, "; ")
+}
+
+// Nothing that reports settings carries their values: a password in a
+// connection string must not reach the log.
+func TestWarningHasNoSecrets(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "p.ini"), "[databases]\napp = host=x user=u password=Hunter2Secret client_encoding=Hunter2Secret auth_user=Hunter2Secret\n"+
+		"[pgbouncer]\nauth_query = SELECT Hunter2Secret\nbogus = Hunter2Secret\n")
+	res, err := Load(filepath.Join(dir, "p.ini"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Ignored) < 3 {
+		t.Fatalf("ignored %q", settings(res))
+	}
+	for _, line := range res.Warning() {
+		if strings.Contains(line, "Hunter2Secret") {
+			t.Errorf("warning shows a value: %s", line)
+		}
+	}
+}
+
+func TestSeconds(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want string
+	}{
+		{"0", "0s"}, {"30", "30s"}, {"0.5", "500ms"}, {"600", "10m"}, {"3600", "1h"}, {"1.25", "1.25s"}, {"90", "90s"}, {"2m", "2m"},
+	} {
+		d, err := seconds(tc.in)
+		if err != nil {
+			t.Errorf("%s: %v", tc.in, err)
+			continue
+		}
+		if got := fmtDuration(d); got != tc.want {
+			t.Errorf("%s = %s, want %s", tc.in, got, tc.want)
+		}
+	}
+	for _, bad := range []string{"-1", "abc", ""} {
+		if _, err := seconds(bad); err == nil {
+			t.Errorf("seconds(%q) accepted", bad)
+		}
+	}
+}
+
+func TestParseConnString(t *testing.T) {
+	got, err := parseConnString(`host=a  port = 5 dbname='x y' password='it''s \'q\''`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []param{{"host", "a"}, {"port", "5"}, {"dbname", "x y"}, {"password", "it's 'q'"}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %q", got)
+	}
+	for _, bad := range []string{"host", "host='a"} {
+		if _, err := parseConnString(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+func TestIniErrors(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct{ name, text, want string }{
+		{"outside", "foo = 1\n[pgbouncer]\n", "outside any section"},
+		{"bad int", "[pgbouncer]\ndefault_pool_size = many\n", "p.ini:2: default_pool_size"},
+		{"bad seconds", "[pgbouncer]\nquery_timeout = soon\n", "not a time in seconds"},
+		{"missing include", "[pgbouncer]\n%include nothere.ini\n", "nothere.ini"},
+		{"self include", "[pgbouncer]\n%include p.ini\n", "nested more than"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			writeFile(t, filepath.Join(dir, "p.ini"), tc.text)
+			_, err := Load(filepath.Join(dir, "p.ini"))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// Every [pgbouncer] key PgBouncer's own sample documents (commented or not)
+// has a rule: a key left out would be reported as unknown.
+func TestDebianSampleKeysHaveRules(t *testing.T) {
+	b, err := os.ReadFile("testdata/debian-pgbouncer.ini")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules := rulesBySection()["pgbouncer"]
+	section := ""
+	for _, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, "[") {
+			section = strings.Trim(line, "[]")
+			continue
+		}
+		line = strings.TrimLeft(line, ";")
+		k, _, ok := strings.Cut(line, "=")
+		k = strings.TrimSpace(k)
+		if section != "pgbouncer" || !ok || k == "" || strings.ContainsAny(k, " .") {
+			continue
+		}
+		if _, ok := rules[k]; !ok {
+			t.Errorf("no rule for %s", k)
+		}
+	}
+}
+
+// The table of docs/migrating-from-pgbouncer.md is MarkdownTable's output
+// (run with POOLERD_UPDATE_DOCS=1 to rewrite it).
+func TestMigrationGuideTable(t *testing.T) {
+	const path = "../../docs/migrating-from-pgbouncer.md"
+	const begin, end = "<!-- mapping:begin (generated by internal/pgbini: POOLERD_UPDATE_DOCS=1 go test ./internal/pgbini) -->\n", "<!-- mapping:end -->"
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	i, j := strings.Index(doc, begin), strings.Index(doc, end)
+	if i < 0 || j < i {
+		t.Fatalf("%s has no %q ... %q section", path, begin, end)
+	}
+	want := "\n" + MarkdownTable() + "\n"
+	if got := doc[i+len(begin) : j]; got != want {
+		if os.Getenv("POOLERD_UPDATE_DOCS") == "1" {
+			writeFile(t, path, doc[:i+len(begin)]+want+doc[j:])
+			return
+		}
+		t.Errorf("the mapping table of %s is not what the code does; rerun with POOLERD_UPDATE_DOCS=1", path)
+	}
+}
