@@ -62,16 +62,29 @@ func (s *session) mayKeep() bool {
 // that statement may commit (see sqlscan Commits). Extended-protocol
 // statements are known from their Parse (held frames, tracked sessions);
 // anything unknown may commit.
+//
+// It also keeps groupRan and groupMsgs, which say whether the
+// extended-protocol request being read ran a statement so far, and how many
+// messages it has (retry.go).
 func (s *session) noteRuns(b *batch, t byte) {
 	switch t {
 	case 'Q':
 		b.runs = true
 		b.commits = b.commits || !s.stateful // else from its scan
+		s.groupRan, s.groupMsgs = false, 0
 	case 'E':
 		b.runs = true
 		b.commits = b.commits || s.portalCommits || !s.tracked
+		s.groupRan = true
+		s.groupMsgs++
 	case 'F':
 		b.runs, b.commits = true, true
+		s.groupRan = true
+		s.groupMsgs++
+	case 'S':
+		s.groupRan, s.groupMsgs = false, 0
+	default:
+		s.groupMsgs++
 	}
 }
 

@@ -262,16 +262,28 @@ func (sc *serverConn) stmtAnswered(typ byte) (swallow bool) {
 	if op.kind == opCacheHit && sc.stq.len() > 0 && sc.stq.front().kind == opNopClose {
 		sc.stq.front().ran = true
 	}
+	switch op.kind {
+	case opCacheHit:
+		sc.hitDef = op.def
+	case opNopClose:
+		// What the server answers next may be the first error of a
+		// statement answered from the cache (retry.go).
+		sc.afterHit = sc.hitDef != nil
+	default:
+		sc.hitDef = nil
+	}
 	return op.swallow
 }
 
 // stmtFailed undoes the queue entries that an ErrorResponse made the server
 // skip: those of the Sync group now running. It returns the client's name of
-// a duplicate-name Parse among them, for the error rewrite. Reader goroutine.
-func (sc *serverConn) stmtFailed() (dupClient, dupServer string) {
+// a duplicate-name Parse among them, for the error rewrite, and how many it
+// undid. Reader goroutine.
+func (sc *serverConn) stmtFailed() (dupClient, dupServer string, undone int) {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
 	for sc.stq.len() > 0 && sc.stq.front().zseq <= sc.zRecv {
+		undone++
 		op := sc.stq.pop()
 		sc.nops.Add(-1)
 		if op.kind == opDuplicate && dupClient == "" {
@@ -279,7 +291,7 @@ func (sc *serverConn) stmtFailed() (dupClient, dupServer string) {
 		}
 		sc.undoOpLocked(op)
 	}
-	return dupClient, dupServer
+	return dupClient, dupServer, undone
 }
 
 // stmtLostLocked undoes every queue entry and pending qUndo: the connection

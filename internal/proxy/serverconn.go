@@ -100,6 +100,20 @@ type serverConn struct {
 	// lostErr is the server's FATAL, held back from an owner that may keep
 	// its session when the connection ends (reader only; keep.go).
 	lostErr *wire.Error
+	// Retrying a request whose statement, answered from the cache, was
+	// stale (retry.go), reader only: hitDef is the definition of the last
+	// cache hit answered, afterHit says the frame being read comes right
+	// after its scratch Close, retryHit that the ErrorResponse being read
+	// does (and undid nothing), retry that it was held, as retryErr, for a
+	// retry at the ReadyForQuery.
+	// heldT is a ParameterDescription held after the scratch Close
+	// (holdingT while it is read).
+	hitDef                         *stmtDef
+	afterHit, retryHit, groupFirst bool
+	retry                          bool
+	retryErr                       []byte
+	heldT                          []byte
+	holdingT                       bool
 	// hung is server_response_timeout when the owner's watchdog closed the
 	// connection as hung (closeHung); 0 otherwise.
 	hung atomic.Int64
@@ -125,9 +139,21 @@ type serverConn struct {
 	// none). See keep.go.
 	runZ, commitZ, failZ int64
 	txStatus             byte // from the last ReadyForQuery
-	cancelling           bool // a cancel request for this backend is in flight
-	busy                 bool // the owner is assembling a batch for this server
-	midFrame             bool // the reader stopped inside a frame (set at each settle)
+	// replay is what the client sent after a cache hit's scratch Close,
+	// up to and including the Sync of response group replayZ, for a retry
+	// with replayDef prepared again (retry.go).
+	// replayOpen: the request did not end with a Sync yet.
+	replay     []byte
+	replayZ    int64
+	replayDef  *stmtDef
+	replayOpen bool
+	// replayStart: the replay is a whole request, from its first message
+	// (replayStartZ, also read by the reader without mu; -1: none).
+	replayStart  bool
+	replayStartZ atomic.Int64
+	cancelling   bool // a cancel request for this backend is in flight
+	busy         bool // the owner is assembling a batch for this server
+	midFrame     bool // the reader stopped inside a frame (set at each settle)
 
 	// Timestamps for the owner's watchdog (server nanotime; 0 = unset),
 	// kept only when the owner has a limit: busySince is when the server
@@ -209,6 +235,7 @@ func newServerConn(dbp *dbPool, c *backend.Conn) *serverConn {
 	sc.nextSwallow.Store(-1)
 	sc.snapZ.Store(-1)
 	sc.checkZ.Store(-1)
+	sc.replayStartZ.Store(-1)
 	if rio, err := wire.NewConnReader(c.Conn, nil); err == nil {
 		sc.io = rio
 	}
@@ -289,9 +316,30 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 			continue
 		case wire.EvHeader:
 			sc.drop = sc.nextSwallow.Load() == sc.zRecv
+			// The frame follows a cache hit's scratch Close, or starts a
+			// request kept for a retry (retry.go).
+			hit := sc.afterHit || sc.groupFirst && sc.replayStartZ.Load() == sc.zRecv
+			sc.afterHit, sc.groupFirst = false, false
+			switch {
+			case hit && sc.cur.Type == 't' && !sc.drop && sc.cur.Len <= maxCapture:
+				// Held until the next answer shows whether the request
+				// is retried (retry.go).
+				sc.cur.Capture(maxCapture)
+				sc.holdingT, sc.afterHit = true, true
+			case sc.heldT != nil && sc.cur.Type != 'E':
+				if out > start {
+					own.writeFromServer(buf[start:out])
+				}
+				own.writeFromServer(sc.heldT)
+				sc.heldT = nil
+				start, out = off, off
+			}
 			switch sc.cur.Type {
 			case 'Z', 'S':
 				sc.cur.Capture(maxCapture)
+				if sc.retry && sc.cur.Type == 'Z' {
+					sc.drop = true // answered by the retry (retry.go)
+				}
 			case 'C':
 				if !sc.drop && sc.nqundo.Load() > 0 {
 					sc.cur.Capture(64)
@@ -306,9 +354,11 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 				}
 			case 'E':
 				sc.cur.Capture(maxCapture)
+				undone := 0
 				if !sc.drop && sc.nops.Load() > 0 {
-					sc.dupClient, sc.dupServer = sc.stmtFailed()
+					sc.dupClient, sc.dupServer, undone = sc.stmtFailed()
 				}
+				sc.retryHit = hit && undone == 0 && !sc.drop && own != nil
 				if !sc.drop && sc.nqundo.Load() > 0 {
 					sc.qFailed()
 				}
@@ -320,6 +370,11 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 			}
 		case wire.EvEnd:
 			switch sc.cur.Type {
+			case 't':
+				if sc.holdingT {
+					sc.holdingT = false
+					sc.holdDescription()
+				}
 			case 'Z':
 				body := sc.cur.Body()
 				if len(body) != 1 {
@@ -328,7 +383,20 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 				status = body[0]
 				rfqs++
 				sc.copyIn.Store(false)
-				if sc.drop {
+				if sc.retry {
+					// The failed request's end: send it again, or give the
+					// client the error held for it (retry.go).
+					sc.retry = false
+					if out > start {
+						own.writeFromServer(buf[start:out])
+					}
+					start, out = off, off
+					if !sc.resend(own, status) {
+						own.writeFromServer(wire.AppendReadyForQuery(sc.retryErr, status))
+						answered++
+					}
+					sc.retryErr = nil
+				} else if sc.drop {
 					sc.swallowed(own, status)
 				} else {
 					answered++
@@ -337,6 +405,7 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 					sc.qDone()
 				}
 				sc.zRecv++
+				sc.groupFirst = true
 			case 'D':
 				switch {
 				case !sc.drop:
@@ -368,6 +437,26 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 				}
 			case 'E':
 				sev, code, msg := wire.ErrorFields(sc.cur.Body())
+				if sc.replacing && sc.retryHit && sc.holdForRetry(own, code, msg) {
+					// The first answer to a statement answered from the
+					// cache says it is stale: the request is sent again
+					// (retry.go); what was held for it is dropped.
+					sc.replacing = false
+					sc.heldT = nil
+					if out > start {
+						own.writeFromServer(buf[start:out])
+					}
+					start, out = off, off
+					break
+				}
+				if sc.heldT != nil {
+					if out > start {
+						own.writeFromServer(buf[start:out])
+					}
+					own.writeFromServer(sc.heldT)
+					sc.heldT = nil
+					start, out = off, off
+				}
 				if sc.replacing && (sev == "FATAL" || sev == "PANIC") && own.mayKeep() {
 					// Held back: the client may keep its session when the
 					// connection ends (keep.go), and gets an ERROR then.
@@ -425,7 +514,7 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 			}
 		}
 		if ev == wire.EvHeader || ev == wire.EvBody {
-			if !sc.drop && !sc.replacing {
+			if !sc.drop && !sc.replacing && !sc.holdingT {
 				if out != off {
 					copy(buf[out:], buf[off:off+n])
 				}

@@ -111,6 +111,21 @@ type session struct {
 	portalCommits bool
 	// syncFail: the parameter sync ends with failBlockQuery (see keep.go).
 	syncFail bool
+	// hitDef is the first statement of the batch answered from the cache,
+	// hitZB its place (ReadyForQuery-producing messages before it);
+	// replayOn says the batch's bytes from replayAt on follow its scratch
+	// Close (retry.go).
+	hitDef    *stmtDef
+	hitZB     int
+	replayOn  bool
+	replayAt  int
+	groupRan  bool // the request being read ran a statement (noteRuns)
+	groupMsgs int  // ... and has this many messages so far
+	// hitStart: the retry would start at the frame that set hitDef, the
+	// first use of a statement an earlier request got from the cache
+	// (cacheHits, client name to definition; retry.go).
+	hitStart  bool
+	cacheHits map[string]*stmtDef
 	// waiter is this session's reusable place in its pool's queue (made on
 	// its first wait), cancelWait withdraws it; waiterPool is the pool it
 	// belongs to.
@@ -636,6 +651,13 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 				}
 				s.ob = append(s.ob, s.fo...)
 			}
+			if s.hitDef != nil && !s.replayOn && s.obOn {
+				// What follows a cache hit is kept for a retry (retry.go).
+				s.replayOn, s.replayAt = true, len(s.ob)
+				if s.hitStart {
+					s.replayAt -= len(s.fo)
+				}
+			}
 			if cap(s.fo) > 4096 {
 				s.fo = nil
 			}
@@ -931,6 +953,7 @@ func (s *session) flush(data []byte, b batch) bool {
 	for _, g := range s.bgroups {
 		sc.swallowGroupLocked(base + int64(g))
 	}
+	s.keepReplayLocked(sc, data, b, base)
 	sc.zSent = base + int64(b.reqs)
 	sc.unsynced = b.unsynced
 	if b.runs || b.commits {

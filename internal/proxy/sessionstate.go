@@ -162,6 +162,10 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 		s.emitEvictions(evicted, zb)
 		if hit {
 			m.cacheHits.Add(1)
+			if s.hitDef == nil && !s.groupRan {
+				s.hitDef, s.hitZB = def, zb // see retry.go
+			}
+			s.noteCacheHit(name, def)
 			s.emitFrame('P', []byte(nopStatement), nul, nul, []byte{0, 0})
 			s.pushOp(stmtOp{kind: opCacheHit, client: name, def: def}, zb)
 			s.emitFrame('C', []byte{'S'}, []byte(nopStatement), nul)
@@ -198,6 +202,7 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 		}
 		s.calls = s.calls || def.calls.Load()
 		s.portalCommits = s.portalCommits || def.commits.Load()
+		s.noteFirstUse(sc, name, def, zb)
 		s.ensurePrepared(sc, def, zb)
 		s.noteBound(def.name, name)
 		s.emitFrame('B', []byte(portal), nul, []byte(def.name), nul, r2)
@@ -218,6 +223,7 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 		if def == nil {
 			return
 		}
+		s.noteFirstUse(sc, name, def, zb)
 		s.ensurePrepared(sc, def, zb)
 		s.noteBound(def.name, name)
 		s.emitFrame('D', []byte{'S'}, []byte(def.name), nul)
@@ -905,6 +911,7 @@ func (s *session) endBatch() {
 		s.ob, s.obp = nil, nil
 	}
 	s.obOn = false
+	s.hitDef, s.replayOn, s.hitStart = nil, false, false
 	clear(s.bops)
 	s.bops = s.bops[:0]
 	clear(s.bundo)
