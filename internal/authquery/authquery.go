@@ -24,7 +24,9 @@ const maxBody = 1 << 20
 // pg_authid, a typo in auth_query).
 type ServerError struct{ Code, Message string }
 
-func (e *ServerError) Error() string { return fmt.Sprintf("auth_query: %s (SQLSTATE %s)", e.Message, e.Code) }
+func (e *ServerError) Error() string {
+	return fmt.Sprintf("auth_query: %s (SQLSTATE %s)", e.Message, e.Code)
+}
 
 // Lookup runs query on rw, a connection logged in to PostgreSQL and idle,
 // with user as $1 (extended protocol, text format), and returns the secret

@@ -63,10 +63,10 @@ func TestHBAConfig(t *testing.T) {
 	}
 	for cfg, want := range map[string]string{
 		"auth_type: hba\n": "auth_type hba needs access rules",
-		"auth_type: hba\nauth_hba_file: /nonexistent/hba.conf\n":                                                "auth_hba_file",
+		"auth_type: hba\nauth_hba_file: /nonexistent/hba.conf\n":                                                  "auth_hba_file",
 		"auth_type: hba\nauth_hba_rules:\n  - {type: host, database: all, user: +g, address: all, method: md5}\n": "group membership",
-		"auth_user: app\nauth_query: SELECT 1\n":                                                                 "has no $1",
-		"client_tls_protocols: tlsv1.4\n":                                                                        "client_tls_protocols",
+		"auth_user: app\nauth_query: SELECT 1\n":                                                                  "has no $1",
+		"client_tls_protocols: tlsv1.4\n":                                                                         "client_tls_protocols",
 	} {
 		if _, err := load(t, up+cfg); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: got %v, want %q", cfg, err, want)
