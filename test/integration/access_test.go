@@ -115,7 +115,7 @@ host    all          clear_user    127.0.0.1/32  password
 		{"trust through an @file", "127.0.0.1", p.dsn(pgtest.RoleTrust, "", pgtest.DBApp), pgtest.RoleTrust},
 		{"password rule", "127.0.0.1", p.dsn(pgtest.RoleClear, pgtest.Password, pgtest.DBApp), pgtest.RoleClear},
 		{"password rule, wrong password", "127.0.0.1", p.dsn(pgtest.RoleClear, "wrong", pgtest.DBApp), "password authentication failed"},
-		{"hostssl does not match TLS-less", "127.0.0.1", tlsDSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp, "sslmode=require"), "certificate"},
+		{"host matches TLS connections too", "127.0.0.1", tlsDSN(pgtest.RoleSCRAM, pgtest.Password, pgtest.DBApp, "sslmode=require"), pgtest.RoleSCRAM},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			user, err := loginFrom(t, tc.from, tc.dsn)
