@@ -6,11 +6,16 @@ import (
 	"strings"
 )
 
-// tlsVersions are the names client_tls_protocols takes, PgBouncer's.
-var tlsVersions = []struct {
+// tlsVersion is a TLS version by the name client_tls_protocols gives it.
+type tlsVersion struct {
 	name    string
 	version uint16
-}{{"tlsv1.0", tls.VersionTLS10}, {"tlsv1.1", tls.VersionTLS11}, {"tlsv1.2", tls.VersionTLS12}, {"tlsv1.3", tls.VersionTLS13}}
+}
+
+// tlsVersions are the names client_tls_protocols takes, PgBouncer's.
+func tlsVersions() [4]tlsVersion {
+	return [4]tlsVersion{{"tlsv1.0", tls.VersionTLS10}, {"tlsv1.1", tls.VersionTLS11}, {"tlsv1.2", tls.VersionTLS12}, {"tlsv1.3", tls.VersionTLS13}}
+}
 
 // TLSProtocols reads client_tls_protocols: TLS versions separated by
 // commas or blanks (tlsv1.0, tlsv1.1, tlsv1.2, tlsv1.3), or secure
@@ -18,6 +23,7 @@ var tlsVersions = []struct {
 // takes them. Go sets a range of versions, so the versions named must be
 // contiguous.
 func TLSProtocols(v string) (minV, maxV uint16, err error) {
+	versions := tlsVersions()
 	var on [4]bool
 	words := strings.FieldsFunc(strings.ToLower(v), func(r rune) bool { return r == ',' || r == ' ' || r == ':' })
 	if len(words) == 0 {
@@ -31,7 +37,7 @@ func TLSProtocols(v string) (minV, maxV uint16, err error) {
 			on = [4]bool{true, true, true, true}
 		default:
 			found := false
-			for i, tv := range tlsVersions {
+			for i, tv := range versions {
 				if tv.name == w {
 					on[i], found = true, true
 				}
@@ -52,34 +58,36 @@ func TLSProtocols(v string) (minV, maxV uint16, err error) {
 	}
 	for i := first; i <= last; i++ {
 		if !on[i] {
-			return 0, 0, fmt.Errorf("client_tls_protocols %q leaves out %s between the versions it names: poolerd (Go's crypto/tls) accepts a range of versions; name %s too", v, tlsVersions[i].name, tlsVersions[i].name)
+			return 0, 0, fmt.Errorf("client_tls_protocols %q leaves out %s between the versions it names: poolerd (Go's crypto/tls) accepts a range of versions; name %s too", v, versions[i].name, versions[i].name)
 		}
 	}
-	return tlsVersions[first].version, tlsVersions[last].version, nil
+	return versions[first].version, versions[last].version, nil
 }
 
 // openSSLSuites maps OpenSSL's names of the TLS 1.2 (and older) cipher
 // suites Go implements to Go's.
-var openSSLSuites = map[string]uint16{
-	"ECDHE-ECDSA-AES128-GCM-SHA256": tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
-	"ECDHE-RSA-AES128-GCM-SHA256":   tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
-	"ECDHE-ECDSA-AES256-GCM-SHA384": tls.TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
-	"ECDHE-RSA-AES256-GCM-SHA384":   tls.TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
-	"ECDHE-ECDSA-CHACHA20-POLY1305": tls.TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
-	"ECDHE-RSA-CHACHA20-POLY1305":   tls.TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
-	"ECDHE-ECDSA-AES128-SHA":        tls.TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA,
-	"ECDHE-RSA-AES128-SHA":          tls.TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA,
-	"ECDHE-ECDSA-AES256-SHA":        tls.TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA,
-	"ECDHE-RSA-AES256-SHA":          tls.TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA,
-	"ECDHE-ECDSA-AES128-SHA256":     tls.TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA256,
-	"ECDHE-RSA-AES128-SHA256":       tls.TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA256,
-	"AES128-GCM-SHA256":             tls.TLS_RSA_WITH_AES_128_GCM_SHA256,
-	"AES256-GCM-SHA384":             tls.TLS_RSA_WITH_AES_256_GCM_SHA384,
-	"AES128-SHA":                    tls.TLS_RSA_WITH_AES_128_CBC_SHA,
-	"AES256-SHA":                    tls.TLS_RSA_WITH_AES_256_CBC_SHA,
-	"AES128-SHA256":                 tls.TLS_RSA_WITH_AES_128_CBC_SHA256,
-	"ECDHE-RSA-DES-CBC3-SHA":        tls.TLS_ECDHE_RSA_WITH_3DES_EDE_CBC_SHA,
-	"DES-CBC3-SHA":                  tls.TLS_RSA_WITH_3DES_EDE_CBC_SHA,
+func openSSLSuites() map[string]uint16 {
+	return map[string]uint16{
+		"ECDHE-ECDSA-AES128-GCM-SHA256": tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+		"ECDHE-RSA-AES128-GCM-SHA256":   tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+		"ECDHE-ECDSA-AES256-GCM-SHA384": tls.TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+		"ECDHE-RSA-AES256-GCM-SHA384":   tls.TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+		"ECDHE-ECDSA-CHACHA20-POLY1305": tls.TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+		"ECDHE-RSA-CHACHA20-POLY1305":   tls.TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+		"ECDHE-ECDSA-AES128-SHA":        tls.TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA,
+		"ECDHE-RSA-AES128-SHA":          tls.TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA,
+		"ECDHE-ECDSA-AES256-SHA":        tls.TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA,
+		"ECDHE-RSA-AES256-SHA":          tls.TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA,
+		"ECDHE-ECDSA-AES128-SHA256":     tls.TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA256,
+		"ECDHE-RSA-AES128-SHA256":       tls.TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA256,
+		"AES128-GCM-SHA256":             tls.TLS_RSA_WITH_AES_128_GCM_SHA256,
+		"AES256-GCM-SHA384":             tls.TLS_RSA_WITH_AES_256_GCM_SHA384,
+		"AES128-SHA":                    tls.TLS_RSA_WITH_AES_128_CBC_SHA,
+		"AES256-SHA":                    tls.TLS_RSA_WITH_AES_256_CBC_SHA,
+		"AES128-SHA256":                 tls.TLS_RSA_WITH_AES_128_CBC_SHA256,
+		"ECDHE-RSA-DES-CBC3-SHA":        tls.TLS_ECDHE_RSA_WITH_3DES_EDE_CBC_SHA,
+		"DES-CBC3-SHA":                  tls.TLS_RSA_WITH_3DES_EDE_CBC_SHA,
+	}
 }
 
 // TLSCiphers reads client_tls_ciphers: PgBouncer's keywords, or a list of
@@ -112,9 +120,10 @@ func TLSCiphers(v string) ([]uint16, error) {
 	for _, s := range append(tls.CipherSuites(), tls.InsecureCipherSuites()...) {
 		byName[s.Name] = s.ID
 	}
+	openSSL := openSSLSuites()
 	var out []uint16
 	for _, w := range strings.FieldsFunc(v, func(r rune) bool { return r == ':' || r == ',' || r == ' ' }) {
-		if id, ok := openSSLSuites[strings.ToUpper(w)]; ok {
+		if id, ok := openSSL[strings.ToUpper(w)]; ok {
 			out = append(out, id)
 			continue
 		}

@@ -280,13 +280,13 @@ func tokenize(line string) ([]field, error) {
 	var fields []field
 	var cur field
 	var tok strings.Builder
-	quoted, inQuote, any, cont := false, false, false, false
+	quoted, inQuote, has, cont := false, false, false, false
 	flushTok := func() {
-		if any {
+		if has {
 			cur = append(cur, token{text: tok.String(), quoted: quoted})
 		}
 		tok.Reset()
-		quoted, any = false, false
+		quoted, has = false, false
 	}
 	for i := 0; i < len(line); i++ {
 		c := line[i]
@@ -301,15 +301,15 @@ func tokenize(line string) ([]field, error) {
 		case inQuote:
 			tok.WriteByte(c)
 		case c == '"':
-			inQuote, quoted, any = true, true, true
+			inQuote, quoted, has = true, true, true
 		case c == ',':
-			if !any {
+			if !has {
 				return nil, errors.New("empty item in a comma-separated list")
 			}
 			flushTok()
 			cont = true
 		case c == ' ' || c == '\t':
-			if any {
+			if has {
 				flushTok()
 				cont = false
 			}
@@ -319,14 +319,14 @@ func tokenize(line string) ([]field, error) {
 			}
 		default:
 			tok.WriteByte(c)
-			any = true
+			has = true
 			cont = false
 		}
 	}
 	if inQuote {
 		return nil, errors.New("unterminated quoted string")
 	}
-	if cont && !any {
+	if cont && !has {
 		return nil, errors.New("list ends with a comma")
 	}
 	flushTok()
