@@ -14,6 +14,8 @@ ARGS    ?=
 # Extra flags for `make bench` (go run ./test/bench -h lists them),
 # e.g. make bench BENCH_ARGS="-quick" or BENCH_ARGS="-T 30 -rounds 5".
 BENCH_ARGS ?=
+# How long `make fuzz` runs each fuzz target, e.g. make fuzz FUZZTIME=1m.
+FUZZTIME ?= 3s
 # How long `make soak` runs its load, in minutes, e.g. make soak SOAK_MINUTES=60;
 # SOAK_SEED picks another fault schedule.
 SOAK_MINUTES ?= 10
@@ -44,6 +46,19 @@ test: ## what CI runs: go vet, gofmt check, go test -race (needs PostgreSQL, see
 		exit 1; \
 	fi
 	$(GO) test -race -count=1 -timeout 15m ./...
+	$(MAKE) --no-print-directory fuzz
+
+.PHONY: fuzz
+fuzz: ## run every Fuzz* target in the repository for FUZZTIME (default 3s) each; `make test` runs it
+	@set -e; log=$$(mktemp); trap 'rm -f "$$log"' EXIT; \
+	for f in $$(grep -rl --include='*_test.go' '^func Fuzz' . | sort); do \
+		dir=$$(dirname "$$f"); \
+		for name in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' "$$f"); do \
+			echo "fuzz $$dir $$name ($(FUZZTIME))"; \
+			$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) "$$dir" >"$$log" 2>&1 || \
+				{ cat "$$log"; echo "fuzz: $$name in $$dir failed; the failing input is in $$dir/testdata/fuzz/$$name"; exit 1; }; \
+		done; \
+	done
 
 .PHONY: bench
 bench: ## poolerd vs PgBouncer vs direct PostgreSQL (~25 min, not in CI); writes docs/benchmarks-latest.md

@@ -27,7 +27,13 @@ func ClientTLS(c *Config) (*tls.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client_tls_cert_file / client_tls_key_file: %w", err)
 	}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}
+	cfg := &tls.Config{Certificates: []tls.Certificate{cert}}
+	if cfg.MinVersion, cfg.MaxVersion, err = TLSProtocols(c.ClientTLSProtocols); err != nil {
+		return nil, err
+	}
+	if cfg.CipherSuites, err = TLSCiphers(c.ClientTLSCiphers); err != nil {
+		return nil, err
+	}
 	if c.ClientTLSCAFile != "" {
 		pem, err := os.ReadFile(c.ClientTLSCAFile)
 		if err != nil {

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/poolerd/poolerd/internal/hba"
 )
 
 // Pool modes.
@@ -39,7 +41,16 @@ const (
 	AuthSCRAM = "scram-sha-256"
 	AuthMD5   = "md5"
 	AuthTrust = "trust"
+	// AuthHBA picks the method per client from the access rules
+	// (auth_hba_file or auth_hba_rules), as PgBouncer's auth_type hba.
+	AuthHBA = "hba"
 )
+
+// DefaultAuthQuery is auth_query's default: PgBouncer's, with every name
+// qualified with pg_catalog (so that a search_path set on auth_user
+// cannot redirect it) and an expired password (VALID UNTIL in the past)
+// returned as NULL, which never logs in.
+const DefaultAuthQuery = "SELECT rolname, CASE WHEN rolvaliduntil OPERATOR(pg_catalog.<) pg_catalog.now() THEN NULL ELSE rolpassword END FROM pg_catalog.pg_authid WHERE rolname OPERATOR(pg_catalog.=) $1"
 
 // Config is the whole configuration of one poolerd process. Field tags name
 // the configuration keys; every top-level scalar key can also be set with the
@@ -63,10 +74,27 @@ type Config struct {
 	// must present.
 	Upstream string `mapstructure:"upstream"`
 
-	// AuthType is how clients authenticate: scram-sha-256, md5 or trust.
+	// AuthType is how clients authenticate: scram-sha-256, md5, trust or
+	// hba (the access rules decide).
 	AuthType string `mapstructure:"auth_type"`
 	// AuthFile is a PgBouncer-format userlist file ("user" "secret" per line).
 	AuthFile string `mapstructure:"auth_file"`
+	// AuthHBAFile is an access-rule file in pg_hba.conf format; it applies
+	// when AuthType is hba.
+	AuthHBAFile string `mapstructure:"auth_hba_file"`
+	// AuthHBARules are access rules given in the configuration instead of
+	// AuthHBAFile (one or the other).
+	AuthHBARules []hba.RuleSpec `mapstructure:"auth_hba_rules"`
+	// AuthUser, when set, is the role poolerd logs in to PostgreSQL as to
+	// run AuthQuery for a client whose user has no secret in the
+	// configuration; its own secret comes from users, auth_file or
+	// upstream.
+	AuthUser string `mapstructure:"auth_user"`
+	// AuthQuery returns (name, secret) for the user given as $1.
+	AuthQuery string `mapstructure:"auth_query"`
+	// AuthCacheTTL is how long a secret AuthQuery returned is used
+	// before the query runs again; 0 runs it for every login.
+	AuthCacheTTL time.Duration `mapstructure:"auth_cache_ttl"`
 
 	// AuthFailureDelay delays the answer to a failed authentication from
 	// an address that failed before: it starts at this and doubles with
@@ -89,6 +117,13 @@ type Config struct {
 	ClientTLSCertFile string `mapstructure:"client_tls_cert_file"`
 	ClientTLSKeyFile  string `mapstructure:"client_tls_key_file"`
 	ClientTLSCAFile   string `mapstructure:"client_tls_ca_file"`
+	// ClientTLSProtocols are the TLS versions clients may use, as
+	// PgBouncer's key: tlsv1.0 ... tlsv1.3, secure (1.2 and 1.3), all,
+	// legacy.
+	ClientTLSProtocols string `mapstructure:"client_tls_protocols"`
+	// ClientTLSCiphers are the TLS 1.2 cipher suites offered to clients:
+	// default, secure, fast, normal, all, or a list of OpenSSL names.
+	ClientTLSCiphers string `mapstructure:"client_tls_ciphers"`
 
 	// ServerTLSSSLMode is how connections to PostgreSQL use TLS: disable,
 	// allow, prefer, require, verify-ca or verify-full (PgBouncer's
@@ -167,6 +202,8 @@ type Config struct {
 	upstream *UpstreamURL
 	// secrets are the client secrets, from users and auth_file, by user name.
 	secrets map[string]userSecret
+	// hbaRules are the access rules, from AuthHBAFile or AuthHBARules.
+	hbaRules hba.Rules
 }
 
 // Values of session_state.
@@ -366,7 +403,14 @@ func Defaults() Config {
 		// prefer, as PgBouncer 1.20+: encrypted when the server offers it.
 		ServerTLSSSLMode: "prefer",
 		ClientTLSSSLMode: "disable",
-		MaxPacketSize:    1<<30 - 1,
+		// PgBouncer's defaults.
+		ClientTLSProtocols: "secure",
+		ClientTLSCiphers:   "default",
+		AuthQuery:          DefaultAuthQuery,
+		// A password changed or expired in PostgreSQL is seen within a
+		// minute; a login burst of one user runs the query once.
+		AuthCacheTTL:  time.Minute,
+		MaxPacketSize: 1<<30 - 1,
 		// A mistyped password costs 0.1 s; a guessing address soon waits
 		// 5 s per attempt.
 		AuthFailureDelay:    100 * time.Millisecond,

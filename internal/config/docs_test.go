@@ -166,7 +166,7 @@ func TestReadmeSummary(t *testing.T) {
 		byName[k.Name] = true
 	}
 	// The lists, which have no default and no scalar value.
-	lists := map[string]bool{"databases": true, "users": true, "rate_limits": true}
+	lists := map[string]bool{"databases": true, "users": true, "rate_limits": true, "auth_hba_rules": true}
 	checked := 0
 	for _, r := range rows {
 		var keys []string

@@ -123,10 +123,12 @@ func (c *Config) Validate() error {
 		}
 	}
 	switch c.AuthType {
-	case AuthSCRAM, AuthMD5, AuthTrust:
+	case AuthSCRAM, AuthMD5, AuthTrust, AuthHBA:
 	default:
-		bad("auth_type %q is not one of scram-sha-256, md5, trust (POOLERD_AUTH_TYPE / --auth-type)", c.AuthType)
+		bad("auth_type %q is not one of scram-sha-256, md5, trust, hba (POOLERD_AUTH_TYPE / --auth-type)", c.AuthType)
 	}
+	c.validateHBA(bad)
+	c.validateAuthQuery(bad)
 	c.PoolSettings.validate("", bad)
 	if c.ClientLoginTimeout < 0 {
 		bad("client_login_timeout must not be negative (0 disables it)")
@@ -202,6 +204,15 @@ func (c *Config) Validate() error {
 	}
 	if _, err := ClientTLS(c); err != nil {
 		bad("%v", err)
+	} else if c.ClientTLSSSLMode == "disable" {
+		// Checked even while unused, so that turning TLS on later does
+		// not reveal a typo.
+		if _, _, err := TLSProtocols(c.ClientTLSProtocols); err != nil {
+			bad("%v", err)
+		}
+		if _, err := TLSCiphers(c.ClientTLSCiphers); err != nil {
+			bad("%v", err)
+		}
 	}
 	for _, mode := range c.ServerTLSModes() {
 		if _, err := backend.NewTLS(mode, c.ServerTLSCAFile, c.ServerTLSCertFile, c.ServerTLSKeyFile); err != nil {
@@ -310,8 +321,8 @@ func (c *Config) Validate() error {
 	if len(c.Databases) == 0 && c.upstream == nil {
 		bad("no databases: set upstream (e.g. --upstream postgres://user:password@127.0.0.1:5432/db) or list entries under databases")
 	}
-	if c.AuthType != AuthTrust && len(c.secrets) == 0 {
-		bad("auth_type %s needs client passwords, and none are configured: put the password in upstream, in users[].password or in auth_file (or set auth_type trust on a trusted network)", c.AuthType)
+	if c.AuthType != AuthTrust && c.AuthType != AuthHBA && c.AuthUser == "" && len(c.secrets) == 0 {
+		bad("auth_type %s needs client passwords, and none are configured: put the password in upstream, in users[].password or in auth_file, set auth_user to look them up in PostgreSQL (or set auth_type trust on a trusted network)", c.AuthType)
 	}
 	return errors.Join(errs...)
 }
@@ -320,6 +331,8 @@ func (c *Config) Validate() error {
 // check. As in PostgreSQL, md5 authentication of a user whose secret is a
 // SCRAM verifier runs SCRAM instead; SCRAM cannot use an md5 hash.
 func checkSecretKind(authType, user, source string, s auth.Secret, bad func(string, ...any)) {
+	// With auth_type hba the rule decides per client; an md5 rule can
+	// check an md5 secret, a scram-sha-256 rule refuses it at login.
 	if authType == AuthSCRAM && s.Kind() == auth.SecretMD5 {
 		bad("user %q in %s has an md5 secret, which scram-sha-256 authentication cannot check: give the plain password or a SCRAM secret, or use auth_type md5", user, source)
 	}

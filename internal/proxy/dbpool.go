@@ -85,6 +85,9 @@ type dbPool struct {
 	// clientKey is the latest SCRAM ClientKey recovered from a client of
 	// this user, for SCRAM pass-through when only a verifier is configured.
 	clientKey []byte
+	// querySecret is the user's secret auth_query found at the latest
+	// login, for a user with no secret in the configuration.
+	querySecret auth.Secret
 }
 
 // maxParamSets bounds dbPool.paramSets: clients beyond that many distinct
@@ -209,11 +212,14 @@ func (d *dbPool) connect(ctx context.Context) (*serverConn, error) {
 	// set, since the connection's reader uses it.
 	<-d.built
 	creds := backend.Credentials{User: d.route().ServerUser, Secret: d.route().ServerSecret, KeyCache: d.srv.scramKeys}
-	if creds.Secret.Kind() == auth.SecretSCRAM {
-		d.mu.Lock()
-		creds.ClientKey = d.clientKey
-		d.mu.Unlock()
+	d.mu.Lock()
+	if creds.Secret.Kind() == 0 && !d.route().ForcedUser {
+		creds.Secret = d.querySecret // auth_query's, if any
 	}
+	if creds.Secret.Kind() == auth.SecretSCRAM {
+		creds.ClientKey = d.clientKey
+	}
+	d.mu.Unlock()
 	target := d.target()
 	bc, err := backend.Connect(ctx, target, d.route().DBName, creds, nil)
 	if err != nil {
@@ -467,6 +473,16 @@ func (d *dbPool) setClientKey(k []byte) {
 	}
 	d.mu.Lock()
 	d.clientKey = k
+	d.mu.Unlock()
+}
+
+// setQuerySecret records the secret auth_query found for the pool's user.
+func (d *dbPool) setQuerySecret(s auth.Secret) {
+	if s.Kind() == 0 {
+		return
+	}
+	d.mu.Lock()
+	d.querySecret = s
 	d.mu.Unlock()
 }
 

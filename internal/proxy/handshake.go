@@ -1,12 +1,14 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net"
 	"sort"
@@ -18,6 +20,7 @@ import (
 
 	"github.com/poolerd/poolerd/internal/auth"
 	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/internal/hba"
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
@@ -72,8 +75,31 @@ func (srv *Server) serveConn(nc net.Conn) {
 // false if the connection is done (cancel request, refusal, timeout).
 func (s *session) handshake(cfg *config.Config) bool {
 	var sslDone, gssDone bool
-	for {
-		body, err := wire.ReadStartup(s.conn)
+	for first := true; ; first = false {
+		var r io.Reader = s.conn
+		if first {
+			// PostgreSQL 17's direct TLS (sslnegotiation=direct): the
+			// client starts with a TLS ClientHello instead of an
+			// SSLRequest. Its first byte, a TLS handshake record (0x16),
+			// cannot begin a startup packet (its length would be over
+			// 369 MB).
+			var b [1]byte
+			if _, err := io.ReadFull(s.conn, b[:]); err != nil {
+				s.loginFailed(err)
+				return false
+			}
+			if b[0] == tlsHandshakeRecord {
+				if tc := s.srv.clientTLSDirect.Load(); tc != nil {
+					if !s.startDirectTLS(tc, b[0]) {
+						return false
+					}
+					sslDone = true
+					continue
+				}
+			}
+			r = io.MultiReader(bytes.NewReader(b[:]), s.conn)
+		}
+		body, err := wire.ReadStartup(r)
 		if err != nil {
 			s.loginFailed(err)
 			return false
@@ -141,6 +167,51 @@ func (s *session) startTLS(tc *tls.Config) bool {
 	}
 	s.conn, s.tls = conn, true
 	return true
+}
+
+// tlsHandshakeRecord is the first byte of a TLS ClientHello.
+const tlsHandshakeRecord = 0x16
+
+// alpnPostgreSQL is the ALPN protocol of PostgreSQL, which direct TLS
+// requires.
+const alpnPostgreSQL = "postgresql"
+
+// startDirectTLS runs the TLS handshake of a client that started with a
+// ClientHello (first, already read). As PostgreSQL 17 does, the client
+// must have negotiated the ALPN protocol "postgresql"; one that offered
+// other protocols only fails the handshake (no_application_protocol
+// alert), one that offered none is refused with an ErrorResponse over
+// TLS.
+func (s *session) startDirectTLS(tc *tls.Config, first byte) bool {
+	conn := tls.Server(&replayConn{Conn: s.conn, first: []byte{first}}, tc)
+	if err := conn.Handshake(); err != nil {
+		s.log.Info("client direct TLS handshake failed", zap.Error(err))
+		return false
+	}
+	s.conn, s.tls = conn, true
+	if conn.ConnectionState().NegotiatedProtocol != alpnPostgreSQL {
+		s.refuseLogin(&wire.Error{Severity: "FATAL", Code: "08P01",
+			Message: "received direct SSL connection request without ALPN protocol negotiation extension",
+			Hint:    `a client using sslnegotiation=direct must offer the ALPN protocol "postgresql" (libpq 17 does); or connect with sslnegotiation=postgres`})
+		return false
+	}
+	return true
+}
+
+// replayConn gives back the bytes already read from Conn before reading
+// more.
+type replayConn struct {
+	net.Conn
+	first []byte
+}
+
+func (c *replayConn) Read(p []byte) (int, error) {
+	if len(c.first) > 0 {
+		n := copy(p, c.first)
+		c.first = c.first[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
 }
 
 // tlsRefusal is the refusal of a login that client_tls_sslmode does not
@@ -232,7 +303,8 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	}
 	// Authenticate before looking at the database, as PostgreSQL does, so
 	// that an anonymous client cannot learn which databases exist.
-	if !s.authenticate(cfg) {
+	authOK, queried := s.authenticate(cfg)
+	if !authOK {
 		return false
 	}
 	if IsConsoleDatabase(s.database) {
@@ -274,6 +346,7 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	}
 	s.timeoutsP.Store(timeoutsOf(route.Settings)) // the client's own: per-user overrides apply
 	dbp.setClientKey(s.clientKey)
+	dbp.setQuerySecret(queried)
 	ok, _ := (&pgproto3.AuthenticationOk{}).Encode(nil)
 	if _, err := s.conn.Write(ok); err != nil {
 		return false
@@ -396,24 +469,57 @@ func negotiation(version uint32, raw map[string]string) []byte {
 	return msg
 }
 
-// authenticate runs the configured authentication method. It returns
-// false after sending the failure.
-func (s *session) authenticate(cfg *config.Config) bool {
-	if cfg.AuthType == config.AuthTrust {
-		return true
+// authenticate runs the client's authentication method (auth_type, or
+// the matching access rule's). It returns false after sending the failure,
+// and the secret auth_query found, if it ran.
+func (s *session) authenticate(cfg *config.Config) (bool, auth.Secret) {
+	method, ok := s.accessMethod(cfg)
+	if !ok {
+		return false, auth.Secret{}
+	}
+	switch method {
+	case config.AuthTrust:
+		return true, auth.Secret{}
+	case hba.Cert:
+		if err := s.certOK(); err != nil {
+			s.srv.authFailures.Add(1)
+			s.refuseLogin(err)
+			return false, auth.Secret{}
+		}
+		return true, auth.Secret{}
 	}
 	secret, known := cfg.ClientSecret(s.user)
-	useSCRAM := cfg.AuthType == config.AuthSCRAM || secret.Kind() == auth.SecretSCRAM
-	var ok bool
+	var queried auth.Secret
+	if !known && cfg.AuthUser != "" && !IsConsoleDatabase(s.database) {
+		ctx := s.srv.ctx
+		if !s.loginDeadline.IsZero() {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, s.loginDeadline)
+			defer cancel()
+		}
+		var werr *wire.Error
+		secret, known, werr = s.srv.lookupSecret(ctx, cfg, s.database, s.user)
+		if werr != nil {
+			s.refuseLogin(werr)
+			return false, auth.Secret{}
+		}
+		if known {
+			queried = secret
+		}
+	}
+	useSCRAM := method == config.AuthSCRAM || method != hba.Password && secret.Kind() == auth.SecretSCRAM
 	var err error
-	if useSCRAM {
+	switch {
+	case method == hba.Password:
+		ok, err = s.authPassword(secret, known)
+	case useSCRAM:
 		ok, err = s.authSCRAM(secret, known)
-	} else {
+	default:
 		ok, err = s.authMD5(secret, known)
 	}
 	if err != nil {
 		s.loginFailed(err)
-		return false
+		return false, auth.Secret{}
 	}
 	if !ok {
 		s.srv.authFailures.Add(1)
@@ -426,15 +532,14 @@ func (s *session) authenticate(cfg *config.Config) bool {
 			time.Sleep(d)
 		}
 		s.fail(errBadPassword(s.user))
-		method := "md5"
 		if useSCRAM {
-			method = "scram-sha-256"
+			method = config.AuthSCRAM
 		}
 		s.log.Info("client authentication failed", zap.String("method", method))
-		return false
+		return false, auth.Secret{}
 	}
 	s.srv.authDelays.succeeded(s.conn.RemoteAddr())
-	return true
+	return true, queried
 }
 
 // authSCRAM runs SCRAM-SHA-256. An unknown user, or one whose secret SCRAM

@@ -96,6 +96,7 @@ func (srv *Server) apply(next *config.Config) error {
 	srv.mu.Lock()
 	clear(srv.verifiers)
 	srv.mu.Unlock()
+	srv.authCache.Clear()  // auth_user or auth_query may have changed
 	srv.setServerTLS(next) // certificates are read again
 	srv.setClientTLS(next)
 	if rateConfigChanged(cur, next) {

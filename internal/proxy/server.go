@@ -30,6 +30,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/poolerd/poolerd/internal/auth"
+	"github.com/poolerd/poolerd/internal/authquery"
 	"github.com/poolerd/poolerd/internal/backend"
 	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/internal/wire"
@@ -48,6 +49,8 @@ type Server struct {
 	// scramKeys keeps the SCRAM keys of the plain passwords poolerd logs in
 	// to PostgreSQL with (one PBKDF2 per role and salt).
 	scramKeys *auth.SCRAMKeyCache
+	// authCache keeps the secrets auth_query found (auth_cache_ttl).
+	authCache authquery.Cache
 	parker    *parker // idle client sessions without a goroutine
 	limits    *connLimits
 	// authDelays slows down repeated failed logins per address.
@@ -75,6 +78,9 @@ type Server struct {
 	// clientTLS is the TLS configuration clients are served with; nil when
 	// client_tls_sslmode is disable. Loaded with the configuration.
 	clientTLS atomic.Pointer[tls.Config]
+	// clientTLSDirect is clientTLS requiring the ALPN protocol
+	// "postgresql", for PostgreSQL 17's direct TLS.
+	clientTLSDirect atomic.Pointer[tls.Config]
 	// serverTLS are the TLS policies towards PostgreSQL by
 	// server_tls_sslmode (the global one and the databases'), loaded with
 	// the configuration.
@@ -174,6 +180,12 @@ func (srv *Server) setClientTLS(cfg *config.Config) {
 		return
 	}
 	srv.clientTLS.Store(tc)
+	var direct *tls.Config
+	if tc != nil {
+		direct = tc.Clone()
+		direct.NextProtos = []string{alpnPostgreSQL}
+	}
+	srv.clientTLSDirect.Store(direct)
 }
 
 // serverTLSFor is the TLS policy of a server_tls_sslmode.

@@ -1,0 +1,66 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/poolerd/poolerd/internal/hba"
+)
+
+// validateHBA reads the access rules (auth_hba_file or auth_hba_rules):
+// every reload reads the file again.
+func (c *Config) validateHBA(bad func(string, ...any)) {
+	c.hbaRules = nil
+	switch {
+	case c.AuthHBAFile != "" && len(c.AuthHBARules) > 0:
+		bad("auth_hba_file and auth_hba_rules are both set: give the access rules in one of them")
+		return
+	case c.AuthHBAFile != "":
+		data, err := os.ReadFile(c.AuthHBAFile)
+		if err != nil {
+			bad("auth_hba_file: %w", err)
+			return
+		}
+		rules, err := hba.Parse(c.AuthHBAFile, data, hba.FileReader(filepath.Dir(c.AuthHBAFile), os.ReadFile))
+		if err != nil {
+			bad("auth_hba_file: %w", err)
+			return
+		}
+		c.hbaRules = rules
+	case len(c.AuthHBARules) > 0:
+		rules, err := hba.FromSpecs("auth_hba_rules", c.AuthHBARules)
+		if err != nil {
+			bad("%w", err)
+			return
+		}
+		c.hbaRules = rules
+	case c.AuthType == AuthHBA:
+		bad("auth_type hba needs access rules: set auth_hba_file (pg_hba.conf format) or auth_hba_rules")
+	}
+	if c.hbaRules.Methods()[hba.Cert] && c.ClientTLSCAFile == "" {
+		bad("an access rule uses cert, which needs client certificates: set client_tls_ca_file (and client_tls_sslmode prefer or above)")
+	}
+}
+
+// HBARules returns the access rules that decide logins with auth_type hba
+// (nil for other auth_type values).
+func (c *Config) HBARules() hba.Rules {
+	if c.AuthType != AuthHBA {
+		return nil
+	}
+	return c.hbaRules
+}
+
+// validateAuthQuery checks auth_user, auth_query and auth_cache_ttl.
+func (c *Config) validateAuthQuery(bad func(string, ...any)) {
+	if c.AuthCacheTTL < 0 {
+		bad("auth_cache_ttl must not be negative (0 runs auth_query for every login)")
+	}
+	if c.AuthUser == "" {
+		return
+	}
+	if !strings.Contains(c.AuthQuery, "$1") {
+		bad("auth_query %q has no $1: it must take the user name as its parameter $1 (the default is %s)", c.AuthQuery, DefaultAuthQuery)
+	}
+}

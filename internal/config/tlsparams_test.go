@@ -1,0 +1,75 @@
+package config
+
+import (
+	"crypto/tls"
+	"strings"
+	"testing"
+)
+
+func TestTLSProtocols(t *testing.T) {
+	for _, tc := range []struct {
+		in       string
+		min, max uint16
+		err      string
+	}{
+		{"secure", tls.VersionTLS12, tls.VersionTLS13, ""},
+		{"all", tls.VersionTLS10, tls.VersionTLS13, ""},
+		{"legacy", tls.VersionTLS10, tls.VersionTLS13, ""},
+		{"tlsv1.3", tls.VersionTLS13, tls.VersionTLS13, ""},
+		{"TLSv1.2, tlsv1.1", tls.VersionTLS11, tls.VersionTLS12, ""},
+		{"tlsv1.1,tlsv1.3", 0, 0, "leaves out tlsv1.2"},
+		{"sslv3", 0, 0, "not tlsv1.0"},
+		{"", 0, 0, "empty"},
+	} {
+		lo, hi, err := TLSProtocols(tc.in)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%q: got %v, want %q", tc.in, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || lo != tc.min || hi != tc.max {
+			t.Errorf("%q: got %x-%x %v", tc.in, lo, hi, err)
+		}
+	}
+}
+
+func TestTLSCiphers(t *testing.T) {
+	if s, err := TLSCiphers("default"); err != nil || s != nil {
+		t.Errorf("default: %v %v", s, err)
+	}
+	if s, err := TLSCiphers("secure"); err != nil || len(s) != 6 {
+		t.Errorf("secure: %v %v", s, err)
+	}
+	s, err := TLSCiphers("ECDHE-RSA-AES128-GCM-SHA256:ecdhe-rsa-chacha20-poly1305,TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384")
+	if err != nil || len(s) != 3 || s[0] != tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256 {
+		t.Errorf("list: %v %v", s, err)
+	}
+	for in, want := range map[string]string{"HIGH:!aNULL": "HIGH", "TLS_AES_128_GCM_SHA256": "TLS 1.3"} {
+		if _, err := TLSCiphers(in); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: got %v, want %q", in, err, want)
+		}
+	}
+}
+
+func TestHBAConfig(t *testing.T) {
+	const up = "upstream: postgres://app:secret@db/app\n"
+	c, err := load(t, up+"auth_type: hba\nauth_hba_rules:\n  - {type: host, database: all, user: app, address: 127.0.0.1, method: md5}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs := c.HBARules(); len(rs) != 1 || rs[0].Method != "md5" {
+		t.Fatalf("rules %+v", rs)
+	}
+	for cfg, want := range map[string]string{
+		"auth_type: hba\n": "auth_type hba needs access rules",
+		"auth_type: hba\nauth_hba_file: /nonexistent/hba.conf\n":                                                  "auth_hba_file",
+		"auth_type: hba\nauth_hba_rules:\n  - {type: host, database: all, user: +g, address: all, method: md5}\n": "group membership",
+		"auth_user: app\nauth_query: SELECT 1\n":                                                                  "has no $1",
+		"client_tls_protocols: tlsv1.4\n":                                                                         "client_tls_protocols",
+	} {
+		if _, err := load(t, up+cfg); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: got %v, want %q", cfg, err, want)
+		}
+	}
+}

@@ -1,0 +1,111 @@
+package hba
+
+import (
+	"errors"
+	"net"
+	"strings"
+	"testing"
+)
+
+func TestMatch(t *testing.T) {
+	files := map[string]string{"/etc/poolerd/admins": "# admins\nalice, bob\n\"carol\"\n"}
+	read := FileReader("/etc/poolerd", func(p string) ([]byte, error) {
+		if s, ok := files[p]; ok {
+			return []byte(s), nil
+		}
+		return nil, errors.New("no such file")
+	})
+	rules, err := Parse("hba.conf", []byte(`
+# comment
+local   all  all                     trust
+hostssl all  @admins  0.0.0.0/0      cert
+host    "all" app     10.0.0.0 255.0.0.0   md5  # a quoted all is a database named all
+host    app,"other db"  app, report   10.0.0.0/8 scram-sha-256
+hostnossl sameuser all  192.168.1.0/24  password
+host    all  evil    all             reject
+host    all  all     ::1/128         trust
+host    app  all     127.0.0.1/32 \
+        scram-sha-256 clientcert=verify-ca
+`), read)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rules) != 8 {
+		t.Fatalf("%d rules: %+v", len(rules), rules)
+	}
+	for _, tc := range []struct {
+		c      Client
+		method string // "" = no match
+		source string
+	}{
+		{Client{Local: true, Database: "x", User: "y"}, Trust, "hba.conf:3"},
+		{Client{TLS: true, Addr: net.ParseIP("1.2.3.4"), Database: "x", User: "carol"}, Cert, "hba.conf:4"},
+		{Client{TLS: false, Addr: net.ParseIP("1.2.3.4"), Database: "x", User: "carol"}, "", ""},
+		{Client{Addr: net.ParseIP("10.1.2.3"), Database: "all", User: "app"}, MD5, "hba.conf:5"},
+		{Client{Addr: net.ParseIP("10.1.2.3"), Database: "other db", User: "report"}, SCRAM, "hba.conf:6"},
+		{Client{Addr: net.ParseIP("11.1.2.3"), Database: "app", User: "report"}, "", ""},
+		{Client{Addr: net.ParseIP("192.168.1.7"), Database: "u", User: "u"}, Password, "hba.conf:7"},
+		{Client{TLS: true, Addr: net.ParseIP("192.168.1.7"), Database: "u", User: "u"}, "", ""},
+		{Client{Addr: net.ParseIP("8.8.8.8"), Database: "app", User: "evil"}, Reject, "hba.conf:8"},
+		{Client{Addr: net.ParseIP("::1"), Database: "app", User: "x"}, Trust, "hba.conf:9"},
+		{Client{Addr: net.ParseIP("127.0.0.1"), Database: "app", User: "x"}, SCRAM, "hba.conf:10"},
+		{Client{Addr: net.ParseIP("127.0.0.1"), Database: "other", User: "x"}, "", ""},
+	} {
+		r, ok := rules.Match(tc.c)
+		if ok != (tc.method != "") || r.Method != tc.method || r.Source != tc.source {
+			t.Errorf("%+v: got %v %q %s, want %q %s", tc.c, ok, r.Method, r.Source, tc.method, tc.source)
+		}
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	for _, tc := range []struct{ line, want string }{
+		{"host all all 10.0.0.0/8", "too few fields"},
+		{"host all all 10.0.0.0 255.0.0.0", "no authentication method"},
+		{"host all all", "too few fields"},
+		{"hostx all all all trust", "not local, host"},
+		{"hostgssenc all all all trust", "GSSAPI"},
+		{"host all +admins all trust", "group membership"},
+		{"host samerole all all trust", "samerole"},
+		{"host all all 10.0.0.1 trust", "has no mask"},
+		{"host all all 10.0.0.1 255.0.255.0 trust", "not a valid netmask"},
+		{"host all all db.example.com trust", "host names are not supported"},
+		{"host all all samenet trust", "samenet"},
+		{"host all all all ident", "not supported by poolerd"},
+		{"host all all all magic", "unknown authentication method"},
+		{"host all all all cert", "only available for hostssl"},
+		{"host all all all md5 clientcert", "name=value"},
+		{`host "all all all md5`, "unterminated"},
+		{"host a,,b all all md5", "empty item"},
+		{"host @list all all md5", "only read from auth_hba_file"},
+	} {
+		_, err := Parse("f", []byte(tc.line), nil)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "f:1") {
+			t.Errorf("%q: got %v, want an error with %q and the line", tc.line, err, tc.want)
+		}
+	}
+}
+
+func TestFromSpecs(t *testing.T) {
+	rules, err := FromSpecs("auth_hba_rules", []RuleSpec{
+		{Type: "hostssl", Database: "app", User: "alice, bob", Address: "10.0.0.0/8", Method: "scram-sha-256"},
+		{Type: "host", Database: "all", User: "all", Address: "192.168.0.5", Method: "md5"},
+		{Type: "local", Database: "all", User: "all", Method: "trust"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, ok := rules.Match(Client{TLS: true, Addr: net.ParseIP("10.9.9.9"), Database: "app", User: "bob"}); !ok || r.Method != SCRAM {
+		t.Errorf("got %+v", r)
+	}
+	if r, ok := rules.Match(Client{Addr: net.ParseIP("192.168.0.5"), Database: "x", User: "y"}); !ok || r.Source != "auth_hba_rules[1]" {
+		t.Errorf("got %+v", r)
+	}
+	if _, ok := rules.Match(Client{Addr: net.ParseIP("192.168.0.6"), Database: "x", User: "y"}); ok {
+		t.Error("a bare address matched another host")
+	}
+	_, err = FromSpecs("auth_hba_rules", []RuleSpec{{Type: "host", Database: "all", User: "all", Method: "md5"}})
+	if err == nil || !strings.Contains(err.Error(), "auth_hba_rules[0] has no address") {
+		t.Errorf("got %v", err)
+	}
+}

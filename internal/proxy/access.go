@@ -1,0 +1,157 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+	"go.uber.org/zap"
+
+	"github.com/poolerd/poolerd/internal/auth"
+	"github.com/poolerd/poolerd/internal/authquery"
+	"github.com/poolerd/poolerd/internal/backend"
+	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/internal/hba"
+	"github.com/poolerd/poolerd/internal/wire"
+)
+
+// accessMethod is how this client authenticates: auth_type, or with
+// auth_type hba the method of the first access rule that matches it. A
+// client no rule matches, or whose rule is reject, is refused here (false),
+// before any authentication, as PostgreSQL does.
+func (s *session) accessMethod(cfg *config.Config) (string, bool) {
+	if cfg.AuthType != config.AuthHBA {
+		return cfg.AuthType, true
+	}
+	c := hba.Client{TLS: s.tls, Database: s.database, User: s.user}
+	host := "[local]"
+	switch a := s.conn.RemoteAddr().(type) {
+	case *net.TCPAddr:
+		c.Addr, host = a.IP, a.IP.String()
+	case *net.UnixAddr:
+		c.Local = true
+	}
+	ssl := map[bool]string{true: "SSL on", false: "SSL off"}[s.tls]
+	rule, ok := cfg.HBARules().Match(c)
+	where := "auth_hba_file"
+	if cfg.AuthHBAFile == "" {
+		where = "auth_hba_rules"
+	}
+	switch {
+	case !ok:
+		s.refuseLogin(&wire.Error{Severity: "FATAL", Code: "28000",
+			Message: fmt.Sprintf("no pg_hba.conf entry for host %q, user %q, database %q, %s", host, s.user, s.database, ssl),
+			Hint:    fmt.Sprintf("no access rule in %s matches this connection: add one (the first matching rule decides)", where)})
+		return "", false
+	case rule.Method == hba.Reject:
+		s.refuseLogin(&wire.Error{Severity: "FATAL", Code: "28000",
+			Message: fmt.Sprintf("pg_hba.conf rejects connection for host %q, user %q, database %q, %s", host, s.user, s.database, ssl),
+			Hint:    fmt.Sprintf("the access rule at %s rejects it (%s)", rule.Source, where)})
+		return "", false
+	}
+	s.log.Debug("access rule matched", zap.String("rule", rule.Source), zap.String("method", rule.Method))
+	return rule.Method, true
+}
+
+// certOK checks the cert method: a TLS client certificate (verified
+// against client_tls_ca_file in the handshake) whose common name is the
+// user.
+func (s *session) certOK() error {
+	tc, ok := s.conn.(*tls.Conn)
+	if !ok {
+		return &wire.Error{Severity: "FATAL", Code: "28000", Message: fmt.Sprintf("certificate authentication failed for user %q", s.user),
+			Hint: "the matching access rule uses cert, which needs TLS: connect with sslmode=require and a client certificate"}
+	}
+	certs := tc.ConnectionState().PeerCertificates
+	if len(certs) == 0 {
+		return &wire.Error{Severity: "FATAL", Code: "28000", Message: fmt.Sprintf("certificate authentication failed for user %q", s.user),
+			Detail: "the client sent no certificate",
+			Hint:   "the matching access rule uses cert: connect with sslcert and sslkey, a certificate signed by client_tls_ca_file"}
+	}
+	if cn := certs[0].Subject.CommonName; cn != s.user {
+		return &wire.Error{Severity: "FATAL", Code: "28000", Message: fmt.Sprintf("certificate authentication failed for user %q", s.user),
+			Detail: fmt.Sprintf("the client certificate's common name is %q", cn),
+			Hint:   "the matching access rule uses cert: connect as the user your certificate names, or use a certificate for this user"}
+	}
+	return nil
+}
+
+// authPassword runs the password method: the client sends its password in
+// clear (over TLS, one hopes). A SCRAM secret gives the ClientKey for
+// pass-through.
+func (s *session) authPassword(secret auth.Secret, known bool) (bool, error) {
+	msg, _ := (&pgproto3.AuthenticationCleartextPassword{}).Encode(nil)
+	if _, err := s.conn.Write(msg); err != nil {
+		return false, err
+	}
+	body, err := s.readAuthMessage("PasswordMessage")
+	if err != nil {
+		return false, err
+	}
+	if len(body) == 0 || body[len(body)-1] != 0 {
+		return false, protocolViolation("malformed PasswordMessage: not a NUL-terminated string")
+	}
+	if !known {
+		return false, nil
+	}
+	ok, clientKey := auth.VerifyPassword(secret, s.user, string(body[:len(body)-1]))
+	if ok && clientKey != nil {
+		s.clientKey = clientKey
+	}
+	return ok, nil
+}
+
+// lookupSecret finds the secret of a user the configuration does not know
+// with auth_query, run as auth_user on the server of the client's
+// database; answers are cached for auth_cache_ttl. A user with no row or a
+// NULL secret is unknown (false). An error is a refusal to send.
+func (srv *Server) lookupSecret(ctx context.Context, cfg *config.Config, database, user string) (auth.Secret, bool, *wire.Error) {
+	route, err := cfg.Route(database, user)
+	if err != nil {
+		return auth.Secret{}, false, nil // no such database: the login fails like a wrong password
+	}
+	key := route.Host + "\x00" + strconv.Itoa(route.Port) + "\x00" + route.DBName + "\x00" + user
+	now := time.Now()
+	if s, ok := srv.authCache.Get(key, cfg.AuthCacheTTL, now); ok {
+		return s, true, nil
+	}
+	secret, found, err := srv.runAuthQuery(ctx, cfg, route, user)
+	if err != nil {
+		srv.log.Error("auth_query failed", zap.String("database", database), zap.String("user", user),
+			zap.String("auth_user", cfg.AuthUser), zap.Error(err))
+		return auth.Secret{}, false, &wire.Error{Severity: "FATAL", Code: "28000",
+			Message: fmt.Sprintf("could not look up the password of user %q", user),
+			Hint:    "poolerd runs auth_query as auth_user for users it has no secret for, and that failed: see poolerd's log; check auth_user's password (users or auth_file), its right to read pg_authid, and auth_query"}
+	}
+	if found && cfg.AuthCacheTTL > 0 {
+		srv.authCache.Put(key, secret, now)
+	}
+	return secret, found, nil
+}
+
+// runAuthQuery logs in as auth_user and runs auth_query once.
+func (srv *Server) runAuthQuery(ctx context.Context, cfg *config.Config, route config.Route, user string) (auth.Secret, bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, route.Settings.ServerConnectTimeout)
+	defer cancel()
+	creds := backend.Credentials{User: cfg.AuthUser, KeyCache: srv.scramKeys}
+	creds.Secret, _ = cfg.ClientSecret(cfg.AuthUser)
+	target := backend.Target{Host: route.Host, Port: route.Port, TLS: srv.serverTLSFor(route.ServerTLSMode)}
+	bc, err := backend.Connect(ctx, target, route.DBName, creds, nil)
+	if err != nil {
+		return auth.Secret{}, false, fmt.Errorf("log in as auth_user: %w", err)
+	}
+	defer bc.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = bc.SetDeadline(dl)
+	}
+	secret, found, err := authquery.Lookup(bc, cfg.AuthQuery, user)
+	if err == nil {
+		term, _ := (&pgproto3.Terminate{}).Encode(nil)
+		_, _ = bc.Write(term)
+	}
+	return secret, found, err
+}

@@ -1,0 +1,419 @@
+package integration
+
+// Access rules (auth_type hba), auth_query, client_tls_protocols and
+// client_tls_ciphers, and PostgreSQL 17's direct TLS (issue 14).
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/binary"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/internal/hba"
+	"github.com/poolerd/poolerd/test/pgtest"
+)
+
+// withReloader lets p.srv.Reload() validate p's configuration again (which
+// reads its files again), as a SIGHUP would re-read the file.
+func withReloader(p *instance) {
+	p.srv.SetReloader(func() (*config.Config, error) {
+		c := *p.cfg
+		if err := c.Validate(); err != nil {
+			return nil, err
+		}
+		return &c, nil
+	}, nil)
+}
+
+// loginFrom connects with dsn from a local address (127.0.0.x), returning
+// the error of the login or of SELECT current_user, and the user.
+func loginFrom(t *testing.T, from, dsn string) (string, error) {
+	t.Helper()
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+	cfg.DialFunc = d.DialContext
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close(ctx)
+	res, err := c.Exec(ctx, "SELECT current_user").ReadAll()
+	if err != nil {
+		return "", err
+	}
+	return string(res[0].Rows[0][0]), nil
+}
+
+// TestHBA: auth_type hba with an auth_hba_file decides each login by its
+// first matching line, as PostgreSQL would: trust, reject, password,
+// scram-sha-256 and cert rules, @file includes, addresses, hostssl, no
+// matching line; a reload reads the file again and connected clients keep
+// their session.
+func TestHBA(t *testing.T) {
+	t.Parallel()
+	files, err := pgtest.MakeTLSFiles(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	hbaFile := filepath.Join(dir, "hba.conf")
+	write := func(name, text string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("trusted", "# users let in without a password\n"+pgtest.RoleTrust+"\n")
+	const rules = `
+hostssl all          app           127.0.0.1/32  cert
+host    all          all           127.0.0.2/32  reject
+host    app          scram_user    127.0.0.0 255.0.0.0  scram-sha-256
+host    all          @trusted      127.0.0.1/32  trust
+host    all          clear_user    127.0.0.1/32  password
+`
+	write("hba.conf", rules)
+	p := startPoolerd(t, func(c *config.Config) {
+		c.AuthType = config.AuthHBA
+		c.AuthHBAFile = hbaFile
+		c.ClientTLSSSLMode = "prefer"
+		c.ClientTLSCertFile, c.ClientTLSKeyFile, c.ClientTLSCAFile = files.ServerCert, files.ServerKey, files.CA
+		c.Users = []config.User{{Name: pgtest.RoleSCRAM, Password: pgtest.Password}, {Name: pgtest.RoleClear, Password: pgtest.Password},
+			{Name: pgtest.RoleTrust}}
+	})
+	withReloader(p)
+	withCert := "sslmode=verify-full&sslrootcert=" + files.CA + "&sslcert=" + files.ClientCert + "&sslkey=" + files.ClientKey
+	tlsDSN := func(user, password, db, params string) string {
+		return strings.Replace(p.dsn(user, password, db), "sslmode=disable", params, 1)
+	}
+	for _, tc := range []struct {
+		name, from, dsn string
+		want            string // the user, or the refusal's text
+	}{
+		{"cert rule, certificate for the user", "127.0.0.1", tlsDSN(pgtest.RoleApp, "not-asked", pgtest.DBApp, withCert), pgtest.RoleApp},
+		{"cert rule, no certificate", "127.0.0.1", tlsDSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp, "sslmode=require"), "certificate authentication failed"},
+		{"no line for a plain app", "127.0.0.1", p.appDSN(), `no pg_hba.conf entry for host "127.0.0.1", user "app", database "app", SSL off`},
+		{"scram rule", "127.0.0.1", p.dsn(pgtest.RoleSCRAM, pgtest.Password, pgtest.DBApp), pgtest.RoleSCRAM},
+		{"scram rule, wrong password", "127.0.0.1", p.dsn(pgtest.RoleSCRAM, "wrong", pgtest.DBApp), "password authentication failed"},
+		{"scram rule is for database app only", "127.0.0.1", p.dsn(pgtest.RoleSCRAM, pgtest.Password, pgtest.DBOther), `database "other", SSL off`},
+		{"reject from 127.0.0.2", "127.0.0.2", p.dsn(pgtest.RoleSCRAM, pgtest.Password, pgtest.DBApp), `pg_hba.conf rejects connection for host "127.0.0.2"`},
+		{"trust through an @file", "127.0.0.1", p.dsn(pgtest.RoleTrust, "", pgtest.DBApp), pgtest.RoleTrust},
+		{"password rule", "127.0.0.1", p.dsn(pgtest.RoleClear, pgtest.Password, pgtest.DBApp), pgtest.RoleClear},
+		{"password rule, wrong password", "127.0.0.1", p.dsn(pgtest.RoleClear, "wrong", pgtest.DBApp), "password authentication failed"},
+		{"host matches TLS connections too", "127.0.0.1", tlsDSN(pgtest.RoleSCRAM, pgtest.Password, pgtest.DBApp, "sslmode=require"), pgtest.RoleSCRAM},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			user, err := loginFrom(t, tc.from, tc.dsn)
+			if err != nil {
+				var pe *pgconn.PgError
+				if !errors.As(err, &pe) || !strings.Contains(pe.Message+" "+pe.Detail, tc.want) {
+					t.Fatalf("got %v, want %q", err, tc.want)
+				}
+				if strings.Contains(pe.Message, "pg_hba.conf") && (pe.Code != "28000" || !strings.Contains(pe.Hint, "auth_hba_file")) {
+					t.Fatalf("refusal %s %q, hint %q: want 28000 and a hint naming auth_hba_file", pe.Code, pe.Message, pe.Hint)
+				}
+				return
+			}
+			if user != tc.want {
+				t.Fatalf("logged in as %q, want %q", user, tc.want)
+			}
+		})
+	}
+
+	// Reload: scram_user is now rejected and plain app let in; the
+	// scram_user connected before keeps its session.
+	held := connectDSN(t, p.dsn(pgtest.RoleSCRAM, pgtest.Password, pgtest.DBApp))
+	write("hba.conf", "host all scram_user 127.0.0.1/32 reject\nhost all app 127.0.0.1/32 scram-sha-256\n")
+	if err := p.srv.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if got := scalarText(t, held, "SELECT current_user"); got != pgtest.RoleSCRAM {
+		t.Fatalf("the connected client after the reload: %q", got)
+	}
+	if _, err := loginFrom(t, "127.0.0.1", p.dsn(pgtest.RoleSCRAM, pgtest.Password, pgtest.DBApp)); err == nil || !strings.Contains(err.Error(), "rejects connection") {
+		t.Fatalf("scram_user after the reload: %v, want rejected", err)
+	}
+	if user, err := loginFrom(t, "127.0.0.1", p.appDSN()); err != nil || user != pgtest.RoleApp {
+		t.Fatalf("app after the reload: %v", err)
+	}
+	// A broken file fails the reload and keeps the running rules.
+	write("hba.conf", "host all all all ident\n")
+	if err := p.srv.Reload(); err == nil || !strings.Contains(err.Error(), "ident is not supported") {
+		t.Fatalf("reload of a broken file: %v", err)
+	}
+	if _, err := loginFrom(t, "127.0.0.1", p.appDSN()); err != nil {
+		t.Fatalf("app after a failed reload: %v", err)
+	}
+}
+
+// TestHBARulesYAML: the same rules given as auth_hba_rules.
+func TestHBARulesYAML(t *testing.T) {
+	t.Parallel()
+	p := startPoolerd(t, func(c *config.Config) {
+		c.AuthType = config.AuthHBA
+		c.AuthHBARules = []hba.RuleSpec{
+			{Type: "host", Database: "all", User: pgtest.RoleApp, Address: "127.0.0.2", Method: "reject"},
+			{Type: "host", Database: pgtest.DBApp, User: "all", Address: "127.0.0.0/8", Method: "md5"},
+		}
+	})
+	if user, err := loginFrom(t, "127.0.0.1", p.appDSN()); err != nil || user != pgtest.RoleApp {
+		t.Fatalf("app from 127.0.0.1: %v", err)
+	}
+	_, err := loginFrom(t, "127.0.0.2", p.appDSN())
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "28000" || !strings.Contains(pe.Hint, "auth_hba_rules[0]") {
+		t.Fatalf("app from 127.0.0.2: %v, want rejected by auth_hba_rules[0]", err)
+	}
+	_, err = loginFrom(t, "127.0.0.1", p.dsn(pgtest.RoleApp, pgtest.Password, pgtest.DBOther))
+	if !errors.As(err, &pe) || !strings.Contains(pe.Message, "no pg_hba.conf entry") || !strings.Contains(pe.Hint, "auth_hba_rules") {
+		t.Fatalf("database other: %v, want no entry", err)
+	}
+}
+
+// TestAuthQuery: a role that exists only in PostgreSQL logs in through
+// poolerd with auth_user and auth_query, and poolerd logs in to PostgreSQL
+// as that role by SCRAM pass-through with the secret from pg_authid; a
+// role whose VALID UNTIL has passed, a wrong password and an unknown role
+// are refused.
+func TestAuthQuery(t *testing.T) {
+	t.Parallel()
+	ctx := ctxTimeout(t, 30*time.Second)
+	// In the database auth_query runs in: a shared catalog's rights are
+	// per database.
+	su, err := pgx.Connect(ctx, pg.SuperDSN(pgtest.DBApp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer su.Close(context.Background())
+	const userPW, authPW = "aq-user-pw", "aq-auth-pw"
+	for _, q := range []string{
+		// From an earlier run in this process (-count): DROP OWNED takes
+		// their rights away first.
+		`DO $$ DECLARE r text; BEGIN
+			FOR r IN SELECT rolname FROM pg_catalog.pg_roles WHERE rolname IN ('aq_auth', 'aq_user', 'aq_expired') LOOP
+				EXECUTE format('DROP OWNED BY %I', r); EXECUTE format('DROP ROLE %I', r);
+			END LOOP; END $$`,
+		"SET password_encryption = 'scram-sha-256'",
+		"CREATE ROLE aq_auth LOGIN PASSWORD '" + authPW + "'",
+		"GRANT SELECT ON pg_catalog.pg_authid TO aq_auth",
+		"CREATE ROLE aq_user LOGIN PASSWORD '" + userPW + "'",
+		"CREATE ROLE aq_expired LOGIN PASSWORD '" + userPW + "' VALID UNTIL '2001-01-01'",
+		"GRANT CONNECT ON DATABASE " + pgtest.DBApp + " TO aq_auth, aq_user, aq_expired",
+	} {
+		if _, err := su.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	p := startPoolerd(t, func(c *config.Config) {
+		c.AuthUser = "aq_auth"
+		c.Users = []config.User{{Name: "aq_auth", Password: authPW}}
+	})
+	c := connectDSN(t, p.dsn("aq_user", userPW, pgtest.DBApp))
+	if got := scalarText(t, c, "SELECT current_user"); got != "aq_user" {
+		t.Fatalf("current_user %q", got)
+	}
+	// A second login comes from the cache, and a second server connection
+	// logs in with the ClientKey again.
+	c2 := connectDSN(t, p.dsn("aq_user", userPW, pgtest.DBApp))
+	if _, err := c.Exec(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	if got := scalarText(t, c2, "SELECT current_user"); got != "aq_user" {
+		t.Fatalf("second client: current_user %q", got)
+	}
+	for _, tc := range []struct{ name, user, pw string }{
+		{"wrong password", "aq_user", "wrong"},
+		{"expired", "aq_expired", userPW},
+		{"unknown role", "aq_nobody", userPW},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pe := loginPgError(t, p.dsn(tc.user, tc.pw, pgtest.DBApp))
+			if pe.Code != "28P01" {
+				t.Fatalf("got %v, want 28P01", pe)
+			}
+		})
+	}
+	// auth_user that cannot read pg_authid: a refusal naming auth_query.
+	t.Run("auth_user without the right", func(t *testing.T) {
+		p := startPoolerd(t, func(c *config.Config) {
+			c.AuthUser = pgtest.RoleSCRAM
+			c.Users = []config.User{{Name: pgtest.RoleSCRAM, Password: pgtest.Password}}
+		})
+		pe := loginPgError(t, p.dsn("aq_user", userPW, pgtest.DBApp))
+		if pe.Code != "28000" || !strings.Contains(pe.Hint, "auth_query") {
+			t.Fatalf("got %v (hint %q), want 28000 naming auth_query", pe, pe.Hint)
+		}
+	})
+}
+
+// clientTLSInstance starts poolerd with client TLS and the given protocol
+// and cipher settings.
+func clientTLSInstance(t *testing.T, protocols, ciphers string) (*instance, pgtest.TLSFiles) {
+	files, err := pgtest.MakeTLSFiles(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startPoolerd(t, func(c *config.Config) {
+		c.ClientTLSSSLMode = "require"
+		c.ClientTLSCertFile, c.ClientTLSKeyFile = files.ServerCert, files.ServerKey
+		c.ClientTLSProtocols, c.ClientTLSCiphers = protocols, ciphers
+	})
+	return p, files
+}
+
+// tlsDial opens a TLS connection to poolerd, with an SSLRequest first
+// unless direct, and returns it after the handshake.
+func tlsDial(t *testing.T, addr string, cfg *tls.Config, direct bool) (*tls.Conn, error) {
+	t.Helper()
+	nc, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = nc.Close() })
+	_ = nc.SetDeadline(time.Now().Add(20 * time.Second))
+	if !direct {
+		if _, err := nc.Write([]byte{0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f}); err != nil {
+			t.Fatal(err)
+		}
+		var b [1]byte
+		if _, err := nc.Read(b[:]); err != nil || b[0] != 'S' {
+			t.Fatalf("SSLRequest answered %q, %v", b[0], err)
+		}
+	}
+	tc := tls.Client(nc, cfg)
+	return tc, tc.Handshake()
+}
+
+// TestClientTLSProtocolsAndCiphers: client_tls_protocols and
+// client_tls_ciphers limit what a client may negotiate.
+func TestClientTLSProtocolsAndCiphers(t *testing.T) {
+	t.Parallel()
+	t.Run("tlsv1.3 only", func(t *testing.T) {
+		p, _ := clientTLSInstance(t, "tlsv1.3", "default")
+		if _, err := tlsDial(t, p.addr, &tls.Config{InsecureSkipVerify: true, MaxVersion: tls.VersionTLS12}, false); err == nil {
+			t.Fatal("a TLS 1.2 client was accepted with client_tls_protocols tlsv1.3")
+		}
+		c, err := tlsDial(t, p.addr, &tls.Config{InsecureSkipVerify: true}, false)
+		if err != nil || c.ConnectionState().Version != tls.VersionTLS13 {
+			t.Fatalf("TLS 1.3 client: %v", err)
+		}
+	})
+	t.Run("secure refuses TLS 1.1", func(t *testing.T) {
+		p, _ := clientTLSInstance(t, "secure", "default")
+		if _, err := tlsDial(t, p.addr, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS10, MaxVersion: tls.VersionTLS11}, false); err == nil {
+			t.Fatal("a TLS 1.1 client was accepted with client_tls_protocols secure")
+		}
+	})
+	t.Run("one cipher", func(t *testing.T) {
+		p, _ := clientTLSInstance(t, "tlsv1.2", "ECDHE-ECDSA-AES256-GCM-SHA384")
+		base := &tls.Config{InsecureSkipVerify: true, MaxVersion: tls.VersionTLS12}
+		other := base.Clone()
+		other.CipherSuites = []uint16{tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256}
+		if _, err := tlsDial(t, p.addr, other, false); err == nil {
+			t.Fatal("a client without the configured cipher was accepted")
+		}
+		c, err := tlsDial(t, p.addr, base, false)
+		if err != nil || c.ConnectionState().CipherSuite != tls.TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384 {
+			t.Fatalf("got %v", err)
+		}
+		// And a real client logs in over it.
+		dsn := strings.Replace(p.appDSN(), "sslmode=disable", "sslmode=require", 1)
+		if err := selectOne(dsn); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// TestDirectTLS: PostgreSQL 17's direct TLS negotiation (the client starts
+// with a ClientHello, ALPN "postgresql"), with pgx's
+// sslnegotiation=direct and by hand; a client without ALPN is refused
+// with an ErrorResponse, one with another protocol fails the handshake.
+func TestDirectTLS(t *testing.T) {
+	t.Parallel()
+	p, files := clientTLSInstance(t, "secure", "default")
+	pem, err := os.ReadFile(files.CA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pem)
+	t.Run("pgx sslnegotiation=direct", func(t *testing.T) {
+		dsn := strings.Replace(p.appDSN(), "sslmode=disable", "sslmode=verify-full&sslnegotiation=direct&sslrootcert="+files.CA, 1)
+		c := connectDSN(t, dsn)
+		if got := scalarText(t, c, "SELECT 'direct'"); got != "direct" {
+			t.Fatal(got)
+		}
+		if _, ok := c.PgConn().Conn().(*tls.Conn); !ok {
+			t.Fatal("not TLS")
+		}
+	})
+	startup := func(c *tls.Conn) *pgproto3.Frontend {
+		fe := pgproto3.NewFrontend(c, c)
+		fe.Send(&pgproto3.StartupMessage{ProtocolVersion: pgproto3.ProtocolVersion30,
+			Parameters: map[string]string{"user": pgtest.RoleApp, "database": pgtest.DBApp}})
+		if err := fe.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		return fe
+	}
+	t.Run("by hand", func(t *testing.T) {
+		c, err := tlsDial(t, p.addr, &tls.Config{RootCAs: roots, ServerName: "127.0.0.1", NextProtos: []string{"postgresql"}}, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg, err := startup(c).Receive()
+		if _, ok := msg.(*pgproto3.AuthenticationSASL); err != nil || !ok {
+			t.Fatalf("after the startup message: %T %v, want AuthenticationSASL", msg, err)
+		}
+	})
+	t.Run("no ALPN", func(t *testing.T) {
+		c, err := tlsDial(t, p.addr, &tls.Config{RootCAs: roots, ServerName: "127.0.0.1"}, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg, err := startup(c).Receive()
+		e, ok := msg.(*pgproto3.ErrorResponse)
+		if err != nil || !ok || e.Code != "08P01" || !strings.Contains(e.Message, "ALPN") {
+			t.Fatalf("got %T %+v %v, want 08P01 about ALPN", msg, msg, err)
+		}
+	})
+	t.Run("another ALPN protocol", func(t *testing.T) {
+		if _, err := tlsDial(t, p.addr, &tls.Config{RootCAs: roots, ServerName: "127.0.0.1", NextProtos: []string{"h2"}}, true); err == nil {
+			t.Fatal("the handshake succeeded")
+		}
+	})
+	t.Run("TLS off: a ClientHello is a bad startup packet", func(t *testing.T) {
+		p := startPoolerd(t, nil)
+		nc, err := net.DialTimeout("tcp", p.addr, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
+		hello := []byte{0x16, 0x03, 0x01, 0x00, 0x10}
+		hello = binary.BigEndian.AppendUint32(hello, 0)
+		if _, err := nc.Write(hello); err != nil {
+			t.Fatal(err)
+		}
+		fe := pgproto3.NewFrontend(nc, nc)
+		msg, err := fe.Receive()
+		if _, ok := msg.(*pgproto3.ErrorResponse); err != nil || !ok {
+			t.Fatalf("got %T %v, want an ErrorResponse", msg, err)
+		}
+	})
+}
