@@ -67,8 +67,10 @@ const (
 	adviceDNS         = "poolerd resolves host names with the system resolver at each connect: nothing to set"
 	adviceReserve     = "poolerd has no reserve pool: add it to the pool size (max_size); checkout_timeout bounds the wait"
 	adviceStartupParm = "not stored by poolerd: set it in PostgreSQL with ALTER DATABASE … SET (or ALTER ROLE … SET), or in the client's connection string"
-	adviceAuthQuery   = "poolerd has no auth_query yet: list every user with its secret in auth_file (SELECT usename, passwd FROM pg_shadow gives the lines)"
-	adviceHBA         = "poolerd has no hba file yet: bind listen to a private address and firewall it; every client still needs its password (auth_type)"
+	adviceAuthQuery   = "as in PgBouncer: users not in auth_file are looked up with auth_query as auth_user, whose password comes from auth_file (docs/security.md)"
+	adviceAuthDB      = "poolerd runs auth_query in the database the client asks for: remove it (auth_user must be able to log in to each database)"
+	adviceAuthPerDB   = "not supported per database: set auth_user and auth_query in [pgbouncer]"
+	adviceHBA         = "as in PgBouncer, with auth_type hba (docs/security.md)"
 	adviceTLSProto    = "poolerd speaks TLS 1.2 and 1.3 with Go's default cipher suites: nothing to set"
 	adviceNotNeeded   = "not needed by poolerd: remove it"
 	adviceLog         = "poolerd logs to stderr (journald under systemd, `docker logs` in a container): redirect stderr to keep a file"
@@ -83,12 +85,12 @@ func Rules() []Rule {
 		{Section: "pgbouncer", Key: "unix_socket_dir", Note: adviceTCPOnly},
 		{Section: "pgbouncer", Key: "unix_socket_mode", Note: adviceTCPOnly},
 		{Section: "pgbouncer", Key: "unix_socket_group", Note: adviceTCPOnly},
-		{Section: "pgbouncer", Key: "auth_type", To: "auth_type", kind: kindSpecial, Default: "md5", Note: "`md5`, `scram-sha-256` and `trust` as in PgBouncer; `plain` becomes `md5` and `any` becomes `trust` (both reported); `hba`, `cert`, `pam` and `ldap` are reported and `md5` is used"},
+		{Section: "pgbouncer", Key: "auth_type", To: "auth_type", kind: kindSpecial, Default: "md5", Note: "`md5`, `scram-sha-256`, `trust` and `hba` as in PgBouncer; `plain` becomes `md5` and `any` becomes `trust` (both reported); `cert`, `pam` and `ldap` are reported and `md5` is used (`cert` works as an hba rule)"},
 		{Section: "pgbouncer", Key: "auth_file", To: "auth_file", kind: kindPath, Note: "same format (userlist.txt)"},
 		{Section: "pgbouncer", Key: "auth_hba_file", To: "auth_hba_file", kind: kindPath, ifKey: true, Note: adviceHBA},
 		{Section: "pgbouncer", Key: "auth_query", To: "auth_query", kind: kindString, ifKey: true, Note: adviceAuthQuery},
 		{Section: "pgbouncer", Key: "auth_user", To: "auth_user", kind: kindString, ifKey: true, Note: adviceAuthQuery},
-		{Section: "pgbouncer", Key: "auth_dbname", To: "auth_dbname", kind: kindString, ifKey: true, Note: adviceAuthQuery},
+		{Section: "pgbouncer", Key: "auth_dbname", To: "auth_dbname", kind: kindString, ifKey: true, Note: adviceAuthDB},
 		{Section: "pgbouncer", Key: "auth_ldap_options", Note: "LDAP authentication is not supported: use auth_file"},
 		{Section: "pgbouncer", Key: "admin_users", To: "admin_users", kind: kindList},
 		{Section: "pgbouncer", Key: "stats_users", To: "stats_users", kind: kindList},
@@ -139,8 +141,8 @@ func Rules() []Rule {
 		{Section: "pgbouncer", Key: "client_tls_cert_file", To: "client_tls_cert_file", kind: kindPath},
 		{Section: "pgbouncer", Key: "client_tls_key_file", To: "client_tls_key_file", kind: kindPath},
 		{Section: "pgbouncer", Key: "client_tls_ca_file", To: "client_tls_ca_file", kind: kindPath},
-		{Section: "pgbouncer", Key: "client_tls_protocols", To: "client_tls_protocols", kind: kindString, ifKey: true, Note: adviceTLSProto},
-		{Section: "pgbouncer", Key: "client_tls_ciphers", To: "client_tls_ciphers", kind: kindString, ifKey: true, Note: adviceTLSProto},
+		{Section: "pgbouncer", Key: "client_tls_protocols", To: "client_tls_protocols", kind: kindString, ifKey: true, Note: "as in PgBouncer (docs/security.md)"},
+		{Section: "pgbouncer", Key: "client_tls_ciphers", To: "client_tls_ciphers", kind: kindString, ifKey: true, Note: "as in PgBouncer, except that TLS 1.3 suites cannot be chosen (Go's)"},
 		{Section: "pgbouncer", Key: "client_tls_ecdhcurve", Note: adviceTLSProto},
 		{Section: "pgbouncer", Key: "client_tls_dheparams", Note: adviceTLSProto},
 		{Section: "pgbouncer", Key: "server_tls_sslmode", To: "server_tls_sslmode", kind: kindString},
@@ -184,9 +186,9 @@ func Rules() []Rule {
 		{Section: "databases", Key: "dbname", To: "dbname", kind: kindString},
 		{Section: "databases", Key: "user", To: "user", kind: kindString},
 		{Section: "databases", Key: "password", To: "password", kind: kindString, Note: "without it the password of user in auth_file is used, as in PgBouncer"},
-		{Section: "databases", Key: "auth_user", Note: adviceAuthQuery},
-		{Section: "databases", Key: "auth_query", Note: adviceAuthQuery},
-		{Section: "databases", Key: "auth_dbname", Note: adviceAuthQuery},
+		{Section: "databases", Key: "auth_user", Note: adviceAuthPerDB},
+		{Section: "databases", Key: "auth_query", Note: adviceAuthPerDB},
+		{Section: "databases", Key: "auth_dbname", Note: adviceAuthDB},
 		{Section: "databases", Key: "pool_size", To: "max_size", kind: kindInt},
 		{Section: "databases", Key: "min_pool_size", To: "min_size", kind: kindInt},
 		{Section: "databases", Key: "reserve_pool", Note: adviceReserve},
@@ -399,7 +401,7 @@ func (res *Result) setPgbouncer(r Rule, e entry, set map[string]entry, ignore fu
 		res.Tree["listen"] = joinHostPort(host, port)
 	case "auth_type":
 		switch v := strings.ToLower(e.value); v {
-		case config.AuthMD5, config.AuthSCRAM, config.AuthTrust:
+		case config.AuthMD5, config.AuthSCRAM, config.AuthTrust, config.AuthHBA:
 			res.Tree["auth_type"] = v
 		case "plain":
 			res.Tree["auth_type"] = config.AuthMD5
@@ -409,11 +411,7 @@ func (res *Result) setPgbouncer(r Rule, e entry, set map[string]entry, ignore fu
 			ignore("auth_type any", e, "trust is used: any user name is accepted without a password, as with any")
 		default:
 			res.Tree["auth_type"] = config.AuthMD5
-			advice := "not supported: md5 is used (every client needs its password in auth_file)"
-			if v == "hba" {
-				advice = adviceHBA + "; md5 is used"
-			}
-			ignore("auth_type "+v, e, advice)
+			ignore("auth_type "+v, e, "not supported: md5 is used (every client needs its password in auth_file)")
 		}
 	case "server_check_query":
 		if strings.TrimSpace(e.value) == "" {
