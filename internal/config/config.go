@@ -294,8 +294,19 @@ type Database struct {
 	// Host is the PostgreSQL host name, IP address, or a directory holding
 	// its Unix socket (starting with "/").
 	Host string `mapstructure:"host"`
-	// Port is PostgreSQL's port.
+	// Port is PostgreSQL's port (the default port of Hosts).
 	Port int `mapstructure:"port"`
+	// Hosts lists several servers for this database instead of Host
+	// ("host", "host:port", "[v6addr]:port"): a primary and its replicas.
+	// Each server connection goes to one that suits TargetSessionAttrs,
+	// tried in the order LoadBalanceHosts gives.
+	Hosts []string `mapstructure:"hosts"`
+	// TargetSessionAttrs is which servers suit (libpq's values): any,
+	// read-write, read-only, primary, standby or prefer-standby.
+	TargetSessionAttrs string `mapstructure:"target_session_attrs"`
+	// LoadBalanceHosts orders the servers for each new connection:
+	// round-robin, random, least-connections or disable (as listed).
+	LoadBalanceHosts string `mapstructure:"load_balance_hosts"`
 	// DBName is the database name on the server; empty means Name (for "*",
 	// the name the client asked for).
 	DBName string `mapstructure:"dbname"`

@@ -230,9 +230,10 @@ func (c *Config) Validate() error {
 			bad("%s is listed twice: names are case-sensitive; remove one entry", where)
 		}
 		seenDB[d.Name] = true
-		if d.Host == "" && c.upstream == nil {
+		if d.Host == "" && len(d.Hosts) == 0 && c.upstream == nil {
 			bad("%s has no host: set host (and port), or set upstream to give every database its host", where)
 		}
+		validateHosts(d, where, bad)
 		if d.Port != 0 && (d.Port < 1 || d.Port > 65535) {
 			bad("%s port %d is not a port number (1-65535)", where, d.Port)
 		}
@@ -528,7 +529,15 @@ type Route struct {
 	Settings PoolSettings
 	// ServerTLSMode is the server_tls_sslmode for this database.
 	ServerTLSMode string
+	// Hosts are the servers (at least one: Host and Port); Attrs and
+	// Balance their target_session_attrs and load_balance_hosts.
+	Hosts   []HostPort
+	Attrs   string
+	Balance string
 }
+
+// MultiHost reports whether the route chooses among servers or by role.
+func (r *Route) MultiHost() bool { return len(r.Hosts) > 1 || r.Attrs != TargetAny }
 
 // ErrUnknownDatabase is returned by Route for a database with no entry.
 var ErrUnknownDatabase = errors.New("unknown database")
@@ -557,6 +566,17 @@ func (c *Config) Route(database, user string) (Route, error) {
 	}
 	if r.DBName == "" {
 		r.DBName = database
+	}
+	r.Hosts, _ = hostList(Database{Host: r.Host, Port: r.Port, Hosts: d.Hosts}, r.Host, r.Port) // validated
+	if len(r.Hosts) > 0 {
+		r.Host, r.Port = r.Hosts[0].Host, r.Hosts[0].Port
+	}
+	r.Attrs, r.Balance = d.TargetSessionAttrs, d.LoadBalanceHosts
+	if r.Attrs == "" {
+		r.Attrs = TargetAny
+	}
+	if r.Balance == "" {
+		r.Balance = BalanceRoundRobin
 	}
 	overrides := []Overrides{d.Overrides}
 	if d.User != "" {

@@ -34,6 +34,8 @@ var poolMetricDefs = []metricDef{
 	{"poolerd_waiting_clients", "Clients waiting for a server connection.", nil},
 	{"poolerd_server_connections", "Server connections by state: idle, active (held by a client), opening.", []string{"state"}},
 	{"poolerd_server_tls_connections", "Open server connections that use TLS, by TLS version.", []string{"version"}},
+	{"poolerd_server_host_connections", "Open server connections per server of the pool, with the server's role at its latest login (primary, standby, unknown).", []string{"host", "role"}},
+	{"poolerd_server_host_connect_failures", "Failed connects in a row to each server of the pool (0 once one succeeds).", []string{"host"}},
 	{"poolerd_checkouts_total", "Server connections handed to clients.", nil},
 	{"poolerd_pool_hits_total", "Checkouts served by an open connection.", nil},
 	{"poolerd_pool_misses_total", "Checkouts served by a newly opened connection.", nil},
@@ -109,6 +111,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		gauge("poolerd_server_connections", float64(ps.Opening), db, user, "opening")
 		for _, version := range tlsVersions {
 			gauge("poolerd_server_tls_connections", float64(ps.TLSConnections[version]), db, user, version)
+		}
+		for _, h := range ps.Hosts {
+			gauge("poolerd_server_host_connections", float64(h.Open), db, user, h.Host, h.Role)
+			gauge("poolerd_server_host_connect_failures", float64(h.Failures), db, user, h.Host)
 		}
 		counter("poolerd_checkouts_total", float64(ps.Acquisitions), db, user)
 		counter("poolerd_pool_hits_total", float64(ps.Hits), db, user)

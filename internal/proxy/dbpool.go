@@ -33,6 +33,7 @@ const (
 	evictParamCheck      = "parameter_check_failed"
 	evictTimeout         = "timeout"
 	evictKilled          = "killed"
+	evictRoleChanged     = "role_changed"
 )
 
 // maxParamCache bounds the learned startup-parameter values per pool.
@@ -88,6 +89,10 @@ type dbPool struct {
 	// querySecret is the user's secret auth_query found at the latest
 	// login, for a user with no secret in the configuration.
 	querySecret auth.Secret
+
+	// hosts is what the pool knows of its servers (hosts.go); it locks
+	// itself.
+	hosts hostSet
 }
 
 // maxParamSets bounds dbPool.paramSets: clients beyond that many distinct
@@ -128,13 +133,18 @@ type paramResult struct {
 }
 
 // poolSettings are the pool package's tunables for a route's settings.
-func poolSettings(cfg *config.Config, set config.PoolSettings) pool.Settings {
+func poolSettings(cfg *config.Config, route *config.Route) pool.Settings {
+	set := route.Settings
+	backoffMax := cfg.ReconnectBackoffMax
+	if route.MultiHost() {
+		backoffMax = min(backoffMax, multiHostBackoffMax) // find a promoted replica soon
+	}
 	return pool.Settings{
 		MaxSize:            set.MaxSize,
 		MinSize:            set.MinSize,
 		ConnectTimeout:     set.ServerConnectTimeout,
 		BackoffBase:        cfg.ReconnectBackoffBase,
-		BackoffMax:         cfg.ReconnectBackoffMax,
+		BackoffMax:         backoffMax,
 		ValidationInterval: set.ValidationInterval,
 		ValidationTimeout:  set.ValidationTimeout,
 		MaxLifetime:        set.MaxLifetime,
@@ -157,9 +167,8 @@ func newDBPool(srv *Server, key poolKey, route config.Route, warm, paused bool) 
 	defer close(d.built)
 	d.routeP.Store(&route)
 	cfg := srv.cfg()
-	set := route.Settings
 	d.pool = pool.New(pool.Config[*serverConn]{
-		Settings:    poolSettings(cfg, set),
+		Settings:    poolSettings(cfg, &route),
 		Warm:        warm,
 		Connect:     d.connect,
 		Unreachable: unreachable,
@@ -203,8 +212,18 @@ func (d *dbPool) probe(ctx context.Context) error {
 
 // validate runs validation_query on an idle connection before use.
 func (d *dbPool) validate(ctx context.Context, sc *serverConn) error {
-	return sc.exec(ctx, d.route().Settings.ValidationQuery)
+	if err := sc.exec(ctx, d.route().Settings.ValidationQuery); err != nil {
+		return err
+	}
+	if d.route().MultiHost() && !d.roleSuits(sc) {
+		return errRoleChanged
+	}
+	return nil
 }
+
+// errRoleChanged fails the validation of a connection whose server no
+// longer suits target_session_attrs.
+var errRoleChanged = errors.New("the server changed role (target_session_attrs)")
 
 // connect opens one server connection and starts its reader.
 func (d *dbPool) connect(ctx context.Context) (*serverConn, error) {
@@ -220,20 +239,30 @@ func (d *dbPool) connect(ctx context.Context) (*serverConn, error) {
 		creds.ClientKey = d.clientKey
 	}
 	d.mu.Unlock()
-	target := d.target()
-	bc, err := backend.Connect(ctx, target, d.route().DBName, creds, nil)
+	if r := d.route(); r.MultiHost() {
+		return d.connectAmong(ctx, r, creds)
+	}
+	bc, err := backend.Connect(ctx, d.target(), d.route().DBName, creds, nil)
 	if err != nil {
 		return nil, err
 	}
+	return d.adopt(bc, d.route().Hosts[0]), nil
+}
+
+// adopt makes a server connection of bc, a login to host h, and starts its
+// reader.
+func (d *dbPool) adopt(bc *backend.Conn, h config.HostPort) *serverConn {
 	sc := newServerConn(d, bc)
+	sc.host = h
+	d.hosts.opened(h)
 	d.mu.Lock()
 	if d.defaults == nil {
 		d.defaults = maps.Clone(bc.Params)
 	}
 	d.mu.Unlock()
 	go sc.readLoop()
-	d.log.Debug("server connection opened", zap.Uint32("backend_pid", bc.PID))
-	return sc, nil
+	d.log.Debug("server connection opened", zap.String("host", h.String()), zap.Uint32("backend_pid", bc.PID))
+	return sc
 }
 
 // route is how the pool reaches PostgreSQL, and its settings.
@@ -284,6 +313,10 @@ func (loginQueuer) dequeued()                         {}
 func (d *dbPool) checkin(sc *serverConn) {
 	if sc.isBroken() {
 		d.pool.Discard(sc, evictBroken)
+		return
+	}
+	if d.route().MultiHost() && !d.roleSuits(sc) {
+		d.pool.Discard(sc, evictRoleChanged)
 		return
 	}
 	d.pool.Put(sc)

@@ -116,7 +116,7 @@ func (srv *Server) apply(next *config.Config) error {
 			old.ServerUser != route.ServerUser || !old.ServerSecret.Equal(route.ServerSecret) {
 			p.pool.Reconnect()
 		}
-		p.pool.Reconfigure(poolSettings(next, route.Settings))
+		p.pool.Reconfigure(poolSettings(next, &route))
 	}
 	srv.mu.Lock()
 	sessions := make([]*session, 0, len(srv.sessions))

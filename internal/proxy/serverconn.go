@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/poolerd/poolerd/internal/backend"
+	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/internal/pool"
 	"github.com/poolerd/poolerd/internal/wire"
 )
@@ -42,8 +43,9 @@ const maxCapture = 4096
 type serverConn struct {
 	pool.Entry
 	*backend.Conn
-	dbp *dbPool
-	log *zap.Logger
+	dbp  *dbPool
+	log  *zap.Logger
+	host config.HostPort // the server it is connected to
 
 	// Reader goroutine only.
 	cur     wire.Cursor
@@ -205,6 +207,9 @@ func (sc *serverConn) Close() error {
 		sc.mu.Lock()
 		sc.broken = true
 		sc.mu.Unlock()
+		if sc.host.Host != "" {
+			sc.dbp.hosts.closed(sc.host)
+		}
 		// Terminate lets the backend exit (rolling back) at once instead of
 		// waiting to notice the closed socket. The deadline also wakes the
 		// reader goroutine, which then finds the connection gone.

@@ -206,6 +206,9 @@ type PoolStats struct {
 	// TLSConnections counts its open server connections that use TLS,
 	// by TLS version ("TLSv1.3").
 	TLSConnections map[string]int
+	// Hosts are its servers (one, or the entry's hosts), with their role
+	// and connections.
+	Hosts []HostInfo
 	pool.Stats
 	// SessionTimeouts counts sessions' timeouts by kind: query,
 	// transaction, idle_transaction, client_idle, server_response (the
@@ -248,7 +251,7 @@ func (p *dbPool) snapshot(oldest *[len(pinReasons)]time.Duration) PoolStats {
 	st := p.pool.Stats()
 	route := p.route()
 	ps := PoolStats{Database: p.key.database, User: p.key.user, Mode: route.Settings.PoolMode, ServerUser: route.ServerUser,
-		TLSConnections: p.tlsConnections(),
+		TLSConnections: p.tlsConnections(), Hosts: p.hosts.snapshot(route.Hosts),
 		Stats:          st, SessionTimeouts: make(map[string]uint64, numTimeoutKinds), Leaks: p.leaks.Load(),
 		Clients: p.clients.Load(), Traffic: p.traffic(st),
 		PreparedCacheHits: p.ctr.cacheHits.Load(), PreparedEvictions: p.ctr.stmtEvictions.Load(),

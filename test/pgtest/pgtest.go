@@ -86,6 +86,7 @@ var fixtureRoles = []string{RoleApp, RoleSCRAM, RoleMD5, RoleClear, RoleTrust}
 // hbaConf replaces the pg_hba.conf written by initdb. First match wins.
 const hbaConf = `# pg_hba.conf written by poolerd test/pgtest
 local all all trust
+local replication all trust
 host all ` + RoleMD5 + ` 127.0.0.1/32 md5
 host all ` + RoleClear + ` 127.0.0.1/32 password
 host all ` + RoleTrust + ` 127.0.0.1/32 trust
@@ -292,16 +293,8 @@ func Start(opts Options) (_ *Server, err error) {
 	}
 	s.DataDir = filepath.Join(s.rootDir, "data")
 	s.logFile = filepath.Join(s.DataDir, logFileName)
-	s.socketDir = s.DataDir
-	if len(s.socketDir)+len("/.s.PGSQL.65535.lock") > maxSocketPath {
-		s.extraSockDir, err = os.MkdirTemp("/tmp", "pgs")
-		if err != nil {
-			return nil, fmt.Errorf("pgtest: create socket dir: %w", err)
-		}
-		if err := s.chown(s.extraSockDir); err != nil {
-			return nil, err
-		}
-		s.socketDir = s.extraSockDir
+	if err := s.pickSocketDir(); err != nil {
+		return nil, err
 	}
 
 	// initdb
@@ -380,6 +373,77 @@ func Start(opts Options) (_ *Server, err error) {
 	}
 	s.logf("pgtest: PostgreSQL ready on %s (data %s) in %v", s.Addr(), s.DataDir, time.Since(begin).Round(time.Millisecond))
 	return s, nil
+}
+
+// pickSocketDir sets the server's Unix socket directory: its data dir, or
+// a short directory of its own when that path would be too long.
+func (s *Server) pickSocketDir() error {
+	s.socketDir = s.DataDir
+	if len(s.socketDir)+len("/.s.PGSQL.65535.lock") > maxSocketPath {
+		var err error
+		s.extraSockDir, err = os.MkdirTemp("/tmp", "pgs")
+		if err != nil {
+			return fmt.Errorf("pgtest: create socket dir: %w", err)
+		}
+		if err := s.chown(s.extraSockDir); err != nil {
+			return err
+		}
+		s.socketDir = s.extraSockDir
+	}
+	return nil
+}
+
+// StartReplica makes a streaming replica of s (pg_basebackup -R over s's
+// Unix socket) and starts it, hot standby, on a port of its own. It has
+// s's roles, databases and superuser password. Callers must call its
+// Cleanup.
+func (s *Server) StartReplica() (_ *Server, err error) {
+	r := &Server{Host: s.Host, BinDir: s.BinDir, superPassword: s.superPassword, logf: s.logf,
+		extraConf: append([]string(nil), s.extraConf...), asPostgres: s.asPostgres, uid: s.uid, gid: s.gid, TLS: s.TLS}
+	if r.Port, err = FreePort(); err != nil {
+		return nil, err
+	}
+	base, err := r.baseTempDir()
+	if err != nil {
+		return nil, err
+	}
+	if r.rootDir, err = os.MkdirTemp(base, "pgtest-replica-"); err != nil {
+		return nil, fmt.Errorf("pgtest: create temp dir: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			if cerr := r.Cleanup(); cerr != nil {
+				err = fmt.Errorf("%w (cleanup also failed: %v)", err, cerr)
+			}
+		}
+	}()
+	if err := r.chown(r.rootDir); err != nil {
+		return nil, err
+	}
+	r.DataDir = filepath.Join(r.rootDir, "data")
+	r.logFile = filepath.Join(r.DataDir, logFileName)
+	if err := r.pickSocketDir(); err != nil {
+		return nil, err
+	}
+	if _, err := r.run("pg_basebackup", "-D", r.DataDir, "-R", "-X", "stream", "--no-sync", "--checkpoint=fast",
+		"-h", s.socketDir, "-p", strconv.Itoa(s.Port), "-U", SuperUser); err != nil {
+		return nil, err
+	}
+	if err := r.writeConf(); err != nil { // its own port and socket directory
+		return nil, err
+	}
+	if err := r.start(); err != nil {
+		return nil, err
+	}
+	s.logf("pgtest: replica of %s ready on %s", s.Addr(), r.Addr())
+	return r, nil
+}
+
+// Promote ends recovery on a replica (pg_ctl promote) and waits until it
+// accepts writes.
+func (s *Server) Promote() error {
+	_, err := s.run("pg_ctl", "promote", "-w", "-t", "30", "-D", s.DataDir)
+	return err
 }
 
 // baseTempDir returns the directory in which the server's temp dir is

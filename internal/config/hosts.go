@@ -1,0 +1,153 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+)
+
+// Several servers for one database entry: hosts, target_session_attrs and
+// load_balance_hosts, with libpq's names and meanings.
+
+// Values of target_session_attrs: which servers of an entry a server
+// connection may go to, judged by what PostgreSQL 14+ reports at login and
+// after every change (in_hot_standby, default_transaction_read_only).
+const (
+	TargetAny           = "any"
+	TargetReadWrite     = "read-write"
+	TargetReadOnly      = "read-only"
+	TargetPrimary       = "primary"
+	TargetStandby       = "standby"
+	TargetPreferStandby = "prefer-standby"
+)
+
+// Values of load_balance_hosts: the order in which a new server connection
+// tries the entry's servers.
+const (
+	BalanceRoundRobin = "round-robin"
+	BalanceRandom     = "random"
+	BalanceLeastConns = "least-connections"
+	BalanceDisable    = "disable" // in the order listed
+)
+
+// HostPort is one server of a database entry, normalised: a host name in
+// lower case (IPv6 addresses without brackets), a port.
+type HostPort struct {
+	Host string
+	Port int
+}
+
+// String is host:port, with an IPv6 address in brackets.
+func (h HostPort) String() string { return net.JoinHostPort(h.Host, strconv.Itoa(h.Port)) }
+
+// ParseHostPort reads "host", "host:port", "[v6]:port" or a bare IPv6
+// address; the port is defaultPort when absent.
+func ParseHostPort(s string, defaultPort int) (HostPort, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return HostPort{}, fmt.Errorf("empty host")
+	}
+	host, portStr := s, ""
+	switch {
+	case strings.HasPrefix(s, "["):
+		end := strings.Index(s, "]")
+		if end < 0 {
+			return HostPort{}, fmt.Errorf("host %q: missing ]", s)
+		}
+		host, portStr = s[1:end], strings.TrimPrefix(s[end+1:], ":")
+		if rest := s[end+1:]; rest != "" && !strings.HasPrefix(rest, ":") {
+			return HostPort{}, fmt.Errorf("host %q: expected :port after ]", s)
+		}
+	case strings.Count(s, ":") == 1:
+		host, portStr, _ = strings.Cut(s, ":")
+	}
+	port := defaultPort
+	if portStr != "" {
+		p, err := strconv.Atoi(portStr)
+		if err != nil || p < 1 || p > 65535 {
+			return HostPort{}, fmt.Errorf("host %q: port %q is not a port number (1-65535)", s, portStr)
+		}
+		port = p
+	}
+	if host == "" {
+		return HostPort{}, fmt.Errorf("host %q has no name", s)
+	}
+	if strings.HasPrefix(host, "/") {
+		return HostPort{Host: host, Port: port}, nil // a Unix socket directory
+	}
+	return HostPort{Host: strings.ToLower(host), Port: port}, nil
+}
+
+// hostList is the normalised server list of database entry d (its host and
+// port, or its hosts), defaultHost/defaultPort filling what it leaves out.
+func hostList(d Database, defaultHost string, defaultPort int) ([]HostPort, error) {
+	port := d.Port
+	if port == 0 {
+		port = defaultPort
+	}
+	if len(d.Hosts) == 0 {
+		host := d.Host
+		if host == "" {
+			host = defaultHost
+		}
+		if strings.HasPrefix(host, "/") {
+			return []HostPort{{Host: host, Port: port}}, nil
+		}
+		return []HostPort{{Host: strings.ToLower(host), Port: port}}, nil
+	}
+	seen := map[HostPort]bool{}
+	out := make([]HostPort, 0, len(d.Hosts))
+	for _, s := range d.Hosts {
+		h, err := ParseHostPort(s, port)
+		if err != nil {
+			return nil, err
+		}
+		if seen[h] {
+			return nil, fmt.Errorf("%s is listed twice in hosts", h)
+		}
+		seen[h] = true
+		out = append(out, h)
+	}
+	return out, nil
+}
+
+// validateHosts checks the multi-server keys of database entry d (where
+// names it in messages).
+func validateHosts(d Database, where string, bad func(string, ...any)) {
+	if len(d.Hosts) > 0 && d.Host != "" {
+		bad("%s has both host and hosts: keep hosts (a list of host:port) and remove host", where)
+	}
+	if _, err := hostList(d, "", 5432); err != nil {
+		bad("%s hosts: %v", where, err)
+	}
+	switch d.TargetSessionAttrs {
+	case "", TargetAny, TargetReadWrite, TargetReadOnly, TargetPrimary, TargetStandby, TargetPreferStandby:
+	default:
+		bad("%s target_session_attrs %q: use any, read-write, read-only, primary, standby or prefer-standby", where, d.TargetSessionAttrs)
+	}
+	switch d.LoadBalanceHosts {
+	case "", BalanceRoundRobin, BalanceRandom, BalanceLeastConns, BalanceDisable:
+	default:
+		bad("%s load_balance_hosts %q: use round-robin, random, least-connections or disable", where, d.LoadBalanceHosts)
+	}
+}
+
+// AttrsMatch reports whether a server that is (or is not) a hot standby and
+// whose default_transaction_read_only is readOnly suits target attrs;
+// relaxed is prefer-standby's second pass, when no standby could be had.
+func AttrsMatch(attrs string, standby, readOnly, relaxed bool) bool {
+	switch attrs {
+	case TargetReadWrite:
+		return !standby && !readOnly
+	case TargetReadOnly:
+		return standby || readOnly
+	case TargetPrimary:
+		return !standby
+	case TargetStandby:
+		return standby
+	case TargetPreferStandby:
+		return standby || relaxed
+	}
+	return true
+}

@@ -1,0 +1,93 @@
+package config
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestParseHostPort(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want HostPort
+		err  string
+	}{
+		{"db.example.com", HostPort{"db.example.com", 5432}, ""},
+		{"DB.Example.COM:6543", HostPort{"db.example.com", 6543}, ""},
+		{"[::1]:5433", HostPort{"::1", 5433}, ""},
+		{"::1", HostPort{"::1", 5432}, ""},
+		{"[fe80::1]", HostPort{"fe80::1", 5432}, ""},
+		{"/var/run/postgresql", HostPort{"/var/run/postgresql", 5432}, ""},
+		{"a:0", HostPort{}, "not a port number"},
+		{"a:x", HostPort{}, "not a port number"},
+		{"[::1", HostPort{}, "missing ]"},
+		{"", HostPort{}, "empty"},
+		{":5432", HostPort{}, "no name"},
+	} {
+		got, err := ParseHostPort(c.in, 5432)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("ParseHostPort(%q) = %v, %v; want an error with %q", c.in, got, err, c.err)
+			}
+			continue
+		}
+		if err != nil || got != c.want {
+			t.Errorf("ParseHostPort(%q) = %v, %v; want %v", c.in, got, err, c.want)
+		}
+	}
+}
+
+func TestHostsValidation(t *testing.T) {
+	for _, c := range []struct {
+		db   Database
+		want string
+	}{
+		{Database{Name: "a", Host: "x", Hosts: []string{"y"}}, "both host and hosts"},
+		{Database{Name: "a", Hosts: []string{"y:5432", "Y"}}, "listed twice"},
+		{Database{Name: "a", Hosts: []string{"y"}, TargetSessionAttrs: "primary-only"}, "target_session_attrs"},
+		{Database{Name: "a", Hosts: []string{"y"}, LoadBalanceHosts: "fastest"}, "load_balance_hosts"},
+	} {
+		cfg := Defaults()
+		cfg.Databases = []Database{c.db}
+		cfg.AuthType = AuthTrust
+		err := cfg.Validate()
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v, want an error naming %q", c.db, err, c.want)
+		}
+	}
+	cfg := Defaults()
+	cfg.AuthType = AuthTrust
+	cfg.Databases = []Database{{Name: "a", Port: 6000, Hosts: []string{"p", "r:7000"}, TargetSessionAttrs: TargetReadWrite}}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := cfg.Route("a", "u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Hosts) != 2 || r.Hosts[0] != (HostPort{"p", 6000}) || r.Hosts[1] != (HostPort{"r", 7000}) || !r.MultiHost() ||
+		r.Attrs != TargetReadWrite || r.Balance != BalanceRoundRobin {
+		t.Fatalf("route %+v", r)
+	}
+}
+
+func TestAttrsMatch(t *testing.T) {
+	type role struct{ standby, ro bool }
+	primary, standby, roPrimary := role{}, role{true, true}, role{false, true}
+	for _, c := range []struct {
+		attrs string
+		r     role
+		want  bool
+	}{
+		{TargetAny, standby, true}, {TargetReadWrite, primary, true}, {TargetReadWrite, roPrimary, false},
+		{TargetReadWrite, standby, false}, {TargetReadOnly, roPrimary, true}, {TargetReadOnly, primary, false},
+		{TargetPrimary, roPrimary, true}, {TargetPrimary, standby, false}, {TargetStandby, standby, true},
+		{TargetStandby, primary, false}, {TargetPreferStandby, standby, true}, {TargetPreferStandby, primary, false},
+	} {
+		if got := AttrsMatch(c.attrs, c.r.standby, c.r.ro, false); got != c.want {
+			t.Errorf("AttrsMatch(%s, %+v) = %v", c.attrs, c.r, got)
+		}
+	}
+	if !AttrsMatch(TargetPreferStandby, false, false, true) {
+		t.Error("prefer-standby's fallback refuses a primary")
+	}
+}

@@ -1,0 +1,236 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/poolerd/poolerd/internal/backend"
+	"github.com/poolerd/poolerd/internal/config"
+)
+
+// Choosing a server for a new connection among a database entry's hosts
+// (hosts, target_session_attrs, load_balance_hosts).
+//
+// A pool stays one pool per database and user; each of its connections goes
+// to one of the entry's servers. A new connection tries them in the order
+// load_balance_hosts gives, servers that failed lately last, and keeps the
+// first whose role suits target_session_attrs. The role is what PostgreSQL
+// (14 and later) reports at login and whenever it changes: in_hot_standby
+// and default_transaction_read_only. A connection whose server changed role
+// (a replica promoted, a primary demoted) is closed when it is next
+// released or validated. So when a primary fails, read-write requests wait
+// in the queue (bounded by checkout_timeout) while connects fail or find
+// only standbys, and get the promoted replica's first connection; multi-
+// server pools retry at most every multiHostBackoffMax for that.
+
+// multiHostBackoffMax caps the reconnect backoff of a pool with several
+// servers, so that a promoted replica is found within about that long.
+const multiHostBackoffMax = time.Second
+
+// hostSet is what a pool knows of its servers.
+type hostSet struct {
+	mu    sync.Mutex
+	next  uint64 // round-robin cursor
+	state map[config.HostPort]*hostState
+}
+
+// hostState is one server's recent history.
+type hostState struct {
+	open     int       // connections open to it
+	failures int       // failed connects in a row
+	retryAt  time.Time // tried last until then
+	standby  bool      // role at the latest login
+	known    bool      // a login reported its role
+	lastErr  string
+}
+
+func (hs *hostSet) get(h config.HostPort) *hostState {
+	if hs.state == nil {
+		hs.state = map[config.HostPort]*hostState{}
+	}
+	st := hs.state[h]
+	if st == nil {
+		st = &hostState{}
+		hs.state[h] = st
+	}
+	return st
+}
+
+// order lists hosts in the order a new connection tries them: balance's
+// order among those not backing off, then those backing off, soonest due
+// first.
+func (hs *hostSet) order(hosts []config.HostPort, balance string, now time.Time) []config.HostPort {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	out := slices.Clone(hosts)
+	switch balance {
+	case config.BalanceRoundRobin:
+		k := int(hs.next % uint64(len(out)))
+		hs.next++
+		out = append(out[k:], out[:k]...)
+	case config.BalanceRandom:
+		rand.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	case config.BalanceLeastConns:
+		slices.SortStableFunc(out, func(a, b config.HostPort) int { return hs.get(a).open - hs.get(b).open })
+	}
+	slices.SortStableFunc(out, func(a, b config.HostPort) int {
+		ra, rb := hs.get(a).retryAt, hs.get(b).retryAt
+		da, db := ra.After(now), rb.After(now)
+		switch {
+		case da && db:
+			return ra.Compare(rb)
+		case da:
+			return 1
+		case db:
+			return -1
+		}
+		return 0
+	})
+	return out
+}
+
+// failed records a failed connect to h: it is tried last for a backoff
+// that doubles with each failure in a row, from base up to max.
+func (hs *hostSet) failed(h config.HostPort, err error, now time.Time, base, max time.Duration) {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	st := hs.get(h)
+	st.failures++
+	d := base << min(st.failures-1, 16)
+	if d > max || d <= 0 {
+		d = max
+	}
+	st.retryAt, st.lastErr = now.Add(d), err.Error()
+}
+
+// reached records a login to h and the role it reported.
+func (hs *hostSet) reached(h config.HostPort, standby bool) {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	st := hs.get(h)
+	st.failures, st.retryAt, st.lastErr = 0, time.Time{}, ""
+	st.standby, st.known = standby, true
+}
+
+// opened and closed count the connections open to h.
+func (hs *hostSet) opened(h config.HostPort) {
+	hs.mu.Lock()
+	hs.get(h).open++
+	hs.mu.Unlock()
+}
+
+func (hs *hostSet) closed(h config.HostPort) {
+	hs.mu.Lock()
+	hs.get(h).open--
+	hs.mu.Unlock()
+}
+
+// HostInfo is one server of a pool, for the metrics and /stats.
+type HostInfo struct {
+	Host     string // host:port
+	Role     string // primary, standby or unknown
+	Open     int    // connections open to it
+	Failures int    // failed connects in a row
+	LastErr  string
+}
+
+// snapshot lists the pool's servers in the route's order.
+func (hs *hostSet) snapshot(hosts []config.HostPort) []HostInfo {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	out := make([]HostInfo, 0, len(hosts))
+	for _, h := range hosts {
+		st := hs.get(h)
+		role := "unknown"
+		if st.known {
+			role = "primary"
+			if st.standby {
+				role = "standby"
+			}
+		}
+		out = append(out, HostInfo{Host: h.String(), Role: role, Open: st.open, Failures: st.failures, LastErr: st.lastErr})
+	}
+	return out
+}
+
+// serverRole reads a server's role from its reported parameters.
+func serverRole(params map[string]string) (standby, readOnly bool) {
+	return params["in_hot_standby"] == "on", params["default_transaction_read_only"] == "on"
+}
+
+// connectAmong opens a connection to the first of r's servers, in load
+// balance order, whose role suits r.Attrs (prefer-standby: a standby, else
+// the first other server that answered).
+func (d *dbPool) connectAmong(ctx context.Context, r *config.Route, creds backend.Credentials) (*serverConn, error) {
+	cfg := d.srv.cfg()
+	tlsCfg := d.srv.serverTLSFor(r.ServerTLSMode)
+	var why []string
+	var fallback *backend.Conn
+	var fallbackHost config.HostPort
+	for _, h := range d.hosts.order(r.Hosts, r.Balance, time.Now()) {
+		if ctx.Err() != nil {
+			break
+		}
+		bc, err := backend.Connect(ctx, backend.Target{Host: h.Host, Port: h.Port, TLS: tlsCfg}, r.DBName, creds, nil)
+		if err != nil {
+			d.hosts.failed(h, err, time.Now(), cfg.ReconnectBackoffBase, min(cfg.ReconnectBackoffMax, multiHostBackoffMax))
+			why = append(why, fmt.Sprintf("%s: %v", h, err))
+			continue
+		}
+		standby, readOnly := serverRole(bc.Params)
+		d.hosts.reached(h, standby)
+		if config.AttrsMatch(r.Attrs, standby, readOnly, false) {
+			if fallback != nil {
+				_ = fallback.Close()
+			}
+			return d.adopt(bc, h), nil
+		}
+		if r.Attrs == config.TargetPreferStandby && fallback == nil {
+			fallback, fallbackHost = bc, h
+			continue
+		}
+		_ = bc.Close()
+		why = append(why, fmt.Sprintf("%s: %s", h, roleWord(standby, readOnly)))
+	}
+	if fallback != nil {
+		return d.adopt(fallback, fallbackHost), nil
+	}
+	if err := ctx.Err(); err != nil {
+		why = append(why, err.Error())
+	}
+	return nil, fmt.Errorf("no server suits target_session_attrs %s: %s", r.Attrs, strings.Join(why, "; "))
+}
+
+// roleWord says what a server that does not suit is.
+func roleWord(standby, readOnly bool) string {
+	switch {
+	case standby:
+		return "a standby (in_hot_standby on)"
+	case readOnly:
+		return "read-only (default_transaction_read_only on)"
+	}
+	return "a primary"
+}
+
+// roleSuits reports whether sc's server still suits the pool's route: a
+// server that changed role since sc was opened does not.
+func (d *dbPool) roleSuits(sc *serverConn) bool {
+	r := d.route()
+	if r.Attrs == config.TargetAny || r.Attrs == config.TargetPreferStandby {
+		return true
+	}
+	standby, readOnly := serverRole(sc.params)
+	if config.AttrsMatch(r.Attrs, standby, readOnly, false) {
+		return true
+	}
+	d.log.Info("server changed role; closing its connection", zap.String("host", sc.host.String()),
+		zap.String("target_session_attrs", r.Attrs), zap.String("role", roleWord(standby, readOnly)), zap.Uint64("conn_id", sc.ID()))
+	return false
+}

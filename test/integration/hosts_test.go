@@ -1,0 +1,211 @@
+package integration
+
+// Several servers per database entry (hosts, target_session_attrs): a
+// primary and a streaming replica on loopback, reads and writes routed by
+// role, and a failover: the primary stops, the replica is promoted, and
+// writes through poolerd resume on it (internal/proxy/hosts.go).
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/test/pgtest"
+)
+
+// startPair starts a primary and a streaming replica of it, both stopped
+// when the test ends.
+func startPair(t *testing.T) (primary, replica *pgtest.Server) {
+	t.Helper()
+	primary, err := pgtest.Start(pgtest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = primary.Cleanup() })
+	replica, err = primary.StartReplica()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = replica.Cleanup() })
+	return primary, replica
+}
+
+// serverOf says which server c's next statement runs on: its port, and
+// whether it is in recovery.
+func serverOf(t *testing.T, ctx context.Context, c *pgx.Conn) (port int, standby bool) {
+	t.Helper()
+	if err := c.QueryRow(ctx, "SELECT inet_server_port(), pg_is_in_recovery()").Scan(&port, &standby); err != nil {
+		t.Fatalf("which server: %v", err)
+	}
+	return port, standby
+}
+
+func TestHostsRoutingAndFailover(t *testing.T) {
+	primary, replica := startPair(t)
+	ctx := ctxTimeout(t, 3*time.Minute)
+	if err := primary.Exec(ctx, pgtest.DBApp, "CREATE TABLE failover_t (id bigserial PRIMARY KEY, v int); ALTER TABLE failover_t OWNER TO app"); err != nil {
+		t.Fatal(err)
+	}
+	hosts := []string{primary.Addr(), replica.Addr()}
+	p := startPoolerd(t, func(c *config.Config) {
+		c.Upstream = primary.DSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp)
+		c.PoolMode = config.PoolTransaction
+		c.MaxSize = 4
+		c.CheckoutTimeout = 20 * time.Second
+		c.LogLevel = "info"
+		c.Databases = []config.Database{
+			{Name: "rw", DBName: pgtest.DBApp, Hosts: hosts, TargetSessionAttrs: config.TargetReadWrite},
+			{Name: "ro", DBName: pgtest.DBApp, Hosts: hosts, TargetSessionAttrs: config.TargetPreferStandby},
+			{Name: "standby", DBName: pgtest.DBApp, Hosts: hosts, TargetSessionAttrs: config.TargetStandby},
+		}
+	})
+	rw := connectDSN(t, p.dsn(pgtest.RoleApp, pgtest.Password, "rw", "default_query_exec_mode=simple_protocol"))
+	ro := connectDSN(t, p.dsn(pgtest.RoleApp, pgtest.Password, "ro", "default_query_exec_mode=simple_protocol"))
+	if port, standby := serverOf(t, ctx, rw); port != primary.Port || standby {
+		t.Fatalf("rw runs on port %d (standby %v), want the primary %d", port, standby, primary.Port)
+	}
+	if port, standby := serverOf(t, ctx, ro); port != replica.Port || !standby {
+		t.Fatalf("ro runs on port %d (standby %v), want the replica %d", port, standby, replica.Port)
+	}
+
+	eventually(t, 10*time.Second, "the table to reach the replica", func() bool {
+		var ok bool
+		return ro.QueryRow(ctx, "SELECT to_regclass('failover_t') IS NOT NULL").Scan(&ok) == nil && ok
+	})
+
+	// Load: one writer through rw, one reader through ro, each retrying
+	// after an error, until the test says stop.
+	var stop atomic.Bool
+	var mu sync.Mutex
+	var lastWrite time.Time
+	var readErrs, reads, writes, writeErrs int
+	var firstReadErr error
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		for !stop.Load() {
+			_, err := rw.Exec(ctx, "INSERT INTO failover_t (v) VALUES (1)")
+			mu.Lock()
+			if err == nil {
+				writes++
+				lastWrite = time.Now()
+			} else {
+				writeErrs++
+			}
+			mu.Unlock()
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		for !stop.Load() {
+			var n int64
+			err := ro.QueryRow(ctx, "SELECT count(*) FROM failover_t").Scan(&n)
+			mu.Lock()
+			if err == nil {
+				reads++
+			} else {
+				readErrs++
+				if firstReadErr == nil {
+					firstReadErr = err
+				}
+			}
+			mu.Unlock()
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	time.Sleep(500 * time.Millisecond)
+	if err := primary.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	promoted := time.Now()
+	if err := replica.Promote(); err != nil {
+		t.Fatal(err)
+	}
+	var resumed time.Duration
+	eventually(t, 60*time.Second, "a write after the promotion", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if lastWrite.After(promoted) {
+			resumed = lastWrite.Sub(promoted)
+			return true
+		}
+		return false
+	})
+	time.Sleep(300 * time.Millisecond)
+	stop.Store(true)
+	wg.Wait()
+	mu.Lock()
+	t.Logf("writes resumed %s after pg_ctl promote was started; %d writes, %d refused; %d reads, %d failed",
+		resumed.Round(time.Millisecond), writes, writeErrs, reads, readErrs)
+	mu.Unlock()
+	if port, standby := serverOf(t, ctx, rw); port != replica.Port || standby {
+		t.Errorf("after the failover rw runs on port %d (standby %v), want the promoted replica %d", port, standby, replica.Port)
+	}
+	if readErrs > 0 {
+		t.Errorf("%d reads through prefer-standby failed while the replica served throughout; the first: %v", readErrs, firstReadErr)
+	}
+	// No standby is left: a standby-only entry refuses, naming why.
+	c, err := pgx.Connect(ctx, p.dsn(pgtest.RoleApp, pgtest.Password, "standby", "default_query_exec_mode=simple_protocol"))
+	if err == nil {
+		_, err = c.Exec(ctx, "SELECT 1")
+		_ = c.Close(ctx)
+	}
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || !strings.Contains(pe.Message+pe.Detail, "target_session_attrs standby") {
+		t.Errorf("a standby-only entry with no standby left: got %v, want a refusal naming target_session_attrs", err)
+	} else {
+		t.Logf("standby-only entry: %s: %s (%s)", pe.Code, pe.Message, pe.Detail)
+	}
+}
+
+// Each entry spreads its connections over its servers (round-robin), and
+// a server that refuses connections is skipped.
+func TestHostsBalanceAndSkip(t *testing.T) {
+	primary, replica := startPair(t)
+	ctx := ctxTimeout(t, 60*time.Second)
+	dead, err := pgtest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startPoolerd(t, func(c *config.Config) {
+		c.Upstream = primary.DSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp)
+		c.PoolMode = config.PoolTransaction
+		c.MaxSize = 4
+		c.Databases = []config.Database{
+			{Name: "any", DBName: pgtest.DBApp, Hosts: []string{primary.Addr(), replica.Addr(), "127.0.0.1:" + strconv.Itoa(dead)},
+				LoadBalanceHosts: config.BalanceRoundRobin},
+		}
+	})
+	// Four clients each holding a transaction: four connections, spread.
+	ports := map[int]int{}
+	var conns []*pgx.Conn
+	for range 4 {
+		c := connectDSN(t, p.dsn(pgtest.RoleApp, pgtest.Password, "any", "default_query_exec_mode=simple_protocol"))
+		if _, err := c.Exec(ctx, "BEGIN"); err != nil {
+			t.Fatal(err)
+		}
+		port, _ := serverOf(t, ctx, c)
+		ports[port]++
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		if _, err := c.Exec(ctx, "COMMIT"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ports[primary.Port] == 0 || ports[replica.Port] == 0 || ports[dead] != 0 {
+		t.Fatalf("connections per port %v: want both live servers used and the dead one skipped", ports)
+	}
+}
