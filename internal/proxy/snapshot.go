@@ -252,7 +252,7 @@ func (p *dbPool) snapshot(oldest *[len(pinReasons)]time.Duration) PoolStats {
 	route := p.route()
 	ps := PoolStats{Database: p.key.database, User: p.key.user, Mode: route.Settings.PoolMode, ServerUser: route.ServerUser,
 		TLSConnections: p.tlsConnections(), Hosts: p.hosts.snapshot(route.Hosts),
-		Stats:          st, SessionTimeouts: make(map[string]uint64, numTimeoutKinds), Leaks: p.leaks.Load(),
+		Stats: st, SessionTimeouts: make(map[string]uint64, numTimeoutKinds), Leaks: p.leaks.Load(),
 		Clients: p.clients.Load(), Traffic: p.traffic(st),
 		PreparedCacheHits: p.ctr.cacheHits.Load(), PreparedEvictions: p.ctr.stmtEvictions.Load(),
 		Pins: make([]PinStats, len(pinReasons)), ClientErrors: p.ctr.errorCounts()}
