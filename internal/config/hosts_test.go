@@ -91,3 +91,39 @@ func TestAttrsMatch(t *testing.T) {
 		t.Error("prefer-standby's fallback refuses a primary")
 	}
 }
+
+func TestUpstreamHostList(t *testing.T) {
+	u, err := ParseUpstream("postgres://app:s3cret@PG-A:5432,pg-b,[::1]:5433/app?target_session_attrs=read-write&load_balance_hosts=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []HostPort{{"pg-a", 5432}, {"pg-b", 5432}, {"::1", 5433}}
+	if len(u.Hosts) != 3 || u.Hosts[0] != want[0] || u.Hosts[1] != want[1] || u.Hosts[2] != want[2] ||
+		u.User != "app" || u.Password != "s3cret" || u.Database != "app" || u.Attrs != TargetReadWrite || u.Balance != BalanceDisable {
+		t.Fatalf("parsed %+v", u)
+	}
+	if s := u.String(); strings.Contains(s, "s3cret") || !strings.Contains(s, "pg-a:5432,pg-b:5432,[::1]:5433") {
+		t.Errorf("String() = %q", s)
+	}
+	cfg := Defaults()
+	cfg.Upstream = "postgres://app:s3cret@pg-a,pg-b/app?target_session_attrs=primary"
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := cfg.Route("app", "app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Hosts) != 2 || r.Attrs != TargetPrimary || !r.MultiHost() {
+		t.Fatalf("route %+v", r)
+	}
+	for _, bad := range []string{
+		"postgres://app@a,b:0/app",
+		"postgres://app@a,b/app?target_session_attrs=master",
+		"postgres://app@a,b/app?load_balance_hosts=fastest",
+	} {
+		if _, err := ParseUpstream(bad); err == nil {
+			t.Errorf("ParseUpstream(%q) accepted", bad)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -34,16 +35,54 @@ type UpstreamURL struct {
 	// SSLMode is the URL's sslmode, if any: the server_tls_sslmode of the
 	// upstream server (a database entry's own setting still wins).
 	SSLMode string
+	// Hosts are the servers of a libpq-style host list
+	// (postgres://u@a:5432,b:5433/db); Host and Port are its first. Attrs
+	// and Balance are the URL's target_session_attrs and
+	// load_balance_hosts.
+	Hosts          []HostPort
+	Attrs, Balance string
 }
 
 // String gives the URL without its password, safe for logs.
 func (u *UpstreamURL) String() string {
-	return fmt.Sprintf("postgres://%s@%s/%s", u.User, net.JoinHostPort(u.Host, strconv.Itoa(u.Port)), u.Database)
+	hosts := net.JoinHostPort(u.Host, strconv.Itoa(u.Port))
+	if len(u.Hosts) > 1 {
+		names := make([]string, len(u.Hosts))
+		for i, h := range u.Hosts {
+			names[i] = h.String()
+		}
+		hosts = strings.Join(names, ",")
+	}
+	return fmt.Sprintf("postgres://%s@%s/%s", u.User, hosts, u.Database)
+}
+
+// splitHostList takes a libpq-style host list (a,b:5433,[::1]) out of a
+// URL's authority, for url.Parse, which reads one host only. It returns
+// the URL with the list replaced by a placeholder, and the list ("" when
+// the URL names one host).
+func splitHostList(raw string) (string, string) {
+	i := strings.Index(raw, "://")
+	if i < 0 {
+		return raw, ""
+	}
+	rest := raw[i+3:]
+	end := strings.IndexAny(rest, "/?")
+	if end < 0 {
+		end = len(rest)
+	}
+	authority := rest[:end]
+	at := strings.LastIndex(authority, "@")
+	hosts := authority[at+1:]
+	if !strings.Contains(hosts, ",") {
+		return raw, ""
+	}
+	return raw[:i+3] + authority[:at+1] + "multihost" + rest[end:], hosts
 }
 
 // ParseUpstream parses a postgres:// or postgresql:// URL. A Unix socket
 // directory is given URL-escaped as the host (postgres://u@%2Fvar%2Frun%2Fpostgresql/db).
 func ParseUpstream(raw string) (*UpstreamURL, error) {
+	raw, hostList := splitHostList(raw)
 	u, err := url.Parse(raw)
 	if err != nil {
 		// url.Parse echoes the input, which holds the password.
@@ -72,6 +111,16 @@ func ParseUpstream(raw string) (*UpstreamURL, error) {
 	if out.Database == "" {
 		out.Database = out.User
 	}
+	if hostList != "" {
+		for _, s := range strings.Split(hostList, ",") {
+			h, err := ParseHostPort(s, 5432)
+			if err != nil {
+				return nil, fmt.Errorf("upstream hosts: %w", err)
+			}
+			out.Hosts = append(out.Hosts, h)
+		}
+		out.Host, out.Port = out.Hosts[0].Host, out.Hosts[0].Port
+	}
 	for k, vals := range u.Query() {
 		switch k {
 		case "sslmode":
@@ -81,8 +130,17 @@ func ParseUpstream(raw string) (*UpstreamURL, error) {
 			default:
 				return nil, fmt.Errorf("upstream sslmode=%s is not disable, allow, prefer, require, verify-ca or verify-full", vals[0])
 			}
+		case "target_session_attrs":
+			out.Attrs = vals[0]
+			validateHosts(Database{TargetSessionAttrs: out.Attrs, Host: "x"}, "upstream", func(f string, a ...any) { err = fmt.Errorf(f, a...) })
+		case "load_balance_hosts":
+			out.Balance = vals[0]
+			validateHosts(Database{LoadBalanceHosts: out.Balance, Host: "x"}, "upstream", func(f string, a ...any) { err = fmt.Errorf(f, a...) })
 		default:
-			return nil, fmt.Errorf("upstream parameter %q is not supported: only sslmode is read from the URL; set other options as configuration keys", k)
+			return nil, fmt.Errorf("upstream parameter %q is not supported: only sslmode, target_session_attrs and load_balance_hosts are read from the URL; set other options as configuration keys", k)
+		}
+		if err != nil {
+			return nil, err
 		}
 	}
 	return out, nil
@@ -568,10 +626,16 @@ func (c *Config) Route(database, user string) (Route, error) {
 		r.DBName = database
 	}
 	r.Hosts, _ = hostList(Database{Host: r.Host, Port: r.Port, Hosts: d.Hosts}, r.Host, r.Port) // validated
+	r.Attrs, r.Balance = d.TargetSessionAttrs, d.LoadBalanceHosts
+	if u := c.upstream; u != nil && d.Host == "" && len(d.Hosts) == 0 && len(u.Hosts) > 0 {
+		r.Hosts = u.Hosts // the upstream URL's host list
+	}
+	if u := c.upstream; u != nil && d.Host == "" && len(d.Hosts) == 0 {
+		r.Attrs, r.Balance = cmp.Or(r.Attrs, u.Attrs), cmp.Or(r.Balance, u.Balance)
+	}
 	if len(r.Hosts) > 0 {
 		r.Host, r.Port = r.Hosts[0].Host, r.Hosts[0].Port
 	}
-	r.Attrs, r.Balance = d.TargetSessionAttrs, d.LoadBalanceHosts
 	if r.Attrs == "" {
 		r.Attrs = TargetAny
 	}
