@@ -225,7 +225,7 @@ func TestRedisDown(t *testing.T) {
 	const timeout = 100 * time.Millisecond
 	l := newRedis(t, srv, RedisOptions{Timeout: timeout})
 	req := one("k", 10, time.Second, 1)
-	if d := mustAllow(t, l, req); !d.Allowed {
+	if d := warmAllow(t, l, req); !d.Allowed {
 		t.Fatalf("%+v", d)
 	}
 	if err := srv.Stop(); err != nil {
@@ -281,7 +281,7 @@ func TestRedisSlow(t *testing.T) {
 				t.Fatalf("detach = %v, want %v", l.detach, tc.detach)
 			}
 			req := one(tc.name, 1000, time.Second, 1)
-			if d := mustAllow(t, l, req); !d.Allowed { // connection and script ready
+			if d := warmAllow(t, l, req); !d.Allowed { // connection and script ready
 				t.Fatalf("%+v", d)
 			}
 
