@@ -362,3 +362,42 @@ func Cancel(ctx context.Context, t Target, pid uint32, key []byte) error {
 	}
 	return nil
 }
+
+// QueryValue runs sql, a simple query, on a connection nobody else reads
+// yet (before it is handed to a reader) and returns the first column of the
+// first row ("" for NULL or no row). ctx's deadline bounds it.
+func (c *Conn) QueryValue(ctx context.Context, sql string) (string, error) {
+	if dl, ok := ctx.Deadline(); ok {
+		_ = c.Conn.SetDeadline(dl)
+		defer c.Conn.SetDeadline(time.Time{})
+	}
+	fe := pgproto3.NewFrontend(c.Conn, c.Conn)
+	fe.Send(&pgproto3.Query{String: sql})
+	if err := fe.Flush(); err != nil {
+		return "", fmt.Errorf("send query: %w", err)
+	}
+	var value string
+	var row bool
+	var qerr error
+	for {
+		msg, err := fe.Receive()
+		if err != nil {
+			return "", fmt.Errorf("read the answer: %w", err)
+		}
+		switch m := msg.(type) {
+		case *pgproto3.DataRow:
+			if !row && len(m.Values) > 0 && m.Values[0] != nil {
+				value = string(m.Values[0])
+			}
+			row = true
+		case *pgproto3.ErrorResponse:
+			if qerr == nil {
+				qerr = &ServerError{Severity: m.Severity, Code: m.Code, Message: m.Message}
+			}
+		case *pgproto3.ParameterStatus:
+			c.Params[m.Name] = m.Value
+		case *pgproto3.ReadyForQuery:
+			return value, qerr
+		}
+	}
+}

@@ -307,6 +307,9 @@ type Database struct {
 	// LoadBalanceHosts orders the servers for each new connection:
 	// round-robin, random, least-connections or disable (as listed).
 	LoadBalanceHosts string `mapstructure:"load_balance_hosts"`
+	// MaxReplicaLag skips a standby whose replay is further behind than
+	// this when a connection is opened to it; 0 disables.
+	MaxReplicaLag time.Duration `mapstructure:"max_replica_lag"`
 	// DBName is the database name on the server; empty means Name (for "*",
 	// the name the client asked for).
 	DBName string `mapstructure:"dbname"`

@@ -592,6 +592,8 @@ type Route struct {
 	Hosts   []HostPort
 	Attrs   string
 	Balance string
+	// MaxLag is max_replica_lag (0: not checked).
+	MaxLag time.Duration
 }
 
 // MultiHost reports whether the route chooses among servers or by role.
@@ -626,7 +628,7 @@ func (c *Config) Route(database, user string) (Route, error) {
 		r.DBName = database
 	}
 	r.Hosts, _ = hostList(Database{Host: r.Host, Port: r.Port, Hosts: d.Hosts}, r.Host, r.Port) // validated
-	r.Attrs, r.Balance = d.TargetSessionAttrs, d.LoadBalanceHosts
+	r.Attrs, r.Balance, r.MaxLag = d.TargetSessionAttrs, d.LoadBalanceHosts, d.MaxReplicaLag
 	if u := c.upstream; u != nil && d.Host == "" && len(d.Hosts) == 0 && len(u.Hosts) > 0 {
 		r.Hosts = u.Hosts // the upstream URL's host list
 	}

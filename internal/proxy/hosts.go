@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -174,6 +175,7 @@ func (d *dbPool) connectAmong(ctx context.Context, r *config.Route, creds backen
 	var why []string
 	var fallback *backend.Conn
 	var fallbackHost config.HostPort
+	var fallbackLags bool
 	for _, h := range d.hosts.order(r.Hosts, r.Balance, time.Now()) {
 		if ctx.Err() != nil {
 			break
@@ -186,18 +188,31 @@ func (d *dbPool) connectAmong(ctx context.Context, r *config.Route, creds backen
 		}
 		standby, readOnly := serverRole(bc.Params)
 		d.hosts.reached(h, standby)
-		if config.AttrsMatch(r.Attrs, standby, readOnly, false) {
+		lagging := ""
+		if standby && r.MaxLag > 0 {
+			lagging = replicaLagging(ctx, bc, r.MaxLag)
+		}
+		if lagging == "" && config.AttrsMatch(r.Attrs, standby, readOnly, false) {
 			if fallback != nil {
 				_ = fallback.Close()
 			}
 			return d.adopt(bc, h), nil
 		}
-		if r.Attrs == config.TargetPreferStandby && fallback == nil {
-			fallback, fallbackHost = bc, h
+		// prefer-standby takes another server if no standby suits: a
+		// primary rather than a lagging standby.
+		if r.Attrs == config.TargetPreferStandby && (fallback == nil || fallbackLags && lagging == "") {
+			if fallback != nil {
+				_ = fallback.Close()
+			}
+			fallback, fallbackHost, fallbackLags = bc, h, lagging != ""
 			continue
 		}
 		_ = bc.Close()
-		why = append(why, fmt.Sprintf("%s: %s", h, roleWord(standby, readOnly)))
+		if lagging != "" {
+			why = append(why, fmt.Sprintf("%s: %s", h, lagging))
+		} else {
+			why = append(why, fmt.Sprintf("%s: %s", h, roleWord(standby, readOnly)))
+		}
 	}
 	if fallback != nil {
 		return d.adopt(fallback, fallbackHost), nil
@@ -206,6 +221,31 @@ func (d *dbPool) connectAmong(ctx context.Context, r *config.Route, creds backen
 		why = append(why, err.Error())
 	}
 	return nil, fmt.Errorf("no server suits target_session_attrs %s: %s", r.Attrs, strings.Join(why, "; "))
+}
+
+// replicaLagQuery is how far a standby's replay is behind, in seconds: 0
+// when it has replayed all it received (an idle primary sends nothing, so
+// the age of the last replayed transaction alone would count idleness as
+// lag).
+const replicaLagQuery = `SELECT CASE WHEN pg_catalog.pg_last_wal_receive_lsn() IS NULL
+	OR pg_catalog.pg_last_wal_receive_lsn() OPERATOR(pg_catalog.=) pg_catalog.pg_last_wal_replay_lsn() THEN 0
+	ELSE COALESCE(EXTRACT(EPOCH FROM pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.pg_last_xact_replay_timestamp()), 0) END`
+
+// replicaLagging says why the standby bc is too far behind (max), or ""
+// if it is not.
+func replicaLagging(ctx context.Context, bc *backend.Conn, max time.Duration) string {
+	v, err := bc.QueryValue(ctx, replicaLagQuery)
+	if err != nil {
+		return fmt.Sprintf("its replication lag could not be read (%v)", err)
+	}
+	secs, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		return fmt.Sprintf("its replication lag could not be read (%q)", v)
+	}
+	if lag := time.Duration(secs * float64(time.Second)); lag > max {
+		return fmt.Sprintf("a standby %s behind (max_replica_lag %s)", lag.Round(time.Millisecond), max)
+	}
+	return ""
 }
 
 // roleWord says what a server that does not suit is.

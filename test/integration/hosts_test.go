@@ -209,3 +209,48 @@ func TestHostsBalanceAndSkip(t *testing.T) {
 		t.Fatalf("connections per port %v: want both live servers used and the dead one skipped", ports)
 	}
 }
+
+// max_replica_lag: a standby whose replay is paused behind the primary is
+// skipped by new connections (prefer-standby takes the primary), and used
+// again once it has caught up.
+func TestHostsReplicaLag(t *testing.T) {
+	primary, replica := startPair(t)
+	ctx := ctxTimeout(t, 60*time.Second)
+	if err := primary.Exec(ctx, pgtest.DBApp, "CREATE TABLE lag_t (v int); ALTER TABLE lag_t OWNER TO app"); err != nil {
+		t.Fatal(err)
+	}
+	p := startPoolerd(t, func(c *config.Config) {
+		c.Upstream = primary.DSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp)
+		c.PoolMode = config.PoolTransaction
+		c.MaxSize = 12 // every inBlock holds one
+		c.Databases = []config.Database{{Name: "ro", DBName: pgtest.DBApp, Hosts: []string{primary.Addr(), replica.Addr()},
+			TargetSessionAttrs: config.TargetPreferStandby, MaxReplicaLag: 500 * time.Millisecond}}
+	})
+	// inBlock opens a client holding a transaction (so that the next
+	// one needs a new server connection) and says where it runs.
+	inBlock := func() int {
+		c := connectDSN(t, p.dsn(pgtest.RoleApp, pgtest.Password, "ro", "default_query_exec_mode=simple_protocol"))
+		if _, err := c.Exec(ctx, "BEGIN"); err != nil {
+			t.Fatal(err)
+		}
+		port, _ := serverOf(t, ctx, c)
+		return port
+	}
+	if port := inBlock(); port != replica.Port {
+		t.Fatalf("caught up: on port %d, want the replica %d", port, replica.Port)
+	}
+	if err := replica.Exec(ctx, pgtest.DBApp, "SELECT pg_wal_replay_pause()"); err != nil {
+		t.Fatal(err)
+	}
+	if err := primary.Exec(ctx, pgtest.DBApp, "INSERT INTO lag_t VALUES (1)"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	if port := inBlock(); port != primary.Port {
+		t.Fatalf("replay paused 1 s behind, max_replica_lag 500ms: on port %d, want the primary %d", port, primary.Port)
+	}
+	if err := replica.Exec(ctx, pgtest.DBApp, "SELECT pg_wal_replay_resume()"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "new connections on the caught-up replica", func() bool { return inBlock() == replica.Port })
+}
