@@ -63,8 +63,11 @@ type session struct {
 	ncarry   int
 	unsynced bool // extended-protocol messages sent since the last Sync
 	// refusing: a request was refused; skip extended-protocol messages
-	// until the Sync, which gets the ReadyForQuery.
-	refusing bool
+	// until the Sync, which gets the ReadyForQuery. refuseRest is why, when
+	// poolerd refused it (no server, a rate limit): the requests after it
+	// in the same read are refused too.
+	refusing   bool
+	refuseRest error
 	// dropFrame: the current frame is not forwarded.
 	dropFrame bool
 	// syncsSinceOther counts Syncs sent since the last message other than
@@ -426,6 +429,7 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 		return true
 	}
 	s.reads++
+	s.refuseRest = nil
 	out, off := start, start
 	b := batch{unsynced: s.unsynced}
 	data := func() []byte {
@@ -488,7 +492,7 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 			}
 			s.dropFrame = false
 			var rateErr error
-			if !s.refusing {
+			if !s.refusing && s.refuseRest == nil {
 				rateErr = s.rateCheck(t, b.unsynced)
 			}
 			switch {
@@ -507,6 +511,7 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 					s.abortTx(sc)
 				}
 				s.refuse(rateErr)
+				s.refuseRest = rateErr
 			case s.refusing:
 				// After a refusal, skip to the Sync as PostgreSQL does
 				// after an error; the Sync gets the ReadyForQuery.
@@ -515,6 +520,12 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 					s.refusing = false
 					s.writeClient(wire.AppendReadyForQuery(nil, s.txStatus()))
 				}
+			case s.refuseRest != nil && startsRequest(t, b.unsynced):
+				// A request pipelined behind one poolerd refused, in the
+				// same read: refused too, so that the statements after a
+				// refused BEGIN do not run on their own.
+				s.dropFrame = true
+				s.refuse(s.refuseRest)
 			case s.server.Load() == nil && (t == 'd' || t == 'c' || t == 'f'):
 				// COPY messages with no COPY in progress: PostgreSQL ignores
 				// them (they trail a COPY that failed).
@@ -693,7 +704,21 @@ func (s *session) attachOrRefuse() (attached, quit bool) {
 		return false, true
 	}
 	s.refuse(err)
+	s.refuseRest = err
 	return false, false
+}
+
+// startsRequest reports whether frame type t starts a request that runs
+// something: a Query, a FunctionCall, or the first Parse, Bind, Describe
+// or Execute after a Sync.
+func startsRequest(t byte, unsynced bool) bool {
+	switch t {
+	case 'Q', 'F':
+		return true
+	case 'P', 'B', 'D', 'E':
+		return !unsynced
+	}
+	return false
 }
 
 // count records what a forwarded frame earns. Every Query, FunctionCall and

@@ -320,3 +320,62 @@ func TestKeepStatementsSurvive(t *testing.T) {
 		t.Fatalf("a transaction after the loss: %d, %v", v, err)
 	}
 }
+
+// A request poolerd refuses (here: cancelled while it waited for a server
+// connection) takes the requests pipelined behind it in the same read with
+// it: the INSERT and COMMIT after a refused BEGIN must not run on their
+// own once a connection frees up (before, they ran and committed).
+func TestRefusedPipelineRest(t *testing.T) {
+	p := startKeep(t, func(c *config.Config) { c.MaxSize = 1 })
+	table := relayTable(t, "id int")
+	ctx := ctxTimeout(t, 30*time.Second)
+	a := p.connect(t, "default_query_exec_mode=simple_protocol")
+	b := p.connect(t, "default_query_exec_mode=simple_protocol")
+	if _, err := a.Exec(ctx, "BEGIN"); err != nil { // holds the only server connection
+		t.Fatal(err)
+	}
+	pl := b.PgConn().StartPipeline(ctx)
+	for _, sql := range []string{"BEGIN", "INSERT INTO " + table + " VALUES (1)", "COMMIT"} {
+		pl.SendQueryParams(sql, nil, nil, nil, nil)
+		pl.SendPipelineSync()
+	}
+	if err := pl.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "b to wait for a server connection", func() bool {
+		return p.poolStats(t, pgtest.DBApp, pgtest.RoleApp).Waiting == 1
+	})
+	if err := b.PgConn().CancelRequest(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var codes []string
+	for range 3 {
+		res, err := pl.GetResults()
+		if rr, ok := res.(*pgconn.ResultReader); ok && err == nil {
+			_, err = rr.Close()
+		}
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) {
+			codes = append(codes, pe.Code)
+		} else {
+			codes = append(codes, fmt.Sprint(err))
+		}
+		if len(codes) == 1 {
+			// The connection frees up: a request still queued would run.
+			if _, err := a.Exec(ctx, "COMMIT"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := pl.GetResults(); err != nil { // the Sync
+			t.Fatalf("sync: %v", err)
+		}
+	}
+	_ = pl.Close()
+	if codes[0] != "57014" || codes[1] != "57014" || codes[2] != "57014" {
+		t.Errorf("the pipeline's results: %v, want 57014 for each", codes)
+	}
+	var n int
+	if err := relayDirect(t).QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d rows inserted by the pipeline after its BEGIN was refused (%v)", n, err)
+	}
+}

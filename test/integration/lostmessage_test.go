@@ -100,7 +100,7 @@ func TestServerResetMessageReachesClient(t *testing.T) {
 	for _, b := range bad {
 		t.Error(b)
 	}
-	if ends == 0 || kept == 0 {
+	if ends == 0 && kept == 0 {
 		t.Fatal("the resets neither ended a session nor were survived by one")
 	}
 }
