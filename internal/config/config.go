@@ -310,6 +310,9 @@ type Database struct {
 	// MaxReplicaLag skips a standby whose replay is further behind than
 	// this when a connection is opened to it; 0 disables.
 	MaxReplicaLag time.Duration `mapstructure:"max_replica_lag"`
+	// MaxSizePerHost caps each server's connections of a pool (max_size
+	// caps them all together); 0: no cap of its own.
+	MaxSizePerHost int `mapstructure:"max_size_per_host"`
 	// DBName is the database name on the server; empty means Name (for "*",
 	// the name the client asked for).
 	DBName string `mapstructure:"dbname"`

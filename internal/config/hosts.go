@@ -126,6 +126,9 @@ func validateHosts(d Database, where string, bad func(string, ...any)) {
 	default:
 		bad("%s target_session_attrs %q: use any, read-write, read-only, primary, standby or prefer-standby", where, d.TargetSessionAttrs)
 	}
+	if d.MaxSizePerHost < 0 {
+		bad("%s max_size_per_host %d is negative: use 0 for no cap of its own", where, d.MaxSizePerHost)
+	}
 	if d.MaxReplicaLag < 0 {
 		bad("%s max_replica_lag %s is negative: use 0 to disable", where, d.MaxReplicaLag)
 	}

@@ -592,8 +592,10 @@ type Route struct {
 	Hosts   []HostPort
 	Attrs   string
 	Balance string
-	// MaxLag is max_replica_lag (0: not checked).
-	MaxLag time.Duration
+	// MaxLag is max_replica_lag (0: not checked); PerHost is
+	// max_size_per_host (0: none).
+	MaxLag  time.Duration
+	PerHost int
 }
 
 // MultiHost reports whether the route chooses among servers or by role.
@@ -628,7 +630,7 @@ func (c *Config) Route(database, user string) (Route, error) {
 		r.DBName = database
 	}
 	r.Hosts, _ = hostList(Database{Host: r.Host, Port: r.Port, Hosts: d.Hosts}, r.Host, r.Port) // validated
-	r.Attrs, r.Balance, r.MaxLag = d.TargetSessionAttrs, d.LoadBalanceHosts, d.MaxReplicaLag
+	r.Attrs, r.Balance, r.MaxLag, r.PerHost = d.TargetSessionAttrs, d.LoadBalanceHosts, d.MaxReplicaLag, d.MaxSizePerHost
 	if u := c.upstream; u != nil && d.Host == "" && len(d.Hosts) == 0 && len(u.Hosts) > 0 {
 		r.Hosts = u.Hosts // the upstream URL's host list
 	}

@@ -176,6 +176,13 @@ func newDBPool(srv *Server, key poolKey, route config.Route, warm, paused bool) 
 		Validate:    d.validate,
 		Paused:      paused,
 		Admit: func() bool {
+			if r := d.route(); r.PerHost > 0 && !d.hosts.anyRoom(r.Hosts, r.PerHost) {
+				// Every server is at max_size_per_host: wait as for a
+				// full pool (a close nudges the pool).
+				d.limitHit.Store(&serverLimit{key: "max_size_per_host", max: r.PerHost,
+					whose: fmt.Sprintf("each server of database %q", key.database), count: r.PerHost})
+				return false
+			}
 			hit := srv.admitServer(key.database, key.user)
 			d.limitHit.Store(hit)
 			if hit == nil {
@@ -252,9 +259,14 @@ func (d *dbPool) connect(ctx context.Context) (*serverConn, error) {
 // adopt makes a server connection of bc, a login to host h, and starts its
 // reader.
 func (d *dbPool) adopt(bc *backend.Conn, h config.HostPort) *serverConn {
+	d.hosts.opened(h)
+	return d.adoptCounted(bc, h)
+}
+
+// adoptCounted is adopt for a login already counted open (hosts.opened).
+func (d *dbPool) adoptCounted(bc *backend.Conn, h config.HostPort) *serverConn {
 	sc := newServerConn(d, bc)
 	sc.host = h
-	d.hosts.opened(h)
 	d.mu.Lock()
 	if d.defaults == nil {
 		d.defaults = maps.Clone(bc.Params)

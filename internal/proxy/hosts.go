@@ -45,6 +45,7 @@ type hostSet struct {
 // hostState is one server's recent history.
 type hostState struct {
 	open     int       // connections open to it
+	opening  int       // connects to it under way
 	failures int       // failed connects in a row
 	retryAt  time.Time // tried last until then
 	standby  bool      // role at the latest login
@@ -127,6 +128,39 @@ func (hs *hostSet) opened(h config.HostPort) {
 	hs.mu.Unlock()
 }
 
+// reserve counts a connect to h under way, unless h already has max
+// (max_size_per_host; 0: no cap) connections open or opening; done ends
+// it.
+func (hs *hostSet) reserve(h config.HostPort, max int) bool {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	st := hs.get(h)
+	if max > 0 && st.open+st.opening >= max {
+		return false
+	}
+	st.opening++
+	return true
+}
+
+// anyRoom reports whether one of hosts has fewer than max connections open
+// or opening.
+func (hs *hostSet) anyRoom(hosts []config.HostPort, max int) bool {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	for _, h := range hosts {
+		if st := hs.get(h); st.open+st.opening < max {
+			return true
+		}
+	}
+	return false
+}
+
+func (hs *hostSet) done(h config.HostPort) {
+	hs.mu.Lock()
+	hs.get(h).opening--
+	hs.mu.Unlock()
+}
+
 func (hs *hostSet) closed(h config.HostPort) {
 	hs.mu.Lock()
 	hs.get(h).open--
@@ -180,7 +214,15 @@ func (d *dbPool) connectAmong(ctx context.Context, r *config.Route, creds backen
 		if ctx.Err() != nil {
 			break
 		}
+		if !d.hosts.reserve(h, r.PerHost) {
+			why = append(why, fmt.Sprintf("%s: at max_size_per_host (%d)", h, r.PerHost))
+			continue
+		}
 		bc, err := backend.Connect(ctx, backend.Target{Host: h.Host, Port: h.Port, TLS: tlsCfg}, r.DBName, creds, nil)
+		if err == nil {
+			d.hosts.opened(h) // counted before the reservation ends; adopt does not count again
+		}
+		d.hosts.done(h)
 		if err != nil {
 			d.hosts.failed(h, err, time.Now(), cfg.ReconnectBackoffBase, min(cfg.ReconnectBackoffMax, multiHostBackoffMax))
 			why = append(why, fmt.Sprintf("%s: %v", h, err))
@@ -194,19 +236,22 @@ func (d *dbPool) connectAmong(ctx context.Context, r *config.Route, creds backen
 		}
 		if lagging == "" && config.AttrsMatch(r.Attrs, standby, readOnly, false) {
 			if fallback != nil {
+				d.hosts.closed(fallbackHost)
 				_ = fallback.Close()
 			}
-			return d.adopt(bc, h), nil
+			return d.adoptCounted(bc, h), nil
 		}
 		// prefer-standby takes another server if no standby suits: a
 		// primary rather than a lagging standby.
 		if r.Attrs == config.TargetPreferStandby && (fallback == nil || fallbackLags && lagging == "") {
 			if fallback != nil {
+				d.hosts.closed(fallbackHost)
 				_ = fallback.Close()
 			}
 			fallback, fallbackHost, fallbackLags = bc, h, lagging != ""
 			continue
 		}
+		d.hosts.closed(h)
 		_ = bc.Close()
 		if lagging != "" {
 			why = append(why, fmt.Sprintf("%s: %s", h, lagging))
@@ -215,7 +260,7 @@ func (d *dbPool) connectAmong(ctx context.Context, r *config.Route, creds backen
 		}
 	}
 	if fallback != nil {
-		return d.adopt(fallback, fallbackHost), nil
+		return d.adoptCounted(fallback, fallbackHost), nil
 	}
 	if err := ctx.Err(); err != nil {
 		why = append(why, err.Error())

@@ -209,6 +209,9 @@ func (sc *serverConn) Close() error {
 		sc.mu.Unlock()
 		if sc.host.Host != "" {
 			sc.dbp.hosts.closed(sc.host)
+			if sc.dbp.route().PerHost > 0 {
+				sc.dbp.pool.Nudge() // a server has room again (see Admit)
+			}
 		}
 		// Terminate lets the backend exit (rolling back) at once instead of
 		// waiting to notice the closed socket. The deadline also wakes the

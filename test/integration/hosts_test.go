@@ -254,3 +254,54 @@ func TestHostsReplicaLag(t *testing.T) {
 	}
 	eventually(t, 10*time.Second, "new connections on the caught-up replica", func() bool { return inBlock() == replica.Port })
 }
+
+// max_size_per_host: each server takes at most that many of the pool's
+// connections; a request beyond them all waits as for a full pool and
+// gets one when a connection closes.
+func TestHostsMaxSizePerHost(t *testing.T) {
+	primary, replica := startPair(t)
+	ctx := ctxTimeout(t, 60*time.Second)
+	p := startPoolerd(t, func(c *config.Config) {
+		c.Upstream = primary.DSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp)
+		c.PoolMode = config.PoolTransaction
+		c.MaxSize = 10
+		c.CheckoutTimeout = 20 * time.Second
+		c.Databases = []config.Database{{Name: "any", DBName: pgtest.DBApp, Hosts: []string{primary.Addr(), replica.Addr()},
+			MaxSizePerHost: 2}}
+	})
+	ports := map[int]int{}
+	var held []*pgx.Conn
+	for range 4 {
+		c := connectDSN(t, p.dsn(pgtest.RoleApp, pgtest.Password, "any", "default_query_exec_mode=simple_protocol"))
+		if _, err := c.Exec(ctx, "BEGIN"); err != nil {
+			t.Fatal(err)
+		}
+		port, _ := serverOf(t, ctx, c)
+		ports[port]++
+		held = append(held, c)
+	}
+	if ports[primary.Port] != 2 || ports[replica.Port] != 2 {
+		t.Fatalf("connections per server %v, want 2 each", ports)
+	}
+	// A fifth waits until one of the four is closed.
+	fifth := connectDSN(t, p.dsn(pgtest.RoleApp, pgtest.Password, "any", "default_query_exec_mode=simple_protocol"))
+	done := make(chan error, 1)
+	go func() {
+		_, err := fifth.Exec(ctx, "SELECT 1")
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("a fifth request ran with every server at max_size_per_host: %v", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	_ = held[0].Close(ctx) // its server connection is closed (left in a transaction)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("the fifth request after a connection closed: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the fifth request still waits after a connection closed")
+	}
+}
