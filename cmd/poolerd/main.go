@@ -89,6 +89,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	defer func() { _ = log.Sync() }()
 	warnIni(loader.File, log)
+	for _, w := range cfg.Warnings() {
+		log.Warn(w)
+	}
 	if err := serve(cfg, loader, log, level); err != nil {
 		log.Error("poolerd stopped", zap.Error(err))
 		return 1

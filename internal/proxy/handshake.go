@@ -301,6 +301,13 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	if !IsConsoleDatabase(s.database) && !s.admitLogin(raw["application_name"]) {
 		return false
 	}
+	// With no database configured at all (PgBouncer's packaged sample)
+	// there is nothing to hide: the refusal comes before authentication, as
+	// PgBouncer's does, and so even without a password to check.
+	if !IsConsoleDatabase(s.database) && cfg.ServesNoDatabase() {
+		s.refuseLogin(errNoSuchDatabase(s.database))
+		return false
+	}
 	// Authenticate before looking at the database, as PostgreSQL does, so
 	// that an anonymous client cannot learn which databases exist.
 	authOK, queried := s.authenticate(cfg)
@@ -324,14 +331,12 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	}
 	route, err := cfg.Route(s.database, s.user)
 	if err != nil {
-		s.refuseLogin(&wire.Error{Severity: "FATAL", Code: "3D000", Message: fmt.Sprintf("database %q does not exist", s.database),
-			Hint: "add it to databases in the poolerd configuration, or set upstream to serve every database name"})
+		s.refuseLogin(errNoSuchDatabase(s.database))
 		return false
 	}
 	dbp, err := s.srv.getPool(s.database, s.user)
 	if err != nil {
-		s.refuseLogin(&wire.Error{Severity: "FATAL", Code: "3D000", Message: fmt.Sprintf("database %q does not exist", s.database),
-			Hint: "add it to databases in the poolerd configuration, or set upstream to serve every database name"})
+		s.refuseLogin(errNoSuchDatabase(s.database))
 		return false
 	}
 	s.dbp = dbp
