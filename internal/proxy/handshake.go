@@ -401,7 +401,7 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	if set, ok := dbp.shareParams(s.pkey, s.params); ok {
 		s.params, s.pkey, s.paramsShared = set.params, set.key, true
 	}
-	if s.srv.shuttingDown() {
+	if s.srv.shuttingDown() && !s.srv.loginsFinish() {
 		if held != nil {
 			dbp.checkin(held)
 		}
@@ -435,6 +435,11 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 		return false
 	}
 	dbp.clients.Add(1) // logged in; end() takes it back
+	if s.srv.shuttingDown() {
+		// Logged in during a shutdown that lets logins finish: its first
+		// request is answered, if it comes soon (Server.loginsFinish).
+		time.AfterFunc(max(firstRequestGrace-time.Since(s.connectedAt), 0), s.terminateIfIdle)
+	}
 	if held != nil {
 		// The session takes the connection the welcome named, as it would
 		// at a first request, and brings the server's parameters in line

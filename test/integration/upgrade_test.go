@@ -8,13 +8,19 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/poolerd/poolerd/test/pgtest"
 )
 
 // debianSample is the pgbouncer.ini Debian's pgbouncer package installs as
@@ -89,5 +95,169 @@ func TestDebianSampleStarts(t *testing.T) {
 	}
 	if code, _ := proc.wait(t, 10*time.Second); code != 0 {
 		t.Fatalf("exit code %d after SIGINT; output:\n%s", code, proc.stderr.String())
+	}
+}
+
+// upgradeStart runs the binary from a YAML file holding yaml, in front of
+// the test PostgreSQL on listen, and returns the DSN clients use.
+func upgradeStart(t *testing.T, bin, listen, yaml string, extra ...string) (*lcProc, string) {
+	t.Helper()
+	upstream := pg.DSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp)
+	file := filepath.Join(t.TempDir(), "poolerd.yaml")
+	lcWrite(t, file, yaml)
+	args := append([]string{"--config", file, "--listen", listen, "--http-listen=", "--upstream", upstream, "--pool-mode", "transaction"}, extra...)
+	proc := lcStartBinary(t, bin, args...)
+	u, _ := url.Parse(upstream)
+	u.Host = listen
+	return proc, u.String()
+}
+
+// waitOutput waits until the process has written want.
+func waitOutput(t *testing.T, p *lcProc, want string) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !strings.Contains(p.stderr.String(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("poolerd did not log %q:\n%s", want, p.stderr.String())
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("poolerd exited before logging %q:\n%s", want, p.stderr.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// connectLoop runs clients that each connect, run SELECT 1 and disconnect,
+// over and over, until stop is called; stop returns how many rounds
+// succeeded and the failures.
+func connectLoop(t *testing.T, dsn string, clients int) (stop func() (int, []error)) {
+	t.Helper()
+	var (
+		mu   sync.Mutex
+		ok   int
+		errs []error
+		wg   sync.WaitGroup
+	)
+	done := make(chan struct{})
+	for range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				err := func() error {
+					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+					defer cancel()
+					c, err := pgconn.Connect(ctx, dsn)
+					if err != nil {
+						return fmt.Errorf("connect: %w", err)
+					}
+					defer c.Close(context.Background())
+					if _, err := c.Exec(ctx, "SELECT 1").ReadAll(); err != nil {
+						return fmt.Errorf("SELECT 1: %w", err)
+					}
+					return nil
+				}()
+				mu.Lock()
+				if err != nil {
+					errs = append(errs, err)
+				} else {
+					ok++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	return func() (int, []error) {
+		close(done)
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		return ok, errs
+	}
+}
+
+// checkRounds stops a connectLoop and fails the test for each failed round.
+func checkRounds(t *testing.T, what string, stop func() (int, []error)) {
+	t.Helper()
+	n, errs := stop()
+	t.Logf("%d connect + SELECT 1 rounds%s, %d failed", n, what, len(errs))
+	for i, err := range errs {
+		if i < 5 {
+			t.Errorf("round failed: %v", err)
+		}
+	}
+	if n < 50 {
+		t.Errorf("only %d rounds", n)
+	}
+}
+
+// TestSOReusePort: with so_reuseport two poolerd processes bind one port;
+// the first is stopped with SIGINT while clients keep connecting, and not
+// one connection or query fails: the second serves them all from then on.
+func TestSOReusePort(t *testing.T) {
+	t.Parallel()
+	bin := lcBuildBinary(t)
+	listen := lcFreeAddr(t)
+	const yaml = "so_reuseport: true\n"
+	old, dsn := upgradeStart(t, bin, listen, yaml)
+	connectRetry(t, ctxTimeout(t, 15*time.Second), dsn, old)
+	stop := connectLoop(t, dsn, 4)
+	time.Sleep(500 * time.Millisecond)
+	next, _ := upgradeStart(t, bin, listen, yaml)
+	waitOutput(t, next, "poolerd starting")
+	time.Sleep(time.Second) // both accept
+	if err := old.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := old.wait(t, 20*time.Second); code != 0 {
+		t.Fatalf("old poolerd: exit %d after SIGINT\n%s", code, old.stderr.String())
+	}
+	time.Sleep(time.Second) // the new one alone
+	checkRounds(t, "", stop)
+	c := connectRetry(t, ctxTimeout(t, 10*time.Second), dsn, next)
+	if _, err := c.Exec(ctxTimeout(t, 10*time.Second), "SELECT 1"); err != nil {
+		t.Fatalf("through the new poolerd: %v", err)
+	}
+}
+
+// TestTakeoverListener: a poolerd started with --takeover gets the running
+// one's listening socket over takeover_socket; the old one stops accepting,
+// drains and exits; clients connecting all along see no failure. The new
+// one offers the socket in turn: a third takes it over the same way.
+func TestTakeoverListener(t *testing.T) {
+	t.Parallel()
+	bin := lcBuildBinary(t)
+	listen := lcFreeAddr(t)
+	yaml := "takeover_socket: " + filepath.Join(t.TempDir(), "takeover.sock") + "\n"
+	first, dsn := upgradeStart(t, bin, listen, yaml)
+	// Connected clients hold the old process up: it exits once they leave.
+	_ = connectRetry(t, ctxTimeout(t, 15*time.Second), dsn, first).Close(context.Background())
+	stop := connectLoop(t, dsn, 4)
+	prev := first
+	for i := range 2 {
+		time.Sleep(500 * time.Millisecond)
+		next, _ := upgradeStart(t, bin, listen, yaml, "--takeover")
+		waitOutput(t, next, "hand-over done")
+		if code, _ := prev.wait(t, 20*time.Second); code != 0 {
+			t.Fatalf("upgrade %d: old poolerd exit %d\n%s", i+1, code, prev.stderr.String())
+		}
+		if !strings.Contains(prev.stderr.String(), "listening socket handed over to a new poolerd") {
+			t.Errorf("upgrade %d: old poolerd's log:\n%s", i+1, prev.stderr.String())
+		}
+		prev = next
+	}
+	time.Sleep(500 * time.Millisecond)
+	checkRounds(t, " over two hand-overs", stop)
+	// Without a running poolerd to take over from, --takeover refuses to
+	// start rather than bind the port itself.
+	lone, _ := upgradeStart(t, bin, lcFreeAddr(t), "takeover_socket: "+filepath.Join(t.TempDir(), "none.sock")+"\n", "--takeover")
+	if code, _ := lone.wait(t, 15*time.Second); code == 0 || !strings.Contains(lone.stderr.String(), "no running poolerd answers") {
+		t.Errorf("--takeover with nobody to take over from: exit %d\n%s", code, lone.stderr.String())
 	}
 }
