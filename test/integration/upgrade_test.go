@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -260,4 +261,60 @@ func TestTakeoverListener(t *testing.T) {
 	if code, _ := lone.wait(t, 15*time.Second); code == 0 || !strings.Contains(lone.stderr.String(), "no running poolerd answers") {
 		t.Errorf("--takeover with nobody to take over from: exit %d\n%s", code, lone.stderr.String())
 	}
+}
+
+// TestTakeoverPgbench measures an upgrade under load: pgbench -C (a new
+// connection per transaction, as applications that connect per request
+// or whose pools recycle connections) runs through poolerd while it is
+// upgraded twice with --takeover. Not one transaction fails and no client
+// is aborted. (Without -C pgbench keeps its connections: the old process
+// ends them at their next idle point, and pgbench aborts those clients;
+// docs/operations.md.)
+func TestTakeoverPgbench(t *testing.T) {
+	pgbench := needTool(t, "pgbench")
+	t.Parallel()
+	bin := lcBuildBinary(t)
+	listen := lcFreeAddr(t)
+	dir := t.TempDir()
+	yaml := "takeover_socket: " + filepath.Join(dir, "takeover.sock") + "\n"
+	first, dsn := upgradeStart(t, bin, listen, yaml)
+	_ = connectRetry(t, ctxTimeout(t, 15*time.Second), dsn, first).Close(context.Background())
+	lcWrite(t, filepath.Join(dir, "select1.sql"), "SELECT 1;\n")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	host, port, _ := strings.Cut(listen, ":")
+	cmd := exec.CommandContext(ctx, pgbench, "-n", "-C", "-c", "8", "-j", "2", "-T", "8", "-f", "select1.sql")
+	cmd.Dir = dir
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "PG") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, "PGHOST="+host, "PGPORT="+port, "PGUSER="+pgtest.RoleApp, "PGPASSWORD="+pgtest.Password,
+		"PGDATABASE="+pgtest.DBApp, "PGSSLMODE=disable", "PGCONNECT_TIMEOUT=10")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	prev := first
+	for i := range 2 {
+		time.Sleep(2 * time.Second)
+		next, _ := upgradeStart(t, bin, listen, yaml, "--takeover")
+		waitOutput(t, next, "hand-over done")
+		if code, _ := prev.wait(t, 20*time.Second); code != 0 {
+			t.Fatalf("upgrade %d: old poolerd exit %d\n%s", i+1, code, prev.stderr.String())
+		}
+		prev = next
+	}
+	err := cmd.Wait()
+	out := stdout.String()
+	x := pgbenchXacts.FindStringSubmatch(out)
+	f := pgbenchFailed.FindStringSubmatch(out)
+	tps := pgbenchTPS.FindStringSubmatch(out)
+	if err != nil || x == nil || f == nil || f[1] != "0" || strings.Contains(stderr.String(), "aborted") {
+		t.Fatalf("pgbench: %v\n%s\n%s", err, out, stderr.String())
+	}
+	t.Logf("pgbench -C -c 8 -T 8 through two hand-overs: %s transactions, %s failed, %s", x[1], f[1], tps[0])
 }
