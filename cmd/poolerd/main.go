@@ -301,6 +301,10 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 				zap.Duration("shutdown_timeout", srv.Config().ShutdownTimeout))
 		}
 	}
+	// The offer holds a duplicate of the listening socket: closed now, so
+	// that new connections are refused while this process drains, not
+	// queued on a socket nobody accepts on.
+	stopOffer()
 	ctx, cancel := context.WithTimeout(context.Background(), srv.Config().ShutdownTimeout)
 	if drain {
 		// Clients leave when they want; only a signal cuts this short.

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -317,4 +318,46 @@ func TestTakeoverPgbench(t *testing.T) {
 		t.Fatalf("pgbench: %v\n%s\n%s", err, out, stderr.String())
 	}
 	t.Logf("pgbench -C -c 8 -T 8 through two hand-overs: %s transactions, %s failed, %s", x[1], f[1], tps[0])
+}
+
+// TestTakeoverSocketShutdown: a poolerd offering its listener on
+// takeover_socket, stopped with SIGINT while a transaction is open, refuses
+// new connections during the drain (the offer's duplicate of the socket is
+// closed too) and removes the socket file.
+func TestTakeoverSocketShutdown(t *testing.T) {
+	t.Parallel()
+	bin := lcBuildBinary(t)
+	listen := lcFreeAddr(t)
+	sock := filepath.Join(t.TempDir(), "takeover.sock")
+	proc, dsn := upgradeStart(t, bin, listen, "takeover_socket: "+sock+"\n")
+	ctx := ctxTimeout(t, 30*time.Second)
+	c := connectRetry(t, ctx, dsn, proc)
+	if _, err := c.Exec(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	if err := proc.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	waitOutput(t, proc, "shutting down: no new clients")
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		nc, err := net.DialTimeout("tcp", listen, time.Second)
+		if err != nil {
+			break // refused
+		}
+		nc.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("connections still accepted by the kernel during the drain")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := os.Stat(sock); !os.IsNotExist(err) {
+		t.Errorf("takeover_socket during the drain: %v", err)
+	}
+	if _, err := c.Exec(ctx, "COMMIT"); err != nil {
+		t.Fatalf("COMMIT during the drain: %v", err)
+	}
+	if code, _ := proc.wait(t, 20*time.Second); code != 0 {
+		t.Fatalf("exit %d\n%s", code, proc.stderr.String())
+	}
 }
