@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/signal"
 	"runtime"
@@ -89,6 +88,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	defer func() { _ = log.Sync() }()
 	warnIni(loader.File, log)
+	for _, w := range cfg.Warnings() {
+		log.Warn(w)
+	}
 	if err := serve(cfg, loader, log, level); err != nil {
 		log.Error("poolerd stopped", zap.Error(err))
 		return 1
@@ -128,9 +130,9 @@ func newLogger(cfg *config.Config, w io.Writer) (*zap.Logger, zap.AtomicLevel, e
 
 // serve runs poolerd until a signal or the admin console stops it.
 func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap.AtomicLevel) error {
-	ln, err := net.Listen("tcp", cfg.Listen)
+	ln, handover, err := openListener(cfg, loader.Takeover, log)
 	if err != nil {
-		return fmt.Errorf("listen on %s (listen / POOLERD_LISTEN): %w", cfg.Listen, err)
+		return err
 	}
 	srv := proxy.New(cfg, log)
 	srv.SetVersion(version)
@@ -179,7 +181,7 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 		if h.addr == "" {
 			continue
 		}
-		hln, err := net.Listen("tcp", h.addr)
+		hln, err := listenHTTP(cfg, h.addr)
 		if err != nil {
 			ln.Close()
 			stopHTTP(hs)
@@ -238,12 +240,31 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
+	if handover != nil {
+		// Both processes accept from the socket until the old one has
+		// stopped: no connection is refused or left in the queue.
+		if err := handover.Serving(); err != nil {
+			log.Warn("the old poolerd did not confirm the hand-over; serving anyway", zap.Error(err))
+		} else {
+			log.Info("hand-over done: the old poolerd no longer accepts clients")
+		}
+	}
+	taken, stopOffer := offerListener(cfg, ln, log)
+	defer stopOffer()
 
 	drain := false
 	select {
 	case err := <-serveErr:
 		srv.Close()
 		return err
+	case stopped := <-taken:
+		// A poolerd started with --takeover accepts on the socket now:
+		// this one stops accepting, lets it know, and drains as on
+		// SIGTERM.
+		_ = ln.Close()
+		stopped()
+		log.Info("listening socket handed over to a new poolerd (--takeover): no new clients here; exiting when the connected ones have left")
+		drain = true
 	case sig := <-sigs:
 		switch sig {
 		case syscall.SIGQUIT:
@@ -280,6 +301,10 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 				zap.Duration("shutdown_timeout", srv.Config().ShutdownTimeout))
 		}
 	}
+	// The offer holds a duplicate of the listening socket: closed now, so
+	// that new connections are refused while this process drains, not
+	// queued on a socket nobody accepts on.
+	stopOffer()
 	ctx, cancel := context.WithTimeout(context.Background(), srv.Config().ShutdownTimeout)
 	if drain {
 		// Clients leave when they want; only a signal cuts this short.

@@ -42,7 +42,12 @@ func convert(args []string, stdout, stderr io.Writer) int {
 	loader, err := config.NewLoader([]string{"--config", args[0]}, io.Discard)
 	if err == nil {
 		loader.Translate = pgbini.Translate
-		_, err = loader.Load()
+		var cfg *config.Config
+		if cfg, err = loader.Load(); err == nil {
+			for _, w := range cfg.Warnings() {
+				fmt.Fprintln(stderr, "poolerd convert: it starts, but:", w)
+			}
+		}
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "poolerd convert: the configuration is not valid as it stands (fix the ini or the YAML):")

@@ -58,6 +58,13 @@ const DefaultAuthQuery = "SELECT rolname, CASE WHEN rolvaliduntil OPERATOR(pg_ca
 type Config struct {
 	// Listen is the address clients connect to.
 	Listen string `mapstructure:"listen"`
+	// SOReusePort opens the listener with SO_REUSEPORT, so that a new
+	// poolerd can bind the same address while the old one drains.
+	SOReusePort bool `mapstructure:"so_reuseport"`
+	// TakeoverSocket is the Unix socket on which a running poolerd hands
+	// its listening socket to a new one started with --takeover; empty
+	// turns the hand-over off.
+	TakeoverSocket string `mapstructure:"takeover_socket"`
 	// HTTPListen is the address of the HTTP server (health, metrics); empty disables it.
 	HTTPListen string `mapstructure:"http_listen"`
 	// HTTPProbeListen, when set, is a second HTTP address serving only

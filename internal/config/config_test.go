@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -79,7 +80,7 @@ func TestEveryKeyHasAnEnvVar(t *testing.T) {
 					"rate_limit_backend": "redis", "redis_url": "redis://h:1/0", "on_redis_error": "deny",
 					"session_state": "refuse", "http_probe_listen": "127.0.0.1:7002", "max_pinned_clients": "50%", "server_tls_sslmode": "require", "client_tls_sslmode": "require",
 					"client_tls_protocols": "tlsv1.3", "client_tls_ciphers": "fast", "auth_user": "app",
-					"auth_query": "SELECT usename, passwd FROM pg_catalog.pg_shadow WHERE usename = $1"}[k.Name]
+					"auth_query": "SELECT usename, passwd FROM pg_catalog.pg_shadow WHERE usename = $1", "takeover_socket": "/run/poolerd/takeover.sock"}[k.Name]
 				if k.Name == "auth_hba_file" {
 					val = filepath.Join(t.TempDir(), "hba.conf")
 					if err := os.WriteFile(val, []byte("host all all 0.0.0.0/0 scram-sha-256\n"), 0o600); err != nil {
@@ -144,6 +145,40 @@ func TestEveryKeyHasAnEnvVar(t *testing.T) {
 	}
 }
 
+// A configuration with no database and no client password is valid, as
+// PgBouncer's packaged sample is: it starts, serves its refusals and says
+// what is missing in its start warnings.
+func TestStartsWithNothingToServe(t *testing.T) {
+	for _, tc := range []struct {
+		name, yaml string
+		want       []string
+	}{
+		{"no databases", "auth_type: trust\n", []string{"no databases"}},
+		{"no passwords", "databases:\n  - name: a\n    host: h\n", []string{"needs client passwords"}},
+		{"neither", "auth_type: md5\n", []string{"no databases", "needs client passwords"}},
+		{"both", "upstream: postgres://app:secret@db/app\n", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := load(t, tc.yaml)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w := c.Warnings()
+			if len(w) != len(tc.want) {
+				t.Fatalf("warnings %q, want %q", w, tc.want)
+			}
+			for i := range w {
+				if !strings.Contains(w[i], tc.want[i]) {
+					t.Errorf("warning %q, want %q", w[i], tc.want[i])
+				}
+			}
+			if got, want := c.ServesNoDatabase(), slices.Contains(tc.want, "no databases"); got != want {
+				t.Errorf("ServesNoDatabase %v, want %v", got, want)
+			}
+		})
+	}
+}
+
 func TestRejects(t *testing.T) {
 	const up = "upstream: postgres://app:secret@db/app\n"
 	for _, tc := range []struct {
@@ -154,8 +189,6 @@ func TestRejects(t *testing.T) {
 		{"duration without unit", up + "checkout_timeout: 30\n", "has no unit"},
 		{"min above max", up + "max_size: 2\nmin_size: 5\n", "min_size (5) exceeds max_size (2): reduce min_size to 2 or raise max_size to 5"},
 		{"bad pool mode", up + "pool_mode: statement-ish\n", "pool_mode"},
-		{"no databases", "auth_type: trust\n", "no databases"},
-		{"no passwords", "databases:\n  - name: a\n    host: h\n", "needs client passwords"},
 		{"duplicate database", up + "databases:\n  - name: a\n  - name: a\n", "listed twice"},
 		{"db override", up + "databases:\n  - name: a\n    max_size: 0\n", "database \"a\" max_size 0"},
 		{"md5 secret with scram", up + "users:\n  - name: bob\n    password: md5" + strings.Repeat("a", 32) + "\n", "md5 secret"},

@@ -35,6 +35,8 @@ func (k Key) Env() string { return EnvPrefix + strings.ToUpper(k.Name) }
 func Keys() []Key {
 	return []Key{
 		{Name: "listen", Flag: "listen", Help: "address clients connect to (host:port)"},
+		{Name: "so_reuseport", Help: "open the listener with SO_REUSEPORT, so that a new poolerd can bind the same address while this one drains"},
+		{Name: "takeover_socket", Help: "Unix socket on which this poolerd hands its listening socket to one started with --takeover; empty turns it off"},
 		{Name: "http_listen", Flag: "http-listen", Help: "address of the HTTP health and metrics server; empty disables it"},
 		{Name: "http_web_config_file", Flag: "http-web-config-file", Help: "Prometheus web configuration file (TLS, basic auth) for http_listen; empty serves plain HTTP without auth"},
 		{Name: "http_probe_listen", Flag: "http-probe-listen", Help: "extra address serving only /healthz and /readyz, without auth or TLS; empty serves them on http_listen only"},
@@ -117,6 +119,9 @@ type Loader struct {
 	CheckOnly bool
 	// Version is set by --version.
 	Version bool
+	// Takeover is set by --takeover: take the listening socket over from
+	// the poolerd serving takeover_socket instead of binding listen.
+	Takeover bool
 	// Translate, when set, reads a --config file written in another
 	// format (cmd/poolerd sets internal/pgbini's, for pgbouncer.ini): it
 	// returns the tree of keys a YAML file would hold and true, or false
@@ -137,6 +142,7 @@ func NewLoader(args []string, out io.Writer) (*Loader, error) {
 	fs.StringVar(&l.File, "config", "", "YAML configuration file")
 	fs.BoolVar(&l.CheckOnly, "check-config", false, "validate the configuration and exit")
 	fs.BoolVar(&l.Version, "version", false, "print the version and exit")
+	fs.BoolVar(&l.Takeover, "takeover", false, "take the listening socket over from the poolerd serving takeover_socket, which then drains and exits")
 	def := Defaults()
 	for _, k := range Keys() {
 		if k.Flag == "" {

@@ -377,13 +377,27 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
-	if len(c.Databases) == 0 && c.upstream == nil {
-		bad("no databases: set upstream (e.g. --upstream postgres://user:password@127.0.0.1:5432/db) or list entries under databases")
+	return errors.Join(errs...)
+}
+
+// ServesNoDatabase reports whether no database entry and no upstream are
+// configured: every client but the admin console's is refused.
+func (c *Config) ServesNoDatabase() bool {
+	return len(c.Databases) == 0 && c.upstream == nil
+}
+
+// Warnings names what a valid configuration leaves unusable, to be logged
+// at start: PgBouncer starts with its packaged sample, which lists no
+// database and has an empty userlist, and so does poolerd; it says so.
+func (c *Config) Warnings() []string {
+	var w []string
+	if c.ServesNoDatabase() {
+		w = append(w, "no databases: every client but the admin console's is refused (3D000 no such database); set upstream (e.g. --upstream postgres://user:password@127.0.0.1:5432/db) or list entries under databases ([databases] in a pgbouncer.ini)")
 	}
 	if c.AuthType != AuthTrust && c.AuthType != AuthHBA && c.AuthUser == "" && len(c.secrets) == 0 {
-		bad("auth_type %s needs client passwords, and none are configured: put the password in upstream, in users[].password or in auth_file, set auth_user to look them up in PostgreSQL (or set auth_type trust on a trusted network)", c.AuthType)
+		w = append(w, fmt.Sprintf("auth_type %s needs client passwords, and none are configured: no client can log in, the admin console's included; put the password in upstream, in users[].password or in auth_file, set auth_user to look them up in PostgreSQL (or set auth_type trust on a trusted network)", c.AuthType))
 	}
-	return errors.Join(errs...)
+	return w
 }
 
 // checkSecretKind refuses secrets the client authentication method cannot

@@ -126,7 +126,7 @@ func Rules() []Rule {
 		{Section: "pgbouncer", Key: "pkt_buf", Note: "poolerd sizes its buffers itself: remove it"},
 		{Section: "pgbouncer", Key: "sbuf_loopcnt", Note: "poolerd sizes its buffers itself: remove it"},
 		{Section: "pgbouncer", Key: "listen_backlog", Note: "poolerd uses the kernel's somaxconn: remove it"},
-		{Section: "pgbouncer", Key: "so_reuseport", To: "so_reuseport", kind: kindBool, ifKey: true, Note: "not supported yet: stop the old process before the new one binds the port"},
+		{Section: "pgbouncer", Key: "so_reuseport", To: "so_reuseport", kind: kindBool, ifKey: true, Note: "as in PgBouncer: a new poolerd binds the port while the old one drains (docs/operations.md)"},
 		{Section: "pgbouncer", Key: "peer_id", Note: "peering is not supported: a cancel request must reach the poolerd its client is connected to"},
 		// Timeouts.
 		{Section: "pgbouncer", Key: "query_timeout", To: "query_timeout", kind: kindSeconds},

@@ -83,21 +83,24 @@ func TestDebianSample(t *testing.T) {
 		}
 	}
 	// As shipped it lists no database, and its userlist is empty: poolerd
-	// says what to add (PgBouncer starts, but serves nothing either).
+	// starts, as PgBouncer does, and its warnings say what to add.
 	dir := t.TempDir()
 	ini, _ := os.ReadFile("testdata/debian-pgbouncer.ini")
 	text := strings.Replace(string(ini), "/etc/pgbouncer/userlist.txt", "userlist.txt", 1)
 	writeFile(t, filepath.Join(dir, "pgbouncer.ini"), text)
 	writeFile(t, filepath.Join(dir, "userlist.txt"), "")
-	_, err = loadWith(t, filepath.Join(dir, "pgbouncer.ini"))
-	if err == nil || !strings.Contains(err.Error(), "no databases") {
-		t.Errorf("Debian sample as shipped: %v, want the no databases error", err)
+	cfg, err := loadWith(t, filepath.Join(dir, "pgbouncer.ini"))
+	if err != nil {
+		t.Fatalf("Debian sample as shipped: %v", err)
+	}
+	if w := cfg.Warnings(); len(w) != 2 || !strings.Contains(w[0], "no databases") || !strings.Contains(w[1], "needs client passwords") {
+		t.Errorf("Debian sample as shipped: warnings %q", w)
 	}
 	// With one database line and one user, as an operator fills it in.
 	text = strings.Replace(text, ";foodb =\n", "foodb = host=127.0.0.1\n", 1)
 	writeFile(t, filepath.Join(dir, "pgbouncer.ini"), text)
 	writeFile(t, filepath.Join(dir, "userlist.txt"), `"app" "secret"`+"\n")
-	cfg, err := loadWith(t, filepath.Join(dir, "pgbouncer.ini"))
+	cfg, err = loadWith(t, filepath.Join(dir, "pgbouncer.ini"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -145,6 +145,13 @@ func errLoginTimeout() *wire.Error {
 		Hint: "raise client_login_timeout if clients (or the server connections they wait for) are this slow"}
 }
 
+// errNoSuchDatabase refuses a login to a database no entry serves, in
+// PgBouncer's words.
+func errNoSuchDatabase(database string) *wire.Error {
+	return &wire.Error{Severity: "FATAL", Code: "3D000", Message: "no such database: " + database,
+		Hint: "add it to databases in the poolerd configuration ([databases] in a pgbouncer.ini), or set upstream to serve every database name"}
+}
+
 // errBadPassword refuses a login whose password did not match.
 func errBadPassword(user string) *wire.Error {
 	return &wire.Error{Severity: "FATAL", Code: "28P01", Message: fmt.Sprintf("password authentication failed for user %q", user)}

@@ -301,6 +301,13 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	if !IsConsoleDatabase(s.database) && !s.admitLogin(raw["application_name"]) {
 		return false
 	}
+	// With no database configured at all (PgBouncer's packaged sample)
+	// there is nothing to hide: the refusal comes before authentication, as
+	// PgBouncer's does, and so even without a password to check.
+	if !IsConsoleDatabase(s.database) && cfg.ServesNoDatabase() {
+		s.refuseLogin(errNoSuchDatabase(s.database))
+		return false
+	}
 	// Authenticate before looking at the database, as PostgreSQL does, so
 	// that an anonymous client cannot learn which databases exist.
 	authOK, queried := s.authenticate(cfg)
@@ -324,14 +331,12 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	}
 	route, err := cfg.Route(s.database, s.user)
 	if err != nil {
-		s.refuseLogin(&wire.Error{Severity: "FATAL", Code: "3D000", Message: fmt.Sprintf("database %q does not exist", s.database),
-			Hint: "add it to databases in the poolerd configuration, or set upstream to serve every database name"})
+		s.refuseLogin(errNoSuchDatabase(s.database))
 		return false
 	}
 	dbp, err := s.srv.getPool(s.database, s.user)
 	if err != nil {
-		s.refuseLogin(&wire.Error{Severity: "FATAL", Code: "3D000", Message: fmt.Sprintf("database %q does not exist", s.database),
-			Hint: "add it to databases in the poolerd configuration, or set upstream to serve every database name"})
+		s.refuseLogin(errNoSuchDatabase(s.database))
 		return false
 	}
 	s.dbp = dbp
@@ -396,7 +401,7 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	if set, ok := dbp.shareParams(s.pkey, s.params); ok {
 		s.params, s.pkey, s.paramsShared = set.params, set.key, true
 	}
-	if s.srv.shuttingDown() {
+	if s.srv.shuttingDown() && !s.srv.loginsFinish() {
 		if held != nil {
 			dbp.checkin(held)
 		}
@@ -430,6 +435,11 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 		return false
 	}
 	dbp.clients.Add(1) // logged in; end() takes it back
+	if s.srv.shuttingDown() {
+		// Logged in during a shutdown that lets logins finish: its first
+		// request is answered, if it comes soon (Server.loginsFinish).
+		time.AfterFunc(max(firstRequestGrace-time.Since(s.connectedAt), 0), s.terminateIfIdle)
+	}
 	if held != nil {
 		// The session takes the connection the welcome named, as it would
 		// at a first request, and brings the server's parameters in line

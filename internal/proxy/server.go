@@ -367,9 +367,19 @@ func isTemporary(err error) bool {
 // those clients with 57P01 at its next idle point, and when ctx ends closes
 // whatever remains with the same message.
 func (srv *Server) Shutdown(ctx context.Context) error {
-	sessions := srv.stopAccepting()
+	finish := srv.loginsFinish()
+	sessions := srv.stopAccepting(!finish)
 	srv.idleEnd.Store(true)
 	for _, s := range sessions {
+		if finish && !s.requested.Load() {
+			// Just logged in, its first request not read yet: that
+			// request is answered first, if it comes within
+			// firstRequestGrace of the connect (loginsFinish).
+			if wait := firstRequestGrace - time.Since(s.connectedAt); wait > 0 {
+				time.AfterFunc(wait, s.terminateIfIdle)
+				continue
+			}
+		}
 		s.terminateIfIdle()
 	}
 	srv.endConsoles()
@@ -448,8 +458,8 @@ func (srv *Server) clientSessions() int {
 
 // Close ends every client and server connection at once.
 func (srv *Server) Close() {
-	sessions := srv.stopAccepting()
-	srv.cancel()
+	srv.cancel() // first: loginsFinish is false from now on
+	sessions := srv.stopAccepting(true)
 	for _, s := range sessions {
 		s.terminate(errShuttingDown())
 	}
@@ -466,17 +476,36 @@ func (srv *Server) trackLogin(nc net.Conn, add bool) bool {
 		delete(srv.logins, nc)
 		return true
 	}
-	if srv.shutting.Load() {
+	if srv.shutting.Load() && !srv.loginsFinish() {
 		return false
 	}
 	srv.logins[nc] = struct{}{}
 	return true
 }
 
-// stopAccepting marks the server as shutting down, closes its listeners and
-// the connections still logging in, and returns the sessions logged in at
-// that moment.
-func (srv *Server) stopAccepting() []*session {
+// loginsFinish reports whether a shutdown lets the logins in progress
+// finish. With so_reuseport a new poolerd serves the same port while this
+// one shuts down, and a client this one accepted must not be refused for
+// it: during SIGINT's safe shutdown its login completes and its first
+// request is answered before it gets 57P01 at its next idle point (so a
+// client that connects, queries and leaves sees no error), and so is the
+// first request of a client that had logged in but sent none yet. Close, and the
+// end of shutdown_timeout, still end every login.
+//
+// A client that sends no request within firstRequestGrace of its connect
+// is ended as an idle one.
+func (srv *Server) loginsFinish() bool {
+	return srv.cfg().SOReusePort && srv.ctx.Err() == nil
+}
+
+// firstRequestGrace is how long after its connect a client that logged in
+// during a shutdown with loginsFinish may take to send its first request.
+const firstRequestGrace = time.Second
+
+// stopAccepting marks the server as shutting down, closes its listeners and,
+// with cutLogins, the connections still logging in, and returns the
+// sessions logged in at that moment.
+func (srv *Server) stopAccepting(cutLogins bool) []*session {
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
 	srv.shutting.Store(true)
@@ -484,6 +513,9 @@ func (srv *Server) stopAccepting() []*session {
 		_ = ln.Close()
 	}
 	for nc := range srv.logins {
+		if !cutLogins {
+			break
+		}
 		// Wakes a login waiting for the client, which then gets 57P01
 		// (loginFailed); one doing other work gets it when done.
 		_ = nc.SetReadDeadline(time.Now())

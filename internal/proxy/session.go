@@ -176,6 +176,9 @@ type session struct {
 	// parked is set while the parker holds the session without a goroutine;
 	// active is set by every read and cleared by the parker's sweeps.
 	parked, active atomic.Bool
+	// requested is set by the first read after login: the client has sent
+	// a request (see Server.loginsFinish).
+	requested atomic.Bool
 	// inRead is set while the session handles what it read from the
 	// client: a request read but not yet forwarded is in flight, and a
 	// shutdown lets it run (terminateIfIdle).
@@ -357,6 +360,9 @@ func (s *session) relay(fresh bool) (parked bool) {
 		}
 		if !s.active.Load() { // a load is cheaper than a store per read
 			s.active.Store(true)
+		}
+		if !s.requested.Load() {
+			s.requested.Store(true)
 		}
 		if s.timeouts().idleTracked() {
 			s.noteActive(s.srv.nanotime())

@@ -1,0 +1,256 @@
+package takeover
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+)
+
+// The hand-over, on one connection to takeover_socket:
+//
+//	new → old  "poolerd takeover 1\n"
+//	old → new  "listener <address>\n" with the listening socket (SCM_RIGHTS)
+//	new → old  "serving\n"   once it accepts on the socket
+//	old → new  "bye\n"       once it has stopped accepting and no longer
+//	                         offers on takeover_socket
+//
+// Both accept from the one socket (the same kernel queue) until "bye": no
+// connection waits in a queue nobody reads, and none is refused. Then the
+// old process drains its clients and exits; the new one offers on
+// takeover_socket for the next upgrade.
+const (
+	hello   = "poolerd takeover 1\n"
+	serving = "serving\n"
+	bye     = "bye\n"
+)
+
+// exchangeTimeout bounds each side's part of the hand-over.
+const exchangeTimeout = 10 * time.Second
+
+// Offer serves takeover_socket for a running poolerd: the first new
+// poolerd that asks gets its listening socket.
+type Offer struct {
+	ul    *net.UnixListener
+	file  *os.File // a duplicate of the listening socket
+	log   *zap.Logger
+	taken chan func() // the old process's "I stopped accepting"
+	wg    sync.WaitGroup
+}
+
+// NewOffer offers ln on the Unix socket path. A socket file left by a
+// process that is gone is replaced; one a running poolerd still serves is
+// an error.
+func NewOffer(path string, ln net.Listener, log *zap.Logger) (*Offer, error) {
+	tl, ok := ln.(*net.TCPListener)
+	if !ok {
+		return nil, fmt.Errorf("takeover: the listener is a %T, not TCP", ln)
+	}
+	f, err := tl.File()
+	if err != nil {
+		return nil, fmt.Errorf("takeover: duplicate the listening socket: %w", err)
+	}
+	ul, err := listenUnix(path)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	o := &Offer{ul: ul, file: f, log: log, taken: make(chan func(), 1)}
+	o.wg.Add(1)
+	go o.serve()
+	return o, nil
+}
+
+func listenUnix(path string) (*net.UnixListener, error) {
+	ul, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err == nil {
+		return ul, nil
+	}
+	if !errors.Is(err, syscall.EADDRINUSE) {
+		return nil, fmt.Errorf("takeover_socket %s: %w", path, err)
+	}
+	// In use: by a live poolerd, or a file left by one that is gone.
+	if c, derr := net.DialTimeout("unix", path, time.Second); derr == nil {
+		c.Close()
+		return nil, fmt.Errorf("takeover_socket %s: another poolerd offers its listener there (start this one with --takeover, or give it another takeover_socket)", path)
+	}
+	if rerr := os.Remove(path); rerr != nil {
+		return nil, fmt.Errorf("takeover_socket %s: remove the stale socket: %w", path, rerr)
+	}
+	ul, err = net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("takeover_socket %s: %w", path, err)
+	}
+	return ul, nil
+}
+
+// Taken is sent a function once a new poolerd serves the listening
+// socket: the old process calls it after it has stopped accepting, which
+// tells the new one that it is alone on the socket.
+func (o *Offer) Taken() <-chan func() { return o.taken }
+
+// Close stops offering and removes the socket file.
+func (o *Offer) Close() error {
+	err := o.ul.Close()
+	o.wg.Wait()
+	o.file.Close()
+	return err
+}
+
+func (o *Offer) serve() {
+	defer o.wg.Done()
+	for {
+		c, err := o.ul.AcceptUnix()
+		if err != nil {
+			return // closed
+		}
+		if err := o.handOver(c); err != nil {
+			c.Close()
+			o.log.Warn("takeover: a hand-over failed; still serving", zap.Error(err))
+			continue
+		}
+		// Handed over: no second taker; the socket file goes, so that the
+		// new process can offer on it.
+		_ = o.ul.Close()
+		o.taken <- func() {
+			_ = c.SetDeadline(time.Now().Add(exchangeTimeout))
+			_, _ = c.Write([]byte(bye))
+			c.Close()
+		}
+		return
+	}
+}
+
+// handOver sends the listening socket to the new process on c and waits
+// until it says it serves it.
+func (o *Offer) handOver(c *net.UnixConn) error {
+	_ = c.SetDeadline(time.Now().Add(exchangeTimeout))
+	r := bufio.NewReader(c)
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return fmt.Errorf("read the request: %w", err)
+	}
+	if line != hello {
+		return fmt.Errorf("unexpected request %q", strings.TrimSpace(line))
+	}
+	msg := []byte("listener " + o.ulAddr() + "\n")
+	if _, _, err := c.WriteMsgUnix(msg, unix.UnixRights(int(o.file.Fd())), nil); err != nil {
+		return fmt.Errorf("send the listening socket: %w", err)
+	}
+	line, err = r.ReadString('\n')
+	if err != nil {
+		return fmt.Errorf("wait for the new process to serve: %w", err)
+	}
+	if line != serving {
+		return fmt.Errorf("unexpected answer %q", strings.TrimSpace(line))
+	}
+	_ = c.SetDeadline(time.Time{})
+	return nil
+}
+
+// ulAddr is the listening socket's address, for the new process's log.
+func (o *Offer) ulAddr() string {
+	sa, err := unix.Getsockname(int(o.file.Fd()))
+	if err != nil {
+		return "?"
+	}
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return (&net.TCPAddr{IP: a.Addr[:], Port: a.Port}).String()
+	case *unix.SockaddrInet6:
+		return (&net.TCPAddr{IP: a.Addr[:], Port: a.Port}).String()
+	}
+	return "?"
+}
+
+// Handover is the new process's side once it holds the listening socket.
+type Handover struct {
+	c *net.UnixConn
+	r *bufio.Reader
+}
+
+// Take asks the poolerd serving the Unix socket path for its listening
+// socket. Once the caller accepts on it, it calls Serving.
+func Take(ctx context.Context, path string) (net.Listener, *Handover, error) {
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("takeover: no running poolerd answers on takeover_socket %s: %w", path, err)
+	}
+	c := nc.(*net.UnixConn)
+	fail := func(err error) (net.Listener, *Handover, error) {
+		c.Close()
+		return nil, nil, fmt.Errorf("takeover from %s: %w", path, err)
+	}
+	_ = c.SetDeadline(time.Now().Add(exchangeTimeout))
+	if _, err := c.Write([]byte(hello)); err != nil {
+		return fail(fmt.Errorf("send the request: %w", err))
+	}
+	buf := make([]byte, 256)
+	oob := make([]byte, unix.CmsgSpace(4))
+	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return fail(fmt.Errorf("receive the listening socket: %w", err))
+	}
+	if !strings.HasPrefix(string(buf[:n]), "listener ") {
+		return fail(fmt.Errorf("unexpected answer %q", strings.TrimSpace(string(buf[:n]))))
+	}
+	fds, err := socketRights(oob[:oobn])
+	if err != nil {
+		return fail(err)
+	}
+	f := os.NewFile(uintptr(fds[0]), "poolerd-listener")
+	ln, err := net.FileListener(f)
+	f.Close() // FileListener holds its own duplicate
+	if err != nil {
+		return fail(fmt.Errorf("use the listening socket: %w", err))
+	}
+	return ln, &Handover{c: c, r: bufio.NewReader(c)}, nil
+}
+
+func socketRights(oob []byte) ([]int, error) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil, fmt.Errorf("parse the control message: %w", err)
+	}
+	for _, m := range msgs {
+		fds, err := unix.ParseUnixRights(&m)
+		if err != nil {
+			continue
+		}
+		if len(fds) == 1 {
+			return fds, nil
+		}
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}
+	return nil, errors.New("the answer carries no listening socket")
+}
+
+// Serving tells the old process that this one accepts on the socket and
+// waits until the old one has stopped accepting.
+func (h *Handover) Serving() error {
+	defer h.c.Close()
+	_ = h.c.SetDeadline(time.Now().Add(exchangeTimeout))
+	if _, err := h.c.Write([]byte(serving)); err != nil {
+		return fmt.Errorf("takeover: tell the old process: %w", err)
+	}
+	line, err := h.r.ReadString('\n')
+	if err != nil {
+		return fmt.Errorf("takeover: wait for the old process to stop accepting: %w", err)
+	}
+	if line != bye {
+		return fmt.Errorf("takeover: unexpected answer %q", strings.TrimSpace(line))
+	}
+	return nil
+}

@@ -1,0 +1,138 @@
+package takeover
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// With SO_REUSEPORT two listeners bind one address; without it the second
+// is refused.
+func TestListenReusePort(t *testing.T) {
+	ctx := context.Background()
+	a, err := Listen(ctx, "127.0.0.1:0", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := Listen(ctx, a.Addr().String(), true)
+	if err != nil {
+		t.Fatalf("second listener with SO_REUSEPORT: %v", err)
+	}
+	b.Close()
+	if c, err := Listen(ctx, a.Addr().String(), false); err == nil {
+		c.Close()
+		t.Fatal("second listener without SO_REUSEPORT bound the address")
+	}
+}
+
+// The new process gets the old one's listening socket: both accept from it
+// until the old one says it stopped; a connection made at any point is
+// accepted by one of them; the socket file is free for the new process's
+// own offer afterwards.
+func TestHandOver(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "takeover.sock")
+	old, err := Listen(ctx, "127.0.0.1:0", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	offer, err := NewOffer(path, old, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer offer.Close()
+	if _, err := NewOffer(path, old, zap.NewNop()); err == nil || !strings.Contains(err.Error(), "another poolerd") {
+		t.Fatalf("second offer on a live socket: %v", err)
+	}
+	// A client waits in the queue before the hand-over.
+	early, err := net.Dial("tcp", old.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer early.Close()
+
+	ln, h, err := Take(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if ln.Addr().String() != old.Addr().String() {
+		t.Fatalf("took %s, want %s", ln.Addr(), old.Addr())
+	}
+	accepted := make(chan net.Conn, 4)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	served := make(chan error, 1)
+	go func() { served <- h.Serving() }()
+	var stop func()
+	select {
+	case stop = <-offer.Taken():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the old side was not told")
+	}
+	old.Close() // the old process stops accepting; the socket stays open
+	stop()
+	if err := <-served; err != nil {
+		t.Fatal(err)
+	}
+	late, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Close()
+	for i := 0; i < 2; i++ {
+		select {
+		case c := <-accepted:
+			c.Close()
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d of 2 connections accepted by the new listener", i)
+		}
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Fatalf("socket file after the hand-over: %v", err)
+	}
+	next, err := NewOffer(path, ln, zap.NewNop())
+	if err != nil {
+		t.Fatalf("the new process's own offer: %v", err)
+	}
+	next.Close()
+}
+
+// A socket file left by a process that is gone is replaced; Take with
+// nobody offering says so.
+func TestStaleSocket(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "takeover.sock")
+	ul, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ul.SetUnlinkOnClose(false)
+	ul.Close()
+	if _, _, err := Take(context.Background(), path); err == nil || !strings.Contains(err.Error(), "no running poolerd") {
+		t.Fatalf("Take from a stale socket: %v", err)
+	}
+	ln, err := Listen(context.Background(), "127.0.0.1:0", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	o, err := NewOffer(path, ln, zap.NewNop())
+	if err != nil {
+		t.Fatalf("offer over a stale socket file: %v", err)
+	}
+	o.Close()
+}
