@@ -43,6 +43,7 @@ func (c *Console) show(what, sql string) ([]byte, bool, *wire.Error) {
 		"STATS_AVERAGES": func() *resultSet { return c.showStatsTable(true) },
 		"TOTALS":         c.showTotals, "CLIENTS": c.showClients, "SERVERS": c.showServers, "DATABASES": c.showDatabases,
 		"USERS": c.showUsers, "CONFIG": c.showConfig, "LISTS": c.showLists, "PINNED": c.showPinned,
+		"HOSTS": c.showHosts,
 	}[what]
 	if !ok {
 		return nil, false, errInvalidCommand(sql)
@@ -307,6 +308,21 @@ func (c *Console) showPinned() *resultSet {
 		addr, port := splitAddr(ci.RemoteAddr)
 		r.row(ci.User, ci.Database, addr, port, ci.AppName, ci.Pinned,
 			fmt.Sprintf("%.3f", ci.PinnedFor.Seconds()), fmt.Sprintf("%.3f", idle.Seconds()), int(ci.ServerPID), ci.ID)
+	}
+	return r
+}
+
+// showHosts lists each pool's servers (a poolerd addition): the one host
+// of a single-server pool, or each of an entry's hosts, with the role it
+// reported at the latest login, its open connections and failed connects
+// in a row.
+func (c *Console) showHosts() *resultSet {
+	r := newResult(text("database"), text("user"), text("host"), text("role"), int4("connections"),
+		int4("connect_failures"), text("last_error"))
+	for _, ps := range c.sortedPools() {
+		for _, h := range ps.Hosts {
+			r.row(ps.Database, ps.User, h.Host, h.Role, h.Open, h.Failures, h.LastErr)
+		}
 	}
 	return r
 }

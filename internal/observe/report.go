@@ -41,6 +41,17 @@ type PoolHealth struct {
 	LastError       *string    `json:"last_error"`
 	LastHealthCheck *time.Time `json:"last_health_check"`
 	NextRetry       *time.Time `json:"next_retry,omitempty"`
+	// Hosts are the servers of a pool over several (database hosts).
+	Hosts []HostHealth `json:"hosts,omitempty"`
+}
+
+// HostHealth is one server of a pool over several.
+type HostHealth struct {
+	Host            string `json:"host"`
+	Role            string `json:"role"`
+	Connections     int    `json:"connections"`
+	ConnectFailures int    `json:"connect_failures"`
+	LastError       string `json:"last_error,omitempty"`
 }
 
 // PoolCounts are the seed's pool statistics.
@@ -137,6 +148,12 @@ func poolHealth(ps proxy.PoolStats) PoolHealth {
 			PeakWaitTimeMs:        ms(st.WaitMax),
 			PoolCreatedAt:         st.Created.UTC().Format(time.RFC3339),
 		},
+	}
+	if len(ps.Hosts) > 1 {
+		for _, h := range ps.Hosts {
+			ph.Hosts = append(ph.Hosts, HostHealth{Host: h.Host, Role: h.Role, Connections: h.Open,
+				ConnectFailures: h.Failures, LastError: h.LastErr})
+		}
 	}
 	switch {
 	case st.Paused:

@@ -153,6 +153,18 @@ func TestHostsRoutingAndFailover(t *testing.T) {
 	if port, standby := serverOf(t, ctx, rw); port != replica.Port || standby {
 		t.Errorf("after the failover rw runs on port %d (standby %v), want the promoted replica %d", port, standby, replica.Port)
 	}
+	for _, ps := range p.srv.Pools() {
+		if ps.Database != "rw" {
+			continue
+		}
+		roles := map[string]string{}
+		for _, h := range ps.Hosts {
+			roles[h.Host] = h.Role
+		}
+		if roles[replica.Addr()] != "primary" || len(ps.Hosts) != 2 {
+			t.Errorf("rw's hosts after the failover: %+v, want the promoted replica %s a primary", ps.Hosts, replica.Addr())
+		}
+	}
 	if readErrs > 0 {
 		t.Errorf("%d reads through prefer-standby failed while the replica served throughout; the first: %v", readErrs, firstReadErr)
 	}
