@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -463,6 +464,15 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 			if !isFrontendType(t) {
 				s.flush(data(), b)
 				s.fail(errProtocol("invalid frontend message type " + quoteByte(t)))
+				return true
+			}
+			if (t == 'S' || t == 'H') && s.cur.Len != 0 {
+				// Sync and Flush have no body; PostgreSQL refuses one that
+				// has ("invalid message format"). poolerd may answer a Sync
+				// itself at its header: without this check a Sync whose
+				// body never comes would be answered (FuzzSessionFrames).
+				s.flush(data(), b)
+				s.fail(errProtocol("invalid message format: " + quoteByte(t) + " with a body of " + strconv.Itoa(s.cur.Len) + " bytes"))
 				return true
 			}
 			if s.maxPacket > 0 && s.cur.Len+4 > s.maxPacket {
@@ -974,6 +984,11 @@ func (s *session) flush(data []byte, b batch) bool {
 	// being assembled: the connection stays busy, and so unreleasable,
 	// until it is complete and sent.
 	sc.busy = s.hold
+	// A streamed frame cut by the end of this read is partly on the
+	// server: until its rest follows, the connection is in no state to
+	// serve anybody else (FuzzSessionFrames: a CopyData with no COPY
+	// running, its client gone in the middle of it).
+	sc.clientMid = !s.hold && !s.dropFrame && !s.cur.AtBoundary()
 	release := len(data) == 0 && syncReqs == 0 && s.releaseWhenIdle() && sc.cleanLocked()
 	if release {
 		sc.detachLocked(s)
@@ -1359,7 +1374,8 @@ func (s *session) releaseAtEnd(sc *serverConn) {
 		return
 	}
 	// A frame the client was still sending (held, see flush) was never
-	// forwarded: it leaves nothing on the server.
+	// forwarded: it leaves nothing on the server. One that was streamed
+	// (clientMid) does, and keeps the connection from being clean.
 	sc.busy = false
 	clean := sc.cleanLocked()
 	busy := sc.pending > 0
