@@ -412,6 +412,10 @@ type batch struct {
 	// runs: the batch runs statements (Query, Execute, FunctionCall);
 	// commits: one of them may commit (keep.go).
 	runs, commits bool
+	// midFrame: the read ends inside a frame that is being forwarded as
+	// it arrives (not held, not dropped): its start goes with this batch,
+	// its rest is still to come. Set for the last flush of a read only.
+	midFrame bool
 }
 
 // fromClient handles one read from the client. It returns true when the
@@ -687,6 +691,7 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 	if !s.hold {
 		s.cur.Trim(maxScan)
 	}
+	b.midFrame = !s.hold && !s.dropFrame && !s.cur.AtBoundary()
 	return !s.flush(data(), b)
 }
 
@@ -988,7 +993,7 @@ func (s *session) flush(data []byte, b batch) bool {
 	// server: until its rest follows, the connection is in no state to
 	// serve anybody else (FuzzSessionFrames: a CopyData with no COPY
 	// running, its client gone in the middle of it).
-	sc.clientMid = !s.hold && !s.dropFrame && !s.cur.AtBoundary()
+	sc.clientMid = b.midFrame
 	release := len(data) == 0 && syncReqs == 0 && s.releaseWhenIdle() && sc.cleanLocked()
 	if release {
 		sc.detachLocked(s)
