@@ -156,6 +156,10 @@ type serverConn struct {
 	cancelling   bool // a cancel request for this backend is in flight
 	busy         bool // the owner is assembling a batch for this server
 	midFrame     bool // the reader stopped inside a frame (set at each settle)
+	// clientMid: the owner forwarded the start of a client frame whose
+	// rest has not arrived (a streamed frame, not a held one; set at each
+	// flush). The server would read whatever comes next as its rest.
+	clientMid bool
 
 	// Timestamps for the owner's watchdog (server nanotime; 0 = unset),
 	// kept only when the owner has a limit: busySince is when the server
@@ -706,7 +710,7 @@ func (sc *serverConn) idleBrokenLocked() bool {
 // transaction and frame.
 func (sc *serverConn) cleanLocked() bool {
 	return sc.pending == 0 && !sc.unsynced && sc.txStatus == wire.TxIdle && !sc.busy &&
-		len(sc.swallowQ) == 0 && sc.stq.len() == 0 && len(sc.qundo) == 0 && !sc.cancelling && !sc.midFrame && !sc.broken
+		len(sc.swallowQ) == 0 && sc.stq.len() == 0 && len(sc.qundo) == 0 && !sc.cancelling && !sc.midFrame && !sc.clientMid && !sc.broken
 }
 
 // detachLocked gives the connection up from own, clean (released to the

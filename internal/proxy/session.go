@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -420,6 +421,10 @@ type batch struct {
 	// runs: the batch runs statements (Query, Execute, FunctionCall);
 	// commits: one of them may commit (keep.go).
 	runs, commits bool
+	// midFrame: the read ends inside a frame that is being forwarded as
+	// it arrives (not held, not dropped): its start goes with this batch,
+	// its rest is still to come. Set for the last flush of a read only.
+	midFrame bool
 }
 
 // fromClient handles one read from the client. It returns true when the
@@ -473,6 +478,15 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 			if !isFrontendType(t) {
 				s.flush(data(), b)
 				s.fail(errProtocol("invalid frontend message type " + quoteByte(t)))
+				return true
+			}
+			if (t == 'S' || t == 'H') && s.cur.Len != 0 {
+				// Sync and Flush have no body; PostgreSQL refuses one that
+				// has ("invalid message format"). poolerd may answer a Sync
+				// itself at its header: without this check a Sync whose
+				// body never comes would be answered (FuzzSessionFrames).
+				s.flush(data(), b)
+				s.fail(errProtocol("invalid message format: " + quoteByte(t) + " with a body of " + strconv.Itoa(s.cur.Len) + " bytes"))
 				return true
 			}
 			if s.maxPacket > 0 && s.cur.Len+4 > s.maxPacket {
@@ -694,6 +708,7 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 	if !s.hold {
 		s.cur.Trim(maxScan)
 	}
+	b.midFrame = !s.hold && !s.dropFrame && !s.cur.AtBoundary()
 	return !s.flush(data(), b)
 }
 
@@ -1005,6 +1020,11 @@ func (s *session) flush(data []byte, b batch) bool {
 	// being assembled: the connection stays busy, and so unreleasable,
 	// until it is complete and sent.
 	sc.busy = s.hold
+	// A streamed frame cut by the end of this read is partly on the
+	// server: until its rest follows, the connection is in no state to
+	// serve anybody else (FuzzSessionFrames: a CopyData with no COPY
+	// running, its client gone in the middle of it).
+	sc.clientMid = b.midFrame
 	release := len(data) == 0 && syncReqs == 0 && s.releaseWhenIdle() && sc.cleanLocked()
 	if release {
 		sc.detachLocked(s)
@@ -1390,7 +1410,8 @@ func (s *session) releaseAtEnd(sc *serverConn) {
 		return
 	}
 	// A frame the client was still sending (held, see flush) was never
-	// forwarded: it leaves nothing on the server.
+	// forwarded: it leaves nothing on the server. One that was streamed
+	// (clientMid) does, and keeps the connection from being clean.
 	sc.busy = false
 	clean := sc.cleanLocked()
 	busy := sc.pending > 0

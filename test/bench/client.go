@@ -7,6 +7,7 @@ import (
 	"crypto/pbkdf2"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
@@ -29,19 +30,52 @@ import (
 var saltedCache sync.Map // string(salt)+"/"+iterations -> []byte
 
 // login dials addr, authenticates as user on db and waits for
-// ReadyForQuery. The returned connection is idle and authenticated.
-func login(addr, user, password, db string, timeout time.Duration) (net.Conn, error) {
+// ReadyForQuery. The returned connection is idle and authenticated. With
+// useTLS it first asks for TLS (SSLRequest) and refuses a server that
+// declines, as sslmode=require: the certificate is not verified.
+func login(addr, user, password, db string, timeout time.Duration, useTLS bool) (net.Conn, error) {
 	conn, err := net.DialTimeout("tcp", addr, timeout)
 	if err != nil {
 		return nil, err
 	}
 	_ = conn.SetDeadline(time.Now().Add(timeout))
+	if useTLS {
+		if conn, err = startTLS(conn); err != nil {
+			return nil, err
+		}
+	}
 	if err := handshake(conn, user, password, db); err != nil {
 		conn.Close()
 		return nil, err
 	}
 	_ = conn.SetDeadline(time.Time{})
 	return conn, nil
+}
+
+// startTLS sends an SSLRequest on conn and, when the server answers 'S',
+// runs the TLS handshake (sslmode=require: no certificate check). It closes
+// conn on failure.
+func startTLS(conn net.Conn) (net.Conn, error) {
+	req := binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint32(nil, 8), 80877103)
+	answer := make([]byte, 1)
+	if _, err := conn.Write(req); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("SSLRequest: %w", err)
+	}
+	if _, err := io.ReadFull(conn, answer); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("SSLRequest answer: %w", err)
+	}
+	if answer[0] != 'S' {
+		conn.Close()
+		return nil, fmt.Errorf("the server declined TLS (answered %q to SSLRequest)", answer[0])
+	}
+	tc := tls.Client(conn, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}) //nolint:gosec // sslmode=require
+	if err := tc.Handshake(); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("TLS handshake: %w", err)
+	}
+	return tc, nil
 }
 
 func handshake(conn net.Conn, user, password, db string) error {

@@ -60,7 +60,11 @@ type options struct {
 	noPgbouncer  bool
 	noLog        bool
 	quick        bool
-	pause        time.Duration
+	// tls: TLS on both sides (PostgreSQL accepts hostssl only, both
+	// poolers require TLS from clients and use it to PostgreSQL, pgbench
+	// connects with sslmode=require).
+	tls   bool
+	pause time.Duration
 	// loginAllowance lengthens -T by this much per client per pgbench
 	// thread: pgbench logs its clients in inside -T.
 	loginAllowance time.Duration
@@ -98,6 +102,7 @@ func mainExit() int {
 	fs.StringVar(&o.pgbouncerBin, "pgbouncer", "", "pgbouncer binary (default: pgbouncer on PATH, skipped when absent)")
 	fs.BoolVar(&o.noPgbouncer, "no-pgbouncer", false, "do not run PgBouncer even if installed")
 	fs.BoolVar(&o.noLog, "no-txlog", false, "no per-transaction pgbench logs (no p50/p99; slightly less pgbench CPU)")
+	fs.BoolVar(&o.tls, "tls", false, "TLS on both sides: PostgreSQL accepts hostssl only; poolerd and PgBouncer with client_tls_sslmode and server_tls_sslmode require; pgbench with sslmode=require")
 	fs.BoolVar(&o.quick, "quick", false, "smoke run: -T 3 -rounds 1 -idle-clients 1000 (explicit flags win)")
 	fs.DurationVar(&o.pause, "pause", time.Second, "pause between runs (lets connections of the previous run close)")
 	fs.Usage = func() {
@@ -324,7 +329,7 @@ func run(ctx context.Context, o options, cl *cleaner) error {
 	}
 
 	logf("bench: starting PostgreSQL")
-	pg, err := pgtest.Start(pgtest.Options{ExtraConf: []string{
+	pg, err := pgtest.Start(pgtest.Options{SSL: o.tls, ExtraConf: []string{
 		"max_connections = 500",
 		"shared_buffers = 256MB",
 	}})
@@ -340,28 +345,39 @@ func run(ctx context.Context, o options, cl *cleaner) error {
 		return ctx.Err()
 	}
 
+	sslmode, pgDesc := "disable", ""
+	var tlsFiles *pgtest.TLSFiles
+	if o.tls {
+		sslmode, pgDesc = "require", ", ssl = on with TCP connections over TLS only (hostssl rules)"
+		// The certificate both poolers present to pgbench.
+		files, err := pgtest.MakeTLSFiles(workDir)
+		if err != nil {
+			return fmt.Errorf("TLS files: %w", err)
+		}
+		tlsFiles = &files
+	}
 	initArgs := []string{"-h", "127.0.0.1", "-p", strconv.Itoa(pg.Port), "-U", benchUser, "-i", "-s", strconv.Itoa(o.scale), "-q", benchDB}
 	logf("bench: pgbench %s", strings.Join(initArgs, " "))
 	ic := exec.CommandContext(ctx, pgbenchBin, initArgs...)
-	ic.Env = pgbenchEnv(benchPass)
+	ic.Env = pgbenchEnv(benchPass, sslmode)
 	ic.Dir = workDir
 	ic.SysProcAttr = sysProcAttr(nil)
 	if out, err := ic.CombinedOutput(); err != nil {
 		return fmt.Errorf("pgbench -i: %w\n%s", err, out)
 	}
 	res.commands = append(res.commands,
-		"# PostgreSQL: test/pgtest (initdb, fsync off, max_connections 500, shared_buffers 256MB), role app/secret (SCRAM), database app",
-		"PGPASSWORD=secret PGSSLMODE=disable pgbench "+strings.Join(initArgs, " "))
+		"# PostgreSQL: test/pgtest (initdb, fsync off, max_connections 500, shared_buffers 256MB"+pgDesc+"), role app/secret (SCRAM), database app",
+		"PGPASSWORD=secret PGSSLMODE="+sslmode+" pgbench "+strings.Join(initArgs, " "))
 
 	pmPid := postmasterPid(pg.DataDir)
-	direct := &target{name: targetDirect, port: pg.Port, cmdline: "PostgreSQL " + pg.Addr()}
+	direct := &target{name: targetDirect, port: pg.Port, cmdline: "PostgreSQL " + pg.Addr() + pgDesc, tls: o.tls}
 	res.targets = append(res.targets, direct)
 
 	maxClients := o.idleClients + 1000
 	if maxClients < 2000 {
 		maxClients = 2000
 	}
-	pd, err := poolerdTarget(poolerdBin, workDir, pg, maxClients)
+	pd, err := poolerdTarget(poolerdBin, workDir, pg, maxClients, tlsFiles)
 	if err != nil {
 		return err
 	}
@@ -369,7 +385,7 @@ func run(ctx context.Context, o options, cl *cleaner) error {
 	res.targets = append(res.targets, pd)
 	var pb *target
 	if pgbouncerBin != "" {
-		if pb, err = pgbouncerTarget(pgbouncerBin, workDir, pg, maxClients); err != nil {
+		if pb, err = pgbouncerTarget(pgbouncerBin, workDir, pg, maxClients, tlsFiles); err != nil {
 			return err
 		}
 		cl.add(pb.stop)
@@ -395,17 +411,17 @@ func run(ctx context.Context, o options, cl *cleaner) error {
 			fmt.Sprintf("; JOBS min(%d, CLIENTS);", o.jobs),
 		fmt.Sprintf("# T = %d + CLIENTS/JOBS × %v for pgbench's logins, which count in -T but not in its TPS: %s s):",
 			o.seconds, o.loginAllowance, runSecondsList(o)),
-		fmt.Sprintf("PGPASSWORD=secret PGSSLMODE=disable pgbench -h 127.0.0.1 -p $PORT -U %s -n -S -M $MODE -c $CLIENTS -j $JOBS -T $T -P 1%s %s",
+		fmt.Sprintf("PGPASSWORD=secret PGSSLMODE="+sslmode+" pgbench -h 127.0.0.1 -p $PORT -U %s -n -S -M $MODE -c $CLIENTS -j $JOBS -T $T -P 1%s %s",
 			benchUser, logOpt, benchDB))
 	if o.stormClients > 0 {
 		st := pgbenchCmd{bin: "pgbench", port: 0, mode: "simple", clients: o.stormClients, jobs: o.jobs, seconds: o.stormSeconds, connect: true, user: benchUser, db: benchDB}
 		res.commands = append(res.commands, "# connection storm, each target:",
-			"PGPASSWORD=secret PGSSLMODE=disable pgbench "+strings.Replace(strings.Join(st.args(), " "), "-p 0", "-p $PORT", 1))
+			"PGPASSWORD=secret PGSSLMODE="+sslmode+" pgbench "+strings.Replace(strings.Join(st.args(), " "), "-p 0", "-p $PORT", 1))
 	}
 
 	// Warm-up: open every pooler's server connections and warm caches.
 	for _, t := range res.targets {
-		c := pgbenchCmd{bin: pgbenchBin, port: t.port, mode: "simple", clients: 16, jobs: o.jobs, seconds: 2, user: benchUser, db: benchDB}
+		c := pgbenchCmd{bin: pgbenchBin, port: t.port, mode: "simple", clients: 16, jobs: o.jobs, seconds: 2, user: benchUser, db: benchDB, sslmode: sslmode}
 		if _, err := runPgbench(ctx, c, benchPass, 0, pmPid); err != nil {
 			return err
 		}
@@ -475,7 +491,7 @@ func run(ctx context.Context, o options, cl *cleaner) error {
 				}
 				pc := pgbenchCmd{bin: pgbenchBin, port: t.port, mode: c.mode, clients: c.clients, jobs: o.jobs,
 					seconds: o.runSeconds(c.clients), progress: true, measureFrom: o.runSeconds(c.clients) - o.seconds,
-					user: benchUser, db: benchDB}
+					user: benchUser, db: benchDB, sslmode: sslmode}
 				if !o.noLog {
 					pc.logDir = filepath.Join(workDir, "txlog")
 				}
@@ -496,7 +512,7 @@ func run(ctx context.Context, o options, cl *cleaner) error {
 					return err
 				}
 				pc := pgbenchCmd{bin: pgbenchBin, port: t.port, mode: "simple", clients: o.stormClients, jobs: o.jobs,
-					seconds: o.stormSeconds, connect: true, user: benchUser, db: benchDB}
+					seconds: o.stormSeconds, connect: true, user: benchUser, db: benchDB, sslmode: sslmode}
 				r, err := runPgbench(ctx, pc, benchPass, t.pid(), pmPid)
 				if err != nil {
 					return err
@@ -618,7 +634,7 @@ func idleTest(ctx context.Context, t *target, n int) (idleResult, error) {
 	defer t.stop()
 	pid := t.pid()
 	r.FDLimit = openFilesLimit(pid)
-	warm, err := login(t.addr(), benchUser, benchPass, benchDB, 10*time.Second)
+	warm, err := login(t.addr(), benchUser, benchPass, benchDB, 10*time.Second, t.tls)
 	if err != nil {
 		return r, fmt.Errorf("idle test: first login to %s: %w", t.name, err)
 	}
@@ -642,7 +658,7 @@ func idleTest(ctx context.Context, t *target, n int) (idleResult, error) {
 				if i >= n || ctx.Err() != nil {
 					return
 				}
-				c, err := login(t.addr(), benchUser, benchPass, benchDB, 30*time.Second)
+				c, err := login(t.addr(), benchUser, benchPass, benchDB, 30*time.Second, t.tls)
 				if err != nil {
 					failed.Add(1)
 					firstErr.Do(func() { r.FirstErr = err.Error() })

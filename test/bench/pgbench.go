@@ -277,6 +277,7 @@ type pgbenchCmd struct {
 	measureFrom int
 	logDir      string // --log into this dir; "" = no per-transaction log
 	user, db    string
+	sslmode     string // PGSSLMODE; "" = disable
 }
 
 func (c pgbenchCmd) args() []string {
@@ -300,15 +301,19 @@ func (c pgbenchCmd) args() []string {
 }
 
 // pgbenchEnv is the environment pgbench runs with: no inherited PG*
-// variables, the fixture password, no TLS negotiation.
-func pgbenchEnv(password string) []string {
+// variables, the fixture password, and PGSSLMODE sslmode (disable: no TLS
+// negotiation; require with -tls).
+func pgbenchEnv(password, sslmode string) []string {
+	if sslmode == "" {
+		sslmode = "disable"
+	}
 	var env []string
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "PG") {
 			env = append(env, kv)
 		}
 	}
-	return append(env, "PGPASSWORD="+password, "PGSSLMODE=disable", "PGAPPNAME=pgbench")
+	return append(env, "PGPASSWORD="+password, "PGSSLMODE="+sslmode, "PGAPPNAME=pgbench")
 }
 
 // runPgbench runs pgbench and parses its output and per-transaction logs.
@@ -328,7 +333,7 @@ func runPgbench(ctx context.Context, c pgbenchCmd, password string, poolerPid, p
 	rctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	cmd := exec.CommandContext(rctx, c.bin, c.args()...)
-	cmd.Env = pgbenchEnv(password)
+	cmd.Env = pgbenchEnv(password, c.sslmode)
 	cmd.Dir = os.TempDir()
 	var stdout bytes.Buffer
 	stderr := &progressWriter{}

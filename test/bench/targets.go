@@ -35,7 +35,9 @@ type target struct {
 	launch func() (*proc, error)
 	// cmdline describes how the target was started, for the report.
 	cmdline string
-	events  []string // restarts and why
+	// tls: clients (the harness's own logins too) connect with TLS.
+	tls    bool
+	events []string // restarts and why
 }
 
 func (t *target) pid() int {
@@ -57,7 +59,7 @@ func (t *target) start(ctx context.Context) error {
 		return err
 	}
 	t.proc = p
-	if err := waitLogin(ctx, t.addr(), p, 30*time.Second); err != nil {
+	if err := waitLogin(ctx, t.addr(), p, 30*time.Second, t.tls); err != nil {
 		p.stop()
 		return fmt.Errorf("%s did not accept logins: %w\nlog tail:\n%s", t.name, err, p.logTail(20))
 	}
@@ -83,7 +85,7 @@ func (t *target) ensureRunning(ctx context.Context, logf func(string, ...any)) e
 	return t.start(ctx)
 }
 
-func waitLogin(ctx context.Context, addr string, p *proc, limit time.Duration) error {
+func waitLogin(ctx context.Context, addr string, p *proc, limit time.Duration, useTLS bool) error {
 	deadline := time.Now().Add(limit)
 	var last error
 	for time.Now().Before(deadline) {
@@ -93,7 +95,7 @@ func waitLogin(ctx context.Context, addr string, p *proc, limit time.Duration) e
 		if p != nil && !p.alive() {
 			return fmt.Errorf("process exited: %v", p.waitErr)
 		}
-		c, err := login(addr, benchUser, benchPass, benchDB, 5*time.Second)
+		c, err := login(addr, benchUser, benchPass, benchDB, 5*time.Second, useTLS)
 		if err == nil {
 			c.Close()
 			return nil
@@ -138,8 +140,10 @@ func repoRoot() (string, error) {
 }
 
 // poolerdTarget prepares poolerd in transaction mode, pool size 20, SCRAM
-// client auth, log level warn.
-func poolerdTarget(bin, workDir string, pg *pgtest.Server, maxClients int) (*target, error) {
+// client auth, log level warn. With tlsFiles (-tls) it requires TLS from
+// clients (client_tls_sslmode require, tlsFiles' server certificate) and
+// uses TLS to PostgreSQL (server_tls_sslmode require).
+func poolerdTarget(bin, workDir string, pg *pgtest.Server, maxClients int, tlsFiles *pgtest.TLSFiles) (*target, error) {
 	port, err := pgtest.FreePort()
 	if err != nil {
 		return nil, err
@@ -158,14 +162,20 @@ func poolerdTarget(bin, workDir string, pg *pgtest.Server, maxClients int) (*tar
 		"--http-listen", fmt.Sprintf("127.0.0.1:%d", httpPort),
 		"--log-level", "warn",
 	}
-	env := []string{fmt.Sprintf("POOLERD_MAX_CLIENT_CONN=%d", maxClients)}
+	settings := []string{fmt.Sprintf("POOLERD_MAX_CLIENT_CONN=%d", maxClients)}
+	if tlsFiles != nil {
+		settings = append(settings, "POOLERD_CLIENT_TLS_SSLMODE=require",
+			"POOLERD_CLIENT_TLS_CERT_FILE="+tlsFiles.ServerCert, "POOLERD_CLIENT_TLS_KEY_FILE="+tlsFiles.ServerKey,
+			"POOLERD_SERVER_TLS_SSLMODE=require")
+	}
+	env := append([]string(nil), settings...)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "POOLERD_") && !strings.HasPrefix(kv, "PG") {
 			env = append(env, kv)
 		}
 	}
-	t := &target{name: targetPoolerd, port: port,
-		cmdline: fmt.Sprintf("POOLERD_MAX_CLIENT_CONN=%d %s", maxClients, strings.Join(argv, " "))}
+	t := &target{name: targetPoolerd, port: port, tls: tlsFiles != nil,
+		cmdline: fmt.Sprintf("%s %s", strings.Join(settings, " "), strings.Join(argv, " "))}
 	n := 0
 	t.launch = func() (*proc, error) {
 		n++
@@ -177,8 +187,11 @@ func poolerdTarget(bin, workDir string, pg *pgtest.Server, maxClients int) (*tar
 // pgbouncerTarget prepares PgBouncer with poolerd's settings: transaction
 // mode, default_pool_size 20, SCRAM client auth from an auth_file. PgBouncer
 // refuses to run as root: as root it runs as the postgres OS user, from a
-// directory that user owns.
-func pgbouncerTarget(bin, workDir string, pg *pgtest.Server, maxClients int) (*target, error) {
+// directory that user owns. With tlsFiles (-tls) it requires TLS from
+// clients and uses TLS to PostgreSQL, as poolerdTarget: client_tls_sslmode
+// and server_tls_sslmode require, with copies of tlsFiles' server
+// certificate and key that PgBouncer's user can read.
+func pgbouncerTarget(bin, workDir string, pg *pgtest.Server, maxClients int, tlsFiles *pgtest.TLSFiles) (*target, error) {
 	port, err := pgtest.FreePort()
 	if err != nil {
 		return nil, err
@@ -216,16 +229,34 @@ log_connections = 0
 log_disconnections = 0
 ignore_startup_parameters = extra_float_digits
 `, benchDB, pg.Port, benchDB, port, users, maxClients)
-	for path, text := range map[string]string{
-		users: fmt.Sprintf("%q %q\n", benchUser, benchPass),
-		ini:   iniText,
-	} {
+	files := map[string]string{users: fmt.Sprintf("%q %q\n", benchUser, benchPass)}
+	if tlsFiles != nil {
+		cert, key := filepath.Join(dir, "server.crt"), filepath.Join(dir, "server.key")
+		for from, to := range map[string]string{tlsFiles.ServerCert: cert, tlsFiles.ServerKey: key} {
+			data, err := os.ReadFile(from)
+			if err != nil {
+				return nil, fmt.Errorf("pgbouncer TLS files: %w", err)
+			}
+			files[to] = string(data)
+		}
+		iniText += fmt.Sprintf(`client_tls_sslmode = require
+client_tls_cert_file = %s
+client_tls_key_file = %s
+server_tls_sslmode = require
+`, cert, key)
+	}
+	files[ini] = iniText
+	for path, text := range files {
 		if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
 			return nil, err
 		}
 	}
 	if cred != nil {
-		for _, p := range []string{dir, users, ini} {
+		owned := []string{dir}
+		for path := range files {
+			owned = append(owned, path)
+		}
+		for _, p := range owned {
 			if err := os.Chown(p, uid, gid); err != nil {
 				return nil, err
 			}
@@ -242,7 +273,7 @@ ignore_startup_parameters = extra_float_digits
 	if cred != nil {
 		as = " (as OS user postgres)"
 	}
-	t := &target{name: targetPgbouncer, port: port,
+	t := &target{name: targetPgbouncer, port: port, tls: tlsFiles != nil,
 		cmdline: strings.Join(argv, " ") + as + "\n\n" + strings.TrimSpace(iniText) + "\n\n# users.txt: " + fmt.Sprintf("%q %q", benchUser, benchPass)}
 	n := 0
 	t.launch = func() (*proc, error) {

@@ -91,6 +91,54 @@ func TestServerTLS(t *testing.T) {
 			t.Logf("%s: %s: %s", tc.name, pe.Message, pe.Detail)
 		})
 	}
+	// Issue 14's "done when": the real psql with sslmode=verify-full and
+	// host=localhost (the name in the certificate poolerd presents)
+	// through poolerd, which itself verifies PostgreSQL's certificate
+	// (server_tls_sslmode verify-full). Each side has its own CA.
+	t.Run("psql verify-full on both sides", func(t *testing.T) {
+		psql := needTool(t, "psql")
+		p := startPoolerd(t, func(c *config.Config) {
+			c.Upstream = strings.TrimSuffix(sslPG.DSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp), "?sslmode=require")
+			c.ServerTLSSSLMode = "verify-full"
+			c.ServerTLSCAFile = sslPG.TLS.CA
+			c.ClientTLSSSLMode = "require"
+			c.ClientTLSCertFile, c.ClientTLSKeyFile = other.ServerCert, other.ServerKey
+			c.MaxSize = 2
+		})
+		_, port, err := net.SplitHostPort(p.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conninfo := func(ca string) string {
+			return fmt.Sprintf("sslmode=verify-full sslrootcert=%s host=localhost port=%s user=%s dbname=%s",
+				ca, port, pgtest.RoleApp, pgtest.DBApp)
+		}
+		dir := t.TempDir()
+		out, _ := p.runTool(t, 30*time.Second, pgtest.DBApp, dir, psql, "-X", "-At", "-v", "ON_ERROR_STOP=1", "-d", conninfo(other.CA),
+			"-c", "SELECT 40 + 2",
+			"-c", "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+			"-c", `\conninfo`)
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if len(lines) < 3 || lines[0] != "42" {
+			t.Fatalf("psql output %q: want 42 first", out)
+		}
+		if lines[1] != "t" {
+			t.Fatalf("pg_stat_ssl.ssl of poolerd's server connection: %q, want t (psql output %q)", lines[1], out)
+		}
+		if !strings.Contains(out, `on host "localhost"`) || !strings.Contains(out, "SSL connection (protocol: TLSv1.") {
+			t.Fatalf(`psql's \conninfo does not show a TLS connection to localhost: %q`, out)
+		}
+		// verify-full is a real check: the CA of PostgreSQL's certificate
+		// did not sign poolerd's, and psql refuses it. (Both CAs are named
+		// "pgtest CA", so OpenSSL checks the signature with the wrong key
+		// and may report "EVP lib" rather than "certificate verify
+		// failed".)
+		_, stderr, err := p.runToolErr(t, 30*time.Second, pgtest.DBApp, dir, psql, "-X", "-At", "-d", conninfo(sslPG.TLS.CA), "-c", "SELECT 1")
+		if err == nil || !strings.Contains(stderr, "SSL error") && !strings.Contains(stderr, "certificate verify failed") {
+			t.Fatalf("psql with another CA: %v, stderr %q; want an SSL error", err, stderr)
+		}
+		t.Logf("psql with another CA: %s", strings.TrimSpace(stderr))
+	})
 	// The plain test server refuses nothing: require fails there, prefer
 	// falls back to plain TCP.
 	t.Run("require without TLS on the server", func(t *testing.T) {
