@@ -96,7 +96,7 @@ func (s *session) noteRuns(b *batch, t byte) {
 // and sc is detached from s; nil means the session ends.
 func (s *session) keepLocked(sc *serverConn, lostErr *wire.Error, limit time.Duration) *keepPlan {
 	if !s.mayKeep() || s.severed.Load() || s.sawFatal.Load() ||
-		sc.busy || sc.unsynced || sc.midFrame || sc.copyIn.Load() ||
+		sc.busy || sc.unsynced || sc.midFrame || sc.clientMid || sc.copyIn.Load() ||
 		sc.snapZ.Load() >= 0 || s.dirtyGen.Load() != s.cleanGen.Load() {
 		return nil
 	}
