@@ -291,7 +291,7 @@ databases:
 // store, and allow opens the connection without a lease.
 func TestFleetBudgetRefusals(t *testing.T) {
 	rs := redistest.StartTB(t)
-	start := func(t *testing.T, budget int, onErr string) *instance {
+	start := func(t *testing.T, rs *redistest.Server, budget int, onErr string) *instance {
 		return startPoolerd(t, func(c *config.Config) {
 			c.PoolMode = "transaction"
 			c.MaxSize = 4
@@ -315,7 +315,7 @@ func TestFleetBudgetRefusals(t *testing.T) {
 	}
 
 	t.Run("spent", func(t *testing.T) {
-		p := start(t, 1, "allow")
+		p := start(t, rs, 1, "allow")
 		hold(t, p)
 		err := second(t, p)
 		var pe *pgconn.PgError
@@ -329,14 +329,7 @@ func TestFleetBudgetRefusals(t *testing.T) {
 	})
 	t.Run("redis_down_deny", func(t *testing.T) {
 		rs2 := redistest.StartTB(t)
-		p := startPoolerd(t, func(c *config.Config) {
-			c.PoolMode = "transaction"
-			c.MaxSize = 4
-			c.CheckoutTimeout = 700 * time.Millisecond
-			c.RedisURL = "redis://" + rs2.Addr() + "/0"
-			c.FleetMaxServerConnections = 5
-			c.OnRedisError = "deny"
-		})
+		p := start(t, rs2, 5, "deny")
 		hold(t, p)
 		if err := rs2.Stop(); err != nil {
 			t.Fatal(err)
@@ -353,13 +346,7 @@ func TestFleetBudgetRefusals(t *testing.T) {
 	})
 	t.Run("redis_down_allow", func(t *testing.T) {
 		rs2 := redistest.StartTB(t)
-		p := startPoolerd(t, func(c *config.Config) {
-			c.PoolMode = "transaction"
-			c.MaxSize = 4
-			c.CheckoutTimeout = 700 * time.Millisecond
-			c.RedisURL = "redis://" + rs2.Addr() + "/0"
-			c.FleetMaxServerConnections = 5
-		})
+		p := start(t, rs2, 5, "allow")
 		hold(t, p)
 		if err := rs2.Stop(); err != nil {
 			t.Fatal(err)
