@@ -58,7 +58,14 @@ const (
 	DefaultTimeout = 50 * time.Millisecond
 	// MinTTL is the shortest TTL accepted; shorter ones are raised to it.
 	MinTTL = time.Second
+	// WantTTL is how long a refused Acquire's demand stays visible to
+	// Wanted: a waiting instance asks again well within it.
+	WantTTL = time.Second
 )
+
+// wantPrefix starts the demand key of a budget, after the Leaser's prefix:
+// a Budget.Key must not start with it.
+const wantPrefix = "want:"
 
 // RenewInterval is how often leases with the given TTL are renewed: a third
 // of the TTL, so that two renewals in a row can fail before a lease expires.
@@ -189,24 +196,29 @@ func (l *Leaser) settings() (redis.UniversalClient, time.Duration, time.Duration
 	return l.client, l.ttl, l.timeout
 }
 
-// acquireScript: KEYS are the budgets' sorted sets; ARGV[1] the TTL in ms,
-// ARGV[2] the lease's member, ARGV[2+i] the limit of KEYS[i]. The reply is
-// {1} when the lease was added to every set, or {0, i, held} naming the
-// first full budget; then nothing is added. Times are the Redis server's
+// acquireScript: KEYS[1..n] are the budgets' sorted sets and KEYS[n+i]
+// the demand key of KEYS[i]; ARGV[1] the TTL in ms, ARGV[2] the lease's
+// member, ARGV[3] how long a demand key lives (ms), ARGV[3+i] the limit of
+// KEYS[i]. The reply is {1} when the lease was added to every set, or
+// {0, i, held} naming the first full budget; then nothing is added but
+// that budget's demand key, set to the member, so that instances holding
+// idle connections can make room (Wanted). Times are the Redis server's
 // (Redis 5 and later replicate scripts by their effects, so reading TIME
 // before writing is allowed).
 var acquireScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[1])
-for i = 1, #KEYS do
+local n = #ARGV - 3
+for i = 1, n do
   redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
-  local n = redis.call('ZCARD', KEYS[i])
-  if n >= tonumber(ARGV[2 + i]) and not redis.call('ZSCORE', KEYS[i], ARGV[2]) then
-    return {0, i, n}
+  local held = redis.call('ZCARD', KEYS[i])
+  if held >= tonumber(ARGV[3 + i]) and not redis.call('ZSCORE', KEYS[i], ARGV[2]) then
+    redis.call('SET', KEYS[n + i], ARGV[2], 'PX', ARGV[3])
+    return {0, i, held}
   end
 end
-for i = 1, #KEYS do
+for i = 1, n do
   redis.call('ZADD', KEYS[i], now + ttl, ARGV[2])
   if redis.call('PTTL', KEYS[i]) < ttl then
     redis.call('PEXPIRE', KEYS[i], ttl)
@@ -294,12 +306,13 @@ func (l *Leaser) Acquire(ctx context.Context, budgets []Budget) (*Lease, *Refusa
 		id:      l.instance + ":" + fmt.Sprint(l.seq.Add(1)),
 		budgets: append([]Budget(nil), budgets...),
 	}
-	keys := make([]string, len(budgets))
-	args := make([]any, 0, 2+len(budgets))
-	args = append(args, ttl.Milliseconds(), lease.id)
+	keys := make([]string, 2*len(budgets))
+	args := make([]any, 0, 3+len(budgets))
+	args = append(args, ttl.Milliseconds(), lease.id, WantTTL.Milliseconds())
 	names := make([]string, len(budgets))
 	for i, b := range budgets {
 		keys[i] = l.prefix + b.Key
+		keys[len(budgets)+i] = l.prefix + wantPrefix + b.Key
 		names[i] = b.Key
 		args = append(args, b.Limit)
 	}
@@ -472,6 +485,34 @@ func (l *Leaser) ReleaseAll(ctx context.Context) error {
 		}
 	}
 	return first
+}
+
+// Wanted returns which of the budgets keys another instance was refused a
+// lease on within the last WantTTL: an instance holding idle connections
+// under such a budget can close one to make room.
+func (l *Leaser) Wanted(ctx context.Context, keys []string) ([]string, error) {
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	client, _, timeout := l.settings()
+	rkeys := make([]string, len(keys))
+	for i, k := range keys {
+		rkeys[i] = l.prefix + wantPrefix + k
+	}
+	res, err := call(ctx, timeout, "wanted", func(ctx context.Context) (any, error) {
+		return client.MGet(ctx, rkeys...).Result()
+	})
+	if err != nil {
+		return nil, err
+	}
+	vals, _ := res.([]any)
+	var out []string
+	for i, v := range vals {
+		if s, ok := v.(string); ok && i < len(keys) && !strings.HasPrefix(s, l.instance+":") {
+			out = append(out, keys[i])
+		}
+	}
+	return out, nil
 }
 
 // Stats returns a copy of the counters and the leases held per budget.

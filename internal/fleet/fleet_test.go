@@ -285,3 +285,32 @@ func TestLeaseRedisDown(t *testing.T) {
 		t.Fatalf("errors %v", st.Errors)
 	}
 }
+
+// TestLeaseWanted: a refused Acquire leaves a demand on the full budget for
+// WantTTL, seen by other leasers' Wanted but not by the refused one's.
+func TestLeaseWanted(t *testing.T) {
+	srv := redistest.StartTB(t)
+	c := newClient(t, srv)
+	ctx := context.Background()
+	holder, waiter := newLeaser(t, c, 0), newLeaser(t, c, 0)
+	budgets := []Budget{{Key: "global", Limit: 5}, {Key: "db:app", Limit: 1}}
+	if _, r, err := holder.Acquire(ctx, budgets); err != nil || r != nil {
+		t.Fatal(r, err)
+	}
+	if w, err := holder.Wanted(ctx, []string{"global", "db:app"}); err != nil || len(w) != 0 {
+		t.Fatalf("wanted before any refusal: %v %v", w, err)
+	}
+	if _, r, err := waiter.Acquire(ctx, budgets); err != nil || r == nil {
+		t.Fatal(r, err)
+	}
+	if w, err := holder.Wanted(ctx, []string{"global", "db:app"}); err != nil || len(w) != 1 || w[0] != "db:app" {
+		t.Fatalf("holder sees wanted %v, err %v; want [db:app]", w, err)
+	}
+	if w, err := waiter.Wanted(ctx, []string{"global", "db:app"}); err != nil || len(w) != 0 {
+		t.Fatalf("the waiter sees its own demand: %v %v", w, err)
+	}
+	time.Sleep(WantTTL + 100*time.Millisecond)
+	if w, err := holder.Wanted(ctx, []string{"db:app"}); err != nil || len(w) != 0 {
+		t.Fatalf("demand outlived WantTTL: %v %v", w, err)
+	}
+}

@@ -41,8 +41,14 @@ const (
 	// fleetReadyHold is how long a lease taken for a pool waits to be used
 	// before it is given back (the checkout that wanted it gave up).
 	fleetReadyHold = time.Second
+	// fleetMinTimeout is the least time a fleet call to Redis may take
+	// (fleetTimeout).
+	fleetMinTimeout = 500 * time.Millisecond
 	// fleetStopTimeout bounds giving every lease back at shutdown.
 	fleetStopTimeout = 2 * time.Second
+	// fleetMakeRoomEvery is how often a process holding leases checks
+	// whether another one waits for a lease of the same budget (makeRoom).
+	fleetMakeRoomEvery = 200 * time.Millisecond
 )
 
 // Budget kinds: the part of a budget's key before ':' (the label of the
@@ -88,6 +94,16 @@ func fleetClient(url string) (*redis.Client, error) {
 	return redis.NewClient(opts), nil
 }
 
+// fleetTimeout bounds each fleet call to Redis: redis_timeout, but at
+// least fleetMinTimeout. A lease is taken only to open a server connection
+// (itself a TCP connect and a login), not for every request as a
+// rate-limit check, and a call that times out may have taken the lease
+// anyway (it then holds a place until it expires): better to wait a little
+// longer than to fall back or refuse under a briefly slow Redis.
+func fleetTimeout(cfg *config.Config) time.Duration {
+	return max(cfg.RedisTimeout, fleetMinTimeout)
+}
+
 // configure applies cfg (validated): the leaser is made with the first
 // budget configured, and takes a new client when redis_url changes and the
 // new TTL and timeout at once. Budgets removed later leave it running: the
@@ -99,7 +115,7 @@ func (fb *fleetBudget) configure(cfg *config.Config) {
 		return
 	}
 	if fb.leaser != nil && cfg.RedisURL == fb.url {
-		fb.leaser.Configure(fb.client, cfg.FleetLeaseTTL, cfg.RedisTimeout)
+		fb.leaser.Configure(fb.client, cfg.FleetLeaseTTL, fleetTimeout(cfg))
 		return
 	}
 	client, err := fleetClient(cfg.RedisURL)
@@ -111,20 +127,61 @@ func (fb *fleetBudget) configure(cfg *config.Config) {
 	fb.client, fb.url = client, cfg.RedisURL
 	if fb.leaser != nil {
 		// The leases move to the new Redis at the next renewal.
-		fb.leaser.Configure(client, cfg.FleetLeaseTTL, cfg.RedisTimeout)
-		time.AfterFunc(2*cfg.RedisTimeout+time.Second, func() { _ = old.Close() })
+		fb.leaser.Configure(client, cfg.FleetLeaseTTL, fleetTimeout(cfg))
+		time.AfterFunc(2*fleetTimeout(cfg)+time.Second, func() { _ = old.Close() })
 		return
 	}
-	fb.leaser = fleet.New(fleet.Options{Client: client, TTL: cfg.FleetLeaseTTL, Timeout: cfg.RedisTimeout})
+	fb.leaser = fleet.New(fleet.Options{Client: client, TTL: cfg.FleetLeaseTTL, Timeout: fleetTimeout(cfg)})
 	ctx, cancel := context.WithCancel(context.Background())
 	fb.stop, fb.done = cancel, make(chan struct{})
 	go func(l *fleet.Leaser, done chan struct{}) {
 		defer close(done)
+		var wg sync.WaitGroup
+		wg.Go(func() { fb.makeRoom(ctx, l) })
 		l.Run(ctx, fb.lost, func(err error) {
 			fb.srv.log.Warn("fleet lease renewal failed; leases expire unless a later renewal succeeds",
 				zap.Duration("fleet_lease_ttl", l.TTL()), zap.Error(err))
 		})
+		wg.Wait()
 	}(fb.leaser, fb.done)
+}
+
+// makeRoom looks every fleetMakeRoomEvery, while this process holds
+// leases, whether another poolerd was refused a lease on one of its
+// budgets; if so it closes one idle server connection under that budget
+// (giving its lease back), as max_db_connections makes room among the
+// pools of one process. Only idle connections are closed, so a busy pool
+// keeps what it uses.
+func (fb *fleetBudget) makeRoom(ctx context.Context, l *fleet.Leaser) {
+	t := time.NewTicker(fleetMakeRoomEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		var keys []string
+		for key, n := range l.Stats().Held {
+			if n > 0 {
+				keys = append(keys, key)
+			}
+		}
+		wanted, err := l.Wanted(ctx, keys)
+		if err != nil {
+			continue // renewals report Redis failures
+		}
+		for _, key := range wanted {
+			for _, p := range fb.srv.poolList() {
+				if p.fleet.holds(key) && p.pool.CloseIdle() {
+					if ce := p.log.Check(zap.DebugLevel, "closed an idle server connection: another poolerd waits for a lease of its fleet budget"); ce != nil {
+						ce.Write(zap.String("budget", key))
+					}
+					break
+				}
+			}
+		}
+	}
 }
 
 // close stops the renewals, gives every lease back and closes the client,
@@ -211,6 +268,24 @@ type fleetGate struct {
 type readyLease struct {
 	lease *fleet.Lease // nil: Redis failed and on_redis_error is allow
 	at    time.Time
+}
+
+// holds reports whether one of the gate's leases counts against the budget
+// key.
+func (g *fleetGate) holds(key string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, l := range g.held {
+		if l == nil {
+			continue
+		}
+		for _, b := range l.Budgets() {
+			if b.Key == key {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // forget drops lease from the gate's held leases, reporting whether it was
