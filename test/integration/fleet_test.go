@@ -387,3 +387,56 @@ func hintOf(err error) string {
 	}
 	return ""
 }
+
+// TestFleetBudgetMakeRoom: a poolerd whose idle connections hold the whole
+// budget closes one when another poolerd is refused a lease, so the other's
+// client is served long before checkout_timeout (instead of waiting for
+// idle_timeout).
+func TestFleetBudgetMakeRoom(t *testing.T) {
+	rs := redistest.StartTB(t)
+	start := func() *instance {
+		return startPoolerd(t, func(c *config.Config) {
+			c.PoolMode = "transaction"
+			c.MaxSize = 4
+			c.CheckoutTimeout = 10 * time.Second
+			c.RedisURL = "redis://" + rs.Addr() + "/0"
+			c.FleetMaxServerConnections = 2
+		})
+	}
+	a := start()
+	// Two transactions at once: a's pool opens its second connection,
+	// then both are idle and hold the budget.
+	c1, c2 := a.connect(t, txExecMode), a.connect(t, txExecMode)
+	ctx := ctxTimeout(t, 10*time.Second)
+	if _, err := c1.Exec(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c2.Exec(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []*pgx.Conn{c1, c2} {
+		if _, err := c.Exec(ctx, "COMMIT"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if fs := a.srv.FleetStats(); fs.Held["global"] != 2 {
+		t.Fatalf("a holds %d leases, want 2", fs.Held["global"])
+	}
+	b := start()
+	began := time.Now()
+	cb := b.connect(t, txExecMode)
+	if _, err := cb.Exec(ctx, "SELECT 1"); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(began)
+	t.Logf("b was served %v after it started, a's idle connection closed to make room", took.Round(time.Millisecond))
+	if took > 3*time.Second {
+		t.Fatalf("b waited %v for a lease", took)
+	}
+	if fs := a.srv.FleetStats(); fs.Held["global"] != 1 {
+		t.Fatalf("a holds %d leases after making room, want 1", fs.Held["global"])
+	}
+	if n := a.poolStats(t, pgtest.DBApp, pgtest.RoleApp).Evictions["make_room"]; n == 0 {
+		t.Fatal("a counted no make_room eviction")
+	}
+}
