@@ -483,6 +483,9 @@ func (d *dbPool) errFleetCheckout(st pool.Stats, hit *serverLimit) *wire.Error {
 
 // FleetStats is the fleet-wide budget as seen by this process.
 type FleetStats struct {
+	// Enabled is set once a budget was configured (the counters below are
+	// all zero before).
+	Enabled bool
 	// Held counts the leases held now, by budget kind (global, database,
 	// user).
 	Held map[string]int
@@ -516,6 +519,7 @@ func (srv *Server) FleetStats() FleetStats {
 	if l == nil {
 		return st
 	}
+	st.Enabled = true
 	ls := l.Stats()
 	kind := func(key string) string { k, _, _ := strings.Cut(key, ":"); return k }
 	for key, n := range ls.Held {
