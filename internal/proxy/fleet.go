@@ -114,7 +114,9 @@ func (fb *fleetBudget) configure(cfg *config.Config) {
 	if fb.leaser == nil && !cfg.FleetEnabled() {
 		return
 	}
-	if fb.leaser != nil && cfg.RedisURL == fb.url {
+	if fb.leaser != nil && (cfg.RedisURL == fb.url || !cfg.FleetEnabled()) {
+		// Same Redis, or no budget any more: the leases held are given
+		// back to the Redis they were taken in as their connections close.
 		fb.leaser.Configure(fb.client, cfg.FleetLeaseTTL, fleetTimeout(cfg))
 		return
 	}
@@ -263,6 +265,9 @@ type fleetGate struct {
 	ready     []readyLease
 	held      []*fleet.Lease
 	acquiring bool
+	// failing: the latest request failed on Redis; only the first
+	// failure in a row is logged at warn.
+	failing bool
 }
 
 type readyLease struct {
@@ -386,6 +391,11 @@ func (d *dbPool) fleetAcquire(l *fleet.Leaser, budgets []fleet.Budget) {
 	g := &d.fleet
 	g.mu.Lock()
 	g.acquiring = false
+	level := zap.DebugLevel
+	if err != nil && !g.failing {
+		level = zap.WarnLevel
+	}
+	g.failing = err != nil
 	switch {
 	case err != nil && d.srv.ctx.Err() != nil:
 		g.mu.Unlock()
@@ -395,7 +405,9 @@ func (d *dbPool) fleetAcquire(l *fleet.Leaser, budgets []fleet.Budget) {
 		g.starved.Store(false)
 		g.mu.Unlock()
 		d.srv.fleet.unleased.Add(1)
-		d.log.Warn("fleet lease could not be taken; opening the server connection without one (on_redis_error allow)", zap.Error(err))
+		if ce := d.log.Check(level, "fleet lease could not be taken; opening the server connection without one (on_redis_error allow)"); ce != nil {
+			ce.Write(zap.Error(err))
+		}
 		d.pool.Nudge()
 		return
 	case err != nil:
@@ -403,7 +415,9 @@ func (d *dbPool) fleetAcquire(l *fleet.Leaser, budgets []fleet.Budget) {
 		g.mu.Unlock()
 		d.srv.fleet.redisDenied.Add(1)
 		d.limitHit.Store(&serverLimit{key: fleetKey, fleet: true, unavailable: true})
-		d.log.Warn("fleet lease could not be taken; not opening a server connection (on_redis_error deny)", zap.Error(err))
+		if ce := d.log.Check(level, "fleet lease could not be taken; not opening a server connection (on_redis_error deny)"); ce != nil {
+			ce.Write(zap.Error(err))
+		}
 		time.AfterFunc(fleetRetry+rand.N(fleetRetry), d.pool.Nudge)
 		return
 	case refusal != nil:
