@@ -148,6 +148,10 @@ type Leaser struct {
 	timeout time.Duration
 	held    map[*Lease]struct{}
 	stats   Stats
+	// releasing is read-locked by each Release call under way, which
+	// ReleaseAll waits for (write lock): a shutdown must not close the
+	// client under them.
+	releasing sync.RWMutex
 }
 
 // New returns a Leaser with a fresh random instance id.
@@ -365,7 +369,9 @@ func (l *Leaser) Release(ctx context.Context, lease *Lease) error {
 	delete(l.held, lease)
 	l.stats.Released++
 	client, timeout := l.client, l.timeout
+	l.releasing.RLock()
 	l.mu.Unlock()
+	defer l.releasing.RUnlock()
 	keys := make([]string, len(lease.budgets))
 	for i, b := range lease.budgets {
 		keys[i] = l.prefix + b.Key
@@ -470,8 +476,13 @@ func (l *Leaser) Run(ctx context.Context, onLost func(*Lease), onError func(erro
 	}
 }
 
-// ReleaseAll releases every lease held, for a clean shutdown.
+// ReleaseAll releases every lease held, for a clean shutdown, and waits
+// for the Release calls already under way to finish.
 func (l *Leaser) ReleaseAll(ctx context.Context) error {
+	defer func() {
+		l.releasing.Lock()
+		l.releasing.Unlock() // an empty critical section: it waits for the releases under way
+	}()
 	l.mu.Lock()
 	leases := make([]*Lease, 0, len(l.held))
 	for lease := range l.held {

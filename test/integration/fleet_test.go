@@ -339,6 +339,59 @@ func TestFleetBudgetRefusals(t *testing.T) {
 			t.Fatalf("fleet stats %+v", fs)
 		}
 	})
+	// A poolerd that shut down gave its leases back.
+	rc := rs.Client()
+	defer rc.Close()
+	if n, err := rc.ZCard(context.Background(), "poolerd:fleet:global").Result(); err != nil || n != 0 {
+		t.Fatalf("%d leases left in Redis after a shutdown (err %v)", n, err)
+	}
+	t.Run("database_entry", func(t *testing.T) {
+		// No global budget; the database entry's budget of 1 is spent
+		// by the pool's first connection.
+		p := startPoolerd(t, func(c *config.Config) {
+			c.PoolMode = "transaction"
+			c.MaxSize = 4
+			c.CheckoutTimeout = 700 * time.Millisecond
+			c.RedisURL = "redis://" + rs.Addr() + "/1"
+			c.Databases = []config.Database{{Name: pgtest.DBApp, FleetMaxServerConnections: clInt(1)}}
+		})
+		hold(t, p)
+		err := second(t, p)
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || pe.Code != "53300" || !strings.Contains(pe.Detail, `database "app" is at its fleet_max_server_connections (1 of 1`) {
+			t.Fatalf("want 53300 naming the database's fleet budget, got %v (detail %q)", err, detailOf(err))
+		}
+		if fs := p.srv.FleetStats(); fs.Held["database"] != 1 || fs.Held["global"] != 0 || fs.Refused["database"] == 0 {
+			t.Fatalf("fleet stats %+v", fs)
+		}
+	})
+	t.Run("set_at_runtime", func(t *testing.T) {
+		// No budget at start; SET turns one on, and lowering it below
+		// what is open closes nothing but refuses the next lease.
+		p := start(t, rs, 0, "allow")
+		if err := second(t, p); err != nil {
+			t.Fatal(err)
+		}
+		if fs := p.srv.FleetStats(); fs.Enabled {
+			t.Fatalf("fleet enabled without a budget: %+v", fs)
+		}
+		if err := p.srv.Set("fleet_max_server_connections", "1"); err != nil {
+			t.Fatal(err)
+		}
+		hold(t, p) // the connection open from before has no lease
+		if err := second(t, p); err != nil {
+			t.Fatalf("the first lease after SET: %v", err)
+		}
+		if fs := p.srv.FleetStats(); !fs.Enabled || fs.Held["global"] != 1 {
+			t.Fatalf("fleet stats after SET %+v", fs)
+		}
+		hold(t, p)
+		err := second(t, p)
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || pe.Code != "53300" || !strings.Contains(pe.Message, "fleet_max_server_connections reached") {
+			t.Fatalf("want the fleet budget's 53300 once spent, got %v", err)
+		}
+	})
 	t.Run("redis_down_deny", func(t *testing.T) {
 		rs2 := redistest.StartTB(t)
 		p := start(t, rs2, 5, "deny")
