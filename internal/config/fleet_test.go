@@ -33,7 +33,7 @@ users:
 		t.Fatalf("ttl %v, enabled %v", c.FleetLeaseTTL, c.FleetEnabled())
 	}
 	for _, tc := range []struct {
-		db, user          string
+		db, user         string
 		global, dbN, usr int
 	}{
 		{"reports", "batch", 100, 10, 5},
