@@ -457,6 +457,7 @@ func (srv *Server) Close() {
 		s.terminate(errShuttingDown())
 	}
 	srv.endConsoles()
+	srv.fleet.close() // the process is ending: give its fleet leases back now
 }
 
 // trackLogin records a connection that is logging in (add true) or done
