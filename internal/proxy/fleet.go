@@ -69,6 +69,7 @@ type fleetBudget struct {
 	url    string
 	stop   context.CancelFunc
 	done   chan struct{}
+	closed bool // close ran: a later reload starts nothing
 }
 
 // leaserNow is the leaser, nil while no budget was ever configured.
@@ -111,7 +112,7 @@ func fleetTimeout(cfg *config.Config) time.Duration {
 func (fb *fleetBudget) configure(cfg *config.Config) {
 	fb.mu.Lock()
 	defer fb.mu.Unlock()
-	if fb.leaser == nil && !cfg.FleetEnabled() {
+	if fb.closed || fb.leaser == nil && !cfg.FleetEnabled() {
 		return
 	}
 	if fb.leaser != nil && (cfg.RedisURL == fb.url || !cfg.FleetEnabled()) {
@@ -192,6 +193,7 @@ func (fb *fleetBudget) close() {
 	fb.mu.Lock()
 	l, client, stop, done := fb.leaser, fb.client, fb.stop, fb.done
 	fb.leaser, fb.client, fb.stop = nil, nil, nil
+	fb.closed = true
 	fb.mu.Unlock()
 	if l == nil {
 		return
