@@ -264,6 +264,21 @@ databases:
 			break
 		}
 	}
+	// Redis holds only the survivors' leases (members are INSTANCE:N).
+	rc := rs.Client()
+	defer rc.Close()
+	members, err := rc.ZRange(context.Background(), "poolerd:fleet:global", 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	holders := map[string]bool{}
+	for _, m := range members {
+		id, _, _ := strings.Cut(m, ":")
+		holders[id] = true
+	}
+	if len(holders) > procs-1 {
+		t.Errorf("leases of %d poolerd instances in Redis after the kill: %v", len(holders), members)
+	}
 	time.Sleep(time.Second) // more samples with the survivors at the budget
 	stop.Store(true)
 	wg.Wait()
@@ -273,8 +288,6 @@ databases:
 	for err := range errs {
 		t.Error(err)
 	}
-	rc := rs.Client()
-	defer rc.Close()
 	n, err := rc.ZCard(context.Background(), "poolerd:fleet:global").Result()
 	if err != nil {
 		t.Fatal(err)
