@@ -148,11 +148,17 @@ type Leaser struct {
 	timeout time.Duration
 	held    map[*Lease]struct{}
 	stats   Stats
-	// releasing is read-locked by each Release call under way, which
-	// ReleaseAll waits for (write lock): a shutdown must not close the
-	// client under them.
-	releasing sync.RWMutex
+	// closed is set by ReleaseAll: Acquire takes no more leases.
+	closed bool
+	// inflight is read-locked by each Acquire and Release call under way
+	// (taken before mu, never while holding it), which ReleaseAll waits
+	// for (write lock): a lease an Acquire under way takes is given back
+	// too, and a shutdown does not close the client under them.
+	inflight sync.RWMutex
 }
+
+// ErrClosed is returned by Acquire after ReleaseAll.
+var ErrClosed = errors.New("fleet: leaser closed (shutting down)")
 
 // New returns a Leaser with a fresh random instance id.
 func New(opts Options) *Leaser {
@@ -305,6 +311,14 @@ func (l *Leaser) Acquire(ctx context.Context, budgets []Budget) (*Lease, *Refusa
 			}
 		}
 	}
+	l.inflight.RLock()
+	defer l.inflight.RUnlock()
+	l.mu.Lock()
+	closed := l.closed
+	l.mu.Unlock()
+	if closed {
+		return nil, nil, ErrClosed
+	}
 	client, ttl, timeout := l.settings()
 	lease := &Lease{
 		id:      l.instance + ":" + fmt.Sprint(l.seq.Add(1)),
@@ -361,6 +375,8 @@ func (l *Leaser) Release(ctx context.Context, lease *Lease) error {
 	if lease == nil {
 		return nil
 	}
+	l.inflight.RLock()
+	defer l.inflight.RUnlock()
 	l.mu.Lock()
 	if _, ok := l.held[lease]; !ok {
 		l.mu.Unlock()
@@ -369,9 +385,7 @@ func (l *Leaser) Release(ctx context.Context, lease *Lease) error {
 	delete(l.held, lease)
 	l.stats.Released++
 	client, timeout := l.client, l.timeout
-	l.releasing.RLock()
 	l.mu.Unlock()
-	defer l.releasing.RUnlock()
 	keys := make([]string, len(lease.budgets))
 	for i, b := range lease.budgets {
 		keys[i] = l.prefix + b.Key
@@ -476,13 +490,16 @@ func (l *Leaser) Run(ctx context.Context, onLost func(*Lease), onError func(erro
 	}
 }
 
-// ReleaseAll releases every lease held, for a clean shutdown, and waits
-// for the Release calls already under way to finish.
+// ReleaseAll releases every lease held, for a clean shutdown: from its
+// start Acquire takes no more leases, and the leases that the Acquire calls
+// under way take are released too. It returns once no Acquire or Release
+// call is under way, so that the caller may close the client.
 func (l *Leaser) ReleaseAll(ctx context.Context) error {
-	defer func() {
-		l.releasing.Lock()
-		l.releasing.Unlock() // an empty critical section: it waits for the releases under way
-	}()
+	l.mu.Lock()
+	l.closed = true
+	l.mu.Unlock()
+	l.waitInflight()
+	defer l.waitInflight()
 	l.mu.Lock()
 	leases := make([]*Lease, 0, len(l.held))
 	for lease := range l.held {
@@ -524,6 +541,12 @@ func (l *Leaser) Wanted(ctx context.Context, keys []string) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// waitInflight waits until no Acquire or Release call is under way.
+func (l *Leaser) waitInflight() {
+	l.inflight.Lock()
+	l.inflight.Unlock() // an empty critical section: it only waits
 }
 
 // Stats returns a copy of the counters and the leases held per budget.

@@ -314,3 +314,37 @@ func TestLeaseWanted(t *testing.T) {
 		t.Fatalf("demand outlived WantTTL: %v %v", w, err)
 	}
 }
+
+// TestLeaseReleaseAll: ReleaseAll gives back every lease, those taken by
+// Acquire calls under way included, and Acquire takes none after it.
+func TestLeaseReleaseAll(t *testing.T) {
+	srv := redistest.StartTB(t)
+	c := newClient(t, srv)
+	ctx := context.Background()
+	l := newLeaser(t, c, 0)
+	budgets := []Budget{{Key: "global", Limit: 100}}
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for {
+				if _, _, err := l.Acquire(ctx, budgets); err != nil {
+					if !errors.Is(err, ErrClosed) {
+						t.Error(err)
+					}
+					return
+				}
+			}
+		})
+	}
+	time.Sleep(20 * time.Millisecond)
+	if err := l.ReleaseAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if n := zcard(t, c, l.prefix+"global"); n != 0 {
+		t.Fatalf("%d leases left in Redis after ReleaseAll", n)
+	}
+	if st := l.Stats(); st.Acquired == 0 || st.Held["global"] != 0 || st.Released != st.Acquired {
+		t.Fatalf("stats %+v", st)
+	}
+}

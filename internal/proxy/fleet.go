@@ -399,7 +399,7 @@ func (d *dbPool) fleetAcquire(l *fleet.Leaser, budgets []fleet.Budget) {
 	}
 	g.failing = err != nil
 	switch {
-	case err != nil && d.srv.ctx.Err() != nil:
+	case err != nil && (d.srv.ctx.Err() != nil || errors.Is(err, fleet.ErrClosed)):
 		g.mu.Unlock()
 		return // shutting down
 	case err != nil && d.srv.cfg().OnRedisError == "allow":
