@@ -389,6 +389,9 @@ func (d *dbPool) fleetGiveBack(lease *fleet.Lease) {
 // fleetAcquire takes one lease for the pool and nudges it, or records why
 // it could not and asks again later.
 func (d *dbPool) fleetAcquire(l *fleet.Leaser, budgets []fleet.Budget) {
+	// A warm pool asks as soon as it is created: wait until d.pool is set,
+	// since the outcome nudges it.
+	<-d.built
 	lease, refusal, err := l.Acquire(d.srv.ctx, budgets)
 	g := &d.fleet
 	g.mu.Lock()
