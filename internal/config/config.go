@@ -199,6 +199,9 @@ type Config struct {
 	// Redis fails or is slower than RedisTimeout.
 	OnRedisError string `mapstructure:"on_redis_error"`
 
+	// The fleet-wide server connection budget (see fleet.go).
+	FleetSettings `mapstructure:",squash"`
+
 	// Databases lists the databases clients may connect to. A database named
 	// "*" is the fallback for names not listed.
 	Databases []Database `mapstructure:"databases"`
@@ -336,6 +339,8 @@ type Database struct {
 	// limits for this database (server and client connections).
 	MaxDBConnections       *int `mapstructure:"max_db_connections"`
 	MaxDBClientConnections *int `mapstructure:"max_db_client_connections"`
+	// FleetMaxServerConnections is this database's fleet-wide budget.
+	FleetMaxServerConnections *int `mapstructure:"fleet_max_server_connections"`
 
 	Overrides `mapstructure:",squash"`
 }
@@ -352,6 +357,8 @@ type User struct {
 	// global limits for this user (server and client connections).
 	MaxUserConnections       *int `mapstructure:"max_user_connections"`
 	MaxUserClientConnections *int `mapstructure:"max_user_client_connections"`
+	// FleetMaxServerConnections is this user's fleet-wide budget.
+	FleetMaxServerConnections *int `mapstructure:"fleet_max_server_connections"`
 
 	Overrides `mapstructure:",squash"`
 }
@@ -467,6 +474,7 @@ func Defaults() Config {
 		RateLimitBackend:     "memory",
 		RedisTimeout:         50 * time.Millisecond,
 		OnRedisError:         "allow",
+		FleetSettings:        FleetSettings{FleetLeaseTTL: DefaultFleetLeaseTTL},
 		StatsPeriod:          60 * time.Second,
 		LogStats:             true,
 		LogFormat:            "console",

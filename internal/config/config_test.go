@@ -124,6 +124,9 @@ func TestEveryKeyHasAnEnvVar(t *testing.T) {
 				if k.Name == "max_packet_size" {
 					val = "4096"
 				}
+				if k.Name == "fleet_max_server_connections" {
+					t.Setenv("POOLERD_REDIS_URL", "redis://h:1/0") // a budget needs Redis
+				}
 			case time.Duration:
 				val = "3s"
 			case bool:

@@ -97,6 +97,8 @@ func Keys() []Key {
 		{Name: "redis_url", Help: "redis://[:password@]host:port/db for rate_limit_backend redis"},
 		{Name: "redis_timeout", Help: "limit on one Redis rate-limit check"},
 		{Name: "on_redis_error", Help: "allow or deny when Redis fails or times out"},
+		{Name: "fleet_max_server_connections", Help: "most server connections of every poolerd sharing redis_url together (0 = no limit)"},
+		{Name: "fleet_lease_ttl", Help: "lifetime of an unrenewed fleet lease: a dead poolerd's leases return within it"},
 		{Name: "admin_users", Help: "users who may run every admin console command (comma-separated in the environment)"},
 		{Name: "stats_users", Help: "users who may run the admin console's SHOW commands (comma-separated in the environment)"},
 		{Name: "stats_period", Help: "period of SHOW STATS averages and of the stats log line"},

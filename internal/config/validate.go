@@ -204,6 +204,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	c.validateRateLimits(bad)
+	c.validateFleet(bad)
 	if c.StatsPeriod <= 0 {
 		bad("stats_period must be positive, e.g. 60s")
 	}

@@ -74,6 +74,9 @@ func newCollector(src Source) *collector {
 	c.descs["poolerd_login_timeouts_total"] = prometheus.NewDesc("poolerd_login_timeouts_total", "Clients dropped by client_login_timeout.", nil, nil)
 	c.descs["poolerd_parked_clients"] = prometheus.NewDesc("poolerd_parked_clients", "Idle client sessions held without a goroutine (see docs/architecture.md).", nil, nil)
 	c.descs["poolerd_ready"] = prometheus.NewDesc("poolerd_ready", "1 when poolerd is ready to serve clients (as /readyz), else 0.", nil, nil)
+	for _, d := range fleetMetricDefs {
+		c.descs[d.name] = prometheus.NewDesc(d.name, d.help, d.extra, nil)
+	}
 	return c
 }
 
@@ -98,6 +101,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter("poolerd_auth_failures_total", float64(c.src.AuthFailures()))
 	ready, _ := c.src.Ready()
 	gauge("poolerd_ready", b2f(ready))
+	c.collectFleet(gauge, counter)
 	now := time.Now()
 	for _, ps := range c.src.Pools() {
 		db, user := ps.Database, ps.User

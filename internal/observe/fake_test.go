@@ -23,6 +23,13 @@ type fakeSource struct {
 	pools         []proxy.PoolStats
 	configured    []proxy.PoolStats
 	totals        map[string]proxy.Totals
+	fleet         proxy.FleetStats
+}
+
+func (f *fakeSource) FleetStats() proxy.FleetStats {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.fleet
 }
 
 func (f *fakeSource) Config() *config.Config {

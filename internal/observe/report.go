@@ -25,6 +25,21 @@ type HealthReport struct {
 	// sidecar), in the seed's single-database shape.
 	Database *PoolHealth  `json:"database,omitempty"`
 	Pools    []PoolHealth `json:"pools"`
+	// Fleet is this process's share of the fleet-wide server connection
+	// budget; absent while no budget is configured.
+	Fleet *FleetHealth `json:"fleet,omitempty"`
+}
+
+// FleetHealth is the fleet budget as this process sees it.
+type FleetHealth struct {
+	// LeasesHeld counts the leases held now by kind of budget (global,
+	// database, user).
+	LeasesHeld map[string]int `json:"leases_held"`
+	// LeaseRefusals counts requests refused by a spent budget, by kind.
+	LeaseRefusals map[string]uint64 `json:"lease_refusals"`
+	LeasesLost    uint64            `json:"leases_lost"`
+	// RedisErrors counts failed Redis calls by operation.
+	RedisErrors map[string]uint64 `json:"redis_errors"`
 }
 
 // PoolHealth describes one pool.
@@ -73,6 +88,9 @@ type PoolCounts struct {
 // Report builds the /stats document of src.
 func Report(src Source) HealthReport {
 	r := HealthReport{Timestamp: time.Now().UTC(), Clients: src.ClientCount(), Pools: []PoolHealth{}}
+	if fs := src.FleetStats(); fs.Enabled {
+		r.Fleet = &FleetHealth{LeasesHeld: fs.Held, LeaseRefusals: fs.Refused, LeasesLost: fs.Lost, RedisErrors: fs.Errors}
+	}
 	warm := src.ConfiguredPools()
 	globalPause := src.Paused()
 	type key struct{ database, user string }

@@ -31,6 +31,8 @@ type Source interface {
 	ConfiguredPools() []proxy.PoolStats
 	// DatabaseTotals sums the traffic of each database's pools.
 	DatabaseTotals() map[string]proxy.Totals
+	// FleetStats is the fleet-wide server connection budget's counters.
+	FleetStats() proxy.FleetStats
 }
 
 var _ Source = (*proxy.Server)(nil)

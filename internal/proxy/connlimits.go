@@ -30,6 +30,9 @@ type serverLimit struct {
 	max   int
 	whose string // database "x" or user "x"
 	count int
+	// fleet: the fleet-wide budget (fleet.go) refused; unavailable: its
+	// Redis failed and on_redis_error is deny.
+	fleet, unavailable bool
 }
 
 // admitServer takes a server-connection slot for (database, user), or

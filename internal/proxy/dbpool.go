@@ -71,6 +71,8 @@ type dbPool struct {
 	// latest attempt to open a connection, nil if it was admitted: a
 	// checkout that times out names it (checkoutError).
 	limitHit atomic.Pointer[serverLimit]
+	// fleet holds the pool's leases on the fleet-wide budget (fleet.go).
+	fleet fleetGate
 
 	// mu guards the rest.
 	mu sync.Mutex
@@ -183,16 +185,23 @@ func newDBPool(srv *Server, key poolKey, route config.Route, warm, paused bool) 
 					whose: fmt.Sprintf("each server of database %q", key.database), count: r.PerHost})
 				return false
 			}
+			if !d.fleetAdmit() {
+				return false // a fleet lease first; it nudges the pool
+			}
 			hit := srv.admitServer(key.database, key.user)
 			d.limitHit.Store(hit)
 			if hit == nil {
 				return true
 			}
+			d.fleetUnadmit()
 			go srv.makeRoom(d, key.database, key.user)
 			return false
 		},
-		Release: func() { srv.releaseServer(key.database, key.user) },
-		Logger:  d.log,
+		Release: func() {
+			srv.releaseServer(key.database, key.user)
+			d.fleetRelease()
+		},
+		Logger: d.log,
 	}, &srv.connIDs)
 	return d
 }

@@ -85,6 +85,9 @@ func errServerUnavailable(err error) *wire.Error {
 // server connection its pool could have opened but for a server connection
 // limit (hit), with the pool's stats st.
 func (d *dbPool) errLimitCheckout(st pool.Stats, hit *serverLimit) *wire.Error {
+	if hit.fleet {
+		return d.errFleetCheckout(st, hit)
+	}
 	return &wire.Error{Severity: "ERROR", Code: "53300",
 		Message: fmt.Sprintf("no server connection available within checkout_timeout (%s): %s reached", d.route().Settings.CheckoutTimeout, hit.key),
 		Detail: fmt.Sprintf("%s is at its %s (%d of %d server connections, all its pools together), so pool %s/%s could not open one: total %d, idle %d, active %d, waiting %d, max_size %d",

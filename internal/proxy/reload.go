@@ -102,6 +102,7 @@ func (srv *Server) apply(next *config.Config) error {
 	if rateConfigChanged(cur, next) {
 		srv.setRates(next) // budgets start over when the rules change
 	}
+	srv.fleet.configure(next)
 
 	for _, p := range srv.poolList() {
 		old := p.route()

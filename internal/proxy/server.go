@@ -53,6 +53,7 @@ type Server struct {
 	authCache authquery.Cache
 	parker    *parker // idle client sessions without a goroutine
 	limits    *connLimits
+	fleet     *fleetBudget // fleet_max_server_connections (fleet.go)
 	// authDelays slows down repeated failed logins per address.
 	authDelays authDelays
 	rateMet    *rateMetrics
@@ -146,6 +147,8 @@ func New(cfg *config.Config, log *zap.Logger) *Server {
 		limits:      newConnLimits(),
 	}
 	srv.parker = newParker(srv)
+	srv.fleet = &fleetBudget{srv: srv}
+	srv.fleet.configure(cfg)
 	_, _ = rand.Read(srv.mockKey[:])
 	srv.conf.Store(cfg)
 	srv.setRates(cfg)
@@ -464,6 +467,7 @@ func (srv *Server) Close() {
 		s.terminate(errShuttingDown())
 	}
 	srv.endConsoles()
+	srv.fleet.close() // the process is ending: give its fleet leases back now
 }
 
 // trackLogin records a connection that is logging in (add true) or done
@@ -535,6 +539,7 @@ func (srv *Server) closePools() {
 	if rl := srv.rates.Swap(nil); rl != nil {
 		rl.close()
 	}
+	srv.fleet.close()
 	srv.mu.Lock()
 	old := srv.oldRates
 	srv.oldRates = nil
