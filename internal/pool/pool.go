@@ -176,6 +176,11 @@ type Settings struct {
 	IdleTimeout time.Duration
 	// RecycleRate is the most connections recycled per second; 0 means 1.
 	RecycleRate int
+	// WaitUnavailable keeps checkouts queued (within their timeout) while
+	// connects fail and nothing is open, instead of refusing them at once:
+	// for a pool over several servers, whose next connect may find a
+	// promoted replica.
+	WaitUnavailable bool
 }
 
 func (s *Settings) normalize() {
@@ -633,7 +638,7 @@ func (p *Pool[C]) wait(w *waiter[C], done <-chan struct{}, expired <-chan time.T
 // unavailableLocked returns the error for a checkout that cannot be served:
 // connects are failing (in backoff) and no connection is open or opening.
 func (p *Pool[C]) unavailableLocked(now time.Time) *UnavailableError {
-	if p.failures == 0 || p.total > 0 || p.paused || !now.Before(p.nextAttempt) {
+	if p.failures == 0 || p.total > 0 || p.paused || !now.Before(p.nextAttempt) || p.set().WaitUnavailable {
 		return nil
 	}
 	return &UnavailableError{RetryIn: p.nextAttempt.Sub(now), Attempts: p.failures, Err: p.lastErr}
@@ -1043,7 +1048,7 @@ func (p *Pool[C]) connectFailedLocked(err error, attempt int) {
 		zap.Int("attempt", p.failures), zap.Duration("next_retry_in", wait.Round(time.Millisecond)), zap.Error(err))
 	// Nothing open means nothing can serve the queue before the next
 	// attempt: tell every waiter now instead of letting them time out.
-	if p.total == 0 {
+	if p.total == 0 && !p.set().WaitUnavailable {
 		uerr := &UnavailableError{RetryIn: wait, Attempts: p.failures, Err: err}
 		for _, w := range p.waiters {
 			w.ch <- result[C]{err: uerr}

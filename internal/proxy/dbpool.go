@@ -153,6 +153,7 @@ func poolSettings(cfg *config.Config, route *config.Route) pool.Settings {
 		MaxQueries:         uint64(set.MaxQueries),
 		IdleTimeout:        set.IdleTimeout,
 		RecycleRate:        cfg.RecycleRate,
+		WaitUnavailable:    route.MultiHost(),
 	}
 }
 
@@ -356,6 +357,14 @@ func (d *dbPool) checkoutError(err error) *wire.Error {
 			Hint:    "retry after the maintenance; RESUME on the admin console ends the pause"}
 	case errors.As(err, &te) && te.Stats.Total < te.Stats.MaxSize && d.limitHit.Load() != nil:
 		return d.errLimitCheckout(te.Stats, d.limitHit.Load())
+	case errors.As(err, &te) && te.Stats.Total == 0 && te.Stats.Failures > 0:
+		// A pool over several servers waited through failed connects
+		// (WaitUnavailable): none suited, or none answered.
+		st := te.Stats
+		return &wire.Error{Severity: "ERROR", Code: "08006",
+			Message: fmt.Sprintf("no server connection available within checkout_timeout (%s): connects fail", d.route().Settings.CheckoutTimeout),
+			Detail:  fmt.Sprintf("%d connect attempts failed in a row; the last one: %s", st.Failures, st.LastError),
+			Hint:    "check the servers of this database entry (hosts) and their roles against target_session_attrs; the request can be retried"}
 	case errors.As(err, &te):
 		st := te.Stats
 		return &wire.Error{Severity: "ERROR", Code: "53300",

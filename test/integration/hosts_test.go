@@ -165,10 +165,19 @@ func TestHostsRoutingAndFailover(t *testing.T) {
 			t.Errorf("rw's hosts after the failover: %+v, want the promoted replica %s a primary", ps.Hosts, replica.Addr())
 		}
 	}
+	if writeErrs > 2 {
+		// The writer's request in flight when the primary stopped gets an
+		// ERROR (keep.go); the next ones wait for the promoted replica.
+		t.Errorf("%d writes refused during the failover: requests should wait (checkout_timeout) for a new primary", writeErrs)
+	}
 	if readErrs > 0 {
 		t.Errorf("%d reads through prefer-standby failed while the replica served throughout; the first: %v", readErrs, firstReadErr)
 	}
-	// No standby is left: a standby-only entry refuses, naming why.
+	// No standby is left: a standby-only entry refuses at checkout_timeout,
+	// naming why.
+	if err := p.srv.Set("checkout_timeout", "1s"); err != nil {
+		t.Fatal(err)
+	}
 	c, err := pgx.Connect(ctx, p.dsn(pgtest.RoleApp, pgtest.Password, "standby", "default_query_exec_mode=simple_protocol"))
 	if err == nil {
 		_, err = c.Exec(ctx, "SELECT 1")
@@ -235,6 +244,7 @@ func TestHostsReplicaLag(t *testing.T) {
 		c.Upstream = primary.DSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp)
 		c.PoolMode = config.PoolTransaction
 		c.MaxSize = 12 // every inBlock holds one
+		c.MinSize = 0  // no idle connection opened before the lag
 		c.Databases = []config.Database{{Name: "ro", DBName: pgtest.DBApp, Hosts: []string{primary.Addr(), replica.Addr()},
 			TargetSessionAttrs: config.TargetPreferStandby, MaxReplicaLag: 500 * time.Millisecond}}
 	})
