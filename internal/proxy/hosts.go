@@ -271,10 +271,11 @@ func (d *dbPool) connectAmong(ctx context.Context, r *config.Route, creds backen
 // replicaLagQuery is how far a standby's replay is behind, in seconds: 0
 // when it has replayed all it received (an idle primary sends nothing, so
 // the age of the last replayed transaction alone would count idleness as
-// lag).
+// lag); -1 when it is behind but has replayed no transaction since it
+// started, so that how far is unknown.
 const replicaLagQuery = `SELECT CASE WHEN pg_catalog.pg_last_wal_receive_lsn() IS NULL
 	OR pg_catalog.pg_last_wal_receive_lsn() OPERATOR(pg_catalog.=) pg_catalog.pg_last_wal_replay_lsn() THEN 0
-	ELSE COALESCE(EXTRACT(EPOCH FROM pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.pg_last_xact_replay_timestamp()), 0) END`
+	ELSE COALESCE(EXTRACT(EPOCH FROM pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.pg_last_xact_replay_timestamp()), -1) END`
 
 // replicaLagging says why the standby bc is too far behind (max), or ""
 // if it is not.
@@ -286,6 +287,9 @@ func replicaLagging(ctx context.Context, bc *backend.Conn, max time.Duration) st
 	secs, err := strconv.ParseFloat(v, 64)
 	if err != nil {
 		return fmt.Sprintf("its replication lag could not be read (%q)", v)
+	}
+	if secs < 0 {
+		return fmt.Sprintf("a standby behind by an unknown amount (it has replayed no transaction since it started; max_replica_lag %s)", max)
 	}
 	if lag := time.Duration(secs * float64(time.Second)); lag > max {
 		return fmt.Sprintf("a standby %s behind (max_replica_lag %s)", lag.Round(time.Millisecond), max)

@@ -267,6 +267,15 @@ func TestHostsReplicaLag(t *testing.T) {
 	if err := primary.Exec(ctx, pgtest.DBApp, "INSERT INTO lag_t VALUES (1)"); err != nil {
 		t.Fatal(err)
 	}
+	// The pause is a request: wait until the replica is paused with WAL
+	// received and not replayed, and then a second more.
+	rc := connectDSN(t, replica.SuperDSN(pgtest.DBApp))
+	eventually(t, 15*time.Second, "the replica paused behind the primary", func() bool {
+		var behind bool
+		err := rc.QueryRow(ctx, `SELECT pg_get_wal_replay_pause_state() = 'paused'
+			AND pg_last_wal_receive_lsn() > pg_last_wal_replay_lsn()`).Scan(&behind)
+		return err == nil && behind
+	})
 	time.Sleep(time.Second)
 	if port := inBlock(); port != primary.Port {
 		t.Fatalf("replay paused 1 s behind, max_replica_lag 500ms: on port %d, want the primary %d", port, primary.Port)
