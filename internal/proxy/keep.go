@@ -101,7 +101,9 @@ func (s *session) keepLocked(sc *serverConn, lostErr *wire.Error, limit time.Dur
 		return nil
 	}
 	owed := sc.pending - len(sc.swallowQ) // requests of the client's unanswered
-	inBlock := sc.txStatus != wire.TxIdle
+	// A failed block sent ahead of the client's request and not answered
+	// yet (failBlockSQL) still stands for the client: it is in a block.
+	inBlock := sc.txStatus != wire.TxIdle || sc.failZ >= 0
 	kp := &keepPlan{}
 	switch {
 	case owed > 1 || owed < 0:

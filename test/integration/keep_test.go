@@ -379,3 +379,37 @@ func TestRefusedPipelineRest(t *testing.T) {
 		t.Fatalf("%d rows inserted by the pipeline after its BEGIN was refused (%v)", n, err)
 	}
 }
+
+// A client in a failed block whose next server connection (which got the
+// failed block sent ahead of its request) is lost before answering stays in
+// the failed block: its COMMIT answers ROLLBACK (before, the loss was taken
+// for one outside a block, and COMMIT answered COMMIT).
+func TestKeepLossInFailedBlock(t *testing.T) {
+	fp := toStartProxy(t)
+	p := toStartViaProxy(t, fp, func(c *config.Config) {
+		c.PoolMode = config.PoolTransaction
+		c.ServerResponseTimeout = 500 * time.Millisecond
+		c.MinSize = 3 // idle connections ready while responses are held
+		c.MaxSize = 3
+	})
+	c := p.connect(t, "default_query_exec_mode=simple_protocol")
+	ctx := ctxTimeout(t, 30*time.Second)
+	eventually(t, 10*time.Second, "three warm server connections", func() bool {
+		return p.poolStats(t, pgtest.DBApp, pgtest.RoleApp).Idle >= 3
+	})
+	if _, err := c.Exec(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	fp.HoldResponses(true)
+	_, err := c.Exec(ctx, "SELECT 1")
+	keepErr(t, err, "08006", "statement in a block on a hung server")
+	// The next request goes to another (hung) connection, behind the
+	// failed block: lost too.
+	_, err = c.Exec(ctx, "SELECT 2")
+	keepErr(t, err, "08006", "statement in the failed block on another hung server")
+	fp.HoldResponses(false)
+	tag, err := c.Exec(ctx, "COMMIT")
+	if err != nil || tag.String() != "ROLLBACK" {
+		t.Fatalf("COMMIT of the failed block: %q, %v; want ROLLBACK", tag.String(), err)
+	}
+}
