@@ -944,7 +944,7 @@ func (s *session) flush(data []byte, b batch) bool {
 	if sc == nil {
 		// Lost while this read was handled: what it holds is dropped, and
 		// the session ends.
-		return !s.severed.Load()
+		return s.lostMidBatch(data)
 	}
 	sync, syncReqs, reset, fail := s.syncQuery, s.syncReqs, s.syncReset, s.syncFail
 	s.syncQuery, s.syncReqs, s.syncReset, s.syncFail = nil, 0, false, false
@@ -958,7 +958,7 @@ func (s *session) flush(data []byte, b batch) bool {
 	sc.mu.Lock()
 	if sc.owner.Load() != s {
 		sc.mu.Unlock()
-		return len(data) == 0
+		return s.lostMidBatch(data)
 	}
 	if timed {
 		if sc.busySince == 0 {
@@ -1048,6 +1048,24 @@ func (s *session) flush(data []byte, b batch) bool {
 		return false
 	}
 	return true
+}
+
+// lostMidBatch is flush's answer when the session's server connection was
+// lost while the batch was assembled: nothing of data reaches any server.
+// A severed session ends (its final message comes from the loss); one whose
+// loss was answered as kept (keep.go) would leave this request without an
+// answer, so it ends too, with 08006 rather than silently. An empty batch
+// loses nothing.
+func (s *session) lostMidBatch(data []byte) bool {
+	switch {
+	case s.severed.Load():
+		return false
+	case len(data) == 0:
+		return true
+	}
+	s.log.Warn("server connection lost while a request was being sent to it", zap.Int("bytes", len(data)))
+	s.fail(errServerLost())
+	return false
 }
 
 // attach checks out a server connection and makes it this session's. The
