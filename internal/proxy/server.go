@@ -580,6 +580,10 @@ func (srv *Server) register(s *session, held *serverConn) {
 		s.pid, s.key = srv.newKeyLocked()
 	}
 	srv.sessions[s.id] = s
+	// No longer a login in progress: counted once under max_client_conn
+	// (admitConn), not as a login and a session until serveConn's
+	// trackLogin catches up.
+	delete(srv.logins, s.conn)
 	srv.keys[s.pid] = append(srv.keys[s.pid], s)
 }
 
