@@ -65,6 +65,10 @@ type Config struct {
 	// its listening socket to a new one started with --takeover; empty
 	// turns the hand-over off.
 	TakeoverSocket string `mapstructure:"takeover_socket"`
+	// EventLoops is how many event loops read the server connections:
+	// "auto", "off" (a reader goroutine per connection) or a number
+	// (EventLoopCount).
+	EventLoops string `mapstructure:"event_loops"`
 	// HTTPListen is the address of the HTTP server (health, metrics); empty disables it.
 	HTTPListen string `mapstructure:"http_listen"`
 	// HTTPProbeListen, when set, is a second HTTP address serving only
@@ -430,6 +434,9 @@ func Defaults() Config {
 	return Config{
 		Listen:     "127.0.0.1:6432",
 		HTTPListen: "127.0.0.1:9930",
+		// Measured no better than a goroutine per connection yet
+		// (docs/benchmarks.md, "Event loops").
+		EventLoops: "off",
 		AuthType:   AuthSCRAM,
 		// prefer, as PgBouncer 1.20+: encrypted when the server offers it.
 		ServerTLSSSLMode: "prefer",
@@ -521,4 +528,26 @@ func (p PoolSettings) PinnedCap() (int, error) {
 		return 0, fmt.Errorf("max_pinned_clients %q is not a number of clients (at least 1) or a share of max_size like 50%%; session_state: refuse forbids pinning altogether", p.MaxPinnedClients)
 	}
 	return n, nil
+}
+
+// maxEventLoops bounds event_loops.
+const maxEventLoops = 256
+
+// EventLoopCount is how many event loops event_loops asks for on a machine
+// that runs procs goroutines at once (GOMAXPROCS): 0 for "off"; "auto" is
+// one loop per 2 processors, at least one (the best of 2, 4 and 8 loops on
+// 16 cores: docs/benchmarks.md).
+func (c *Config) EventLoopCount(procs int) (int, error) {
+	switch v := strings.TrimSpace(strings.ToLower(c.EventLoops)); v {
+	case "", "auto":
+		return max(1, procs/2), nil
+	case "off", "0":
+		return 0, nil
+	default:
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > maxEventLoops {
+			return 0, fmt.Errorf("event_loops %q: want auto, off or a number from 1 to %d", c.EventLoops, maxEventLoops)
+		}
+		return n, nil
+	}
 }

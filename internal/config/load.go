@@ -36,6 +36,7 @@ func Keys() []Key {
 	return []Key{
 		{Name: "listen", Flag: "listen", Help: "address clients connect to (host:port)"},
 		{Name: "so_reuseport", Help: "open the listener with SO_REUSEPORT, so that a new poolerd can bind the same address while this one drains"},
+		{Name: "event_loops", Help: "event loops reading client and server connections: off (a goroutine per connection), auto (one per 2 CPUs), or a number"},
 		{Name: "takeover_socket", Help: "Unix socket on which this poolerd hands its listening socket to one started with --takeover; empty turns it off"},
 		{Name: "http_listen", Flag: "http-listen", Help: "address of the HTTP health and metrics server; empty disables it"},
 		{Name: "http_web_config_file", Flag: "http-web-config-file", Help: "Prometheus web configuration file (TLS, basic auth) for http_listen; empty serves plain HTTP without auth"},

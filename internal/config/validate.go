@@ -205,6 +205,9 @@ func (c *Config) Validate() error {
 	}
 	c.validateRateLimits(bad)
 	c.validateFleet(bad)
+	if _, err := c.EventLoopCount(1); err != nil {
+		bad("%v", err)
+	}
 	if c.StatsPeriod <= 0 {
 		bad("stats_period must be positive, e.g. 60s")
 	}

@@ -338,7 +338,7 @@ func BenchmarkIdleClients(b *testing.B) {
 		}
 		if runtime.GOOS == "linux" {
 			deadline := time.Now().Add(10 * time.Second)
-			for rl.srv.parker.parkedCount() < n && time.Now().Before(deadline) {
+			for rl.srv.ParkedClients() < n && time.Now().Before(deadline) {
 				time.Sleep(10 * time.Millisecond)
 			}
 		}

@@ -282,7 +282,7 @@ func (d *dbPool) adoptCounted(bc *backend.Conn, h config.HostPort) *serverConn {
 		d.defaults = maps.Clone(bc.Params)
 	}
 	d.mu.Unlock()
-	go sc.readLoop()
+	sc.startReading()
 	d.log.Debug("server connection opened", zap.String("host", h.String()), zap.Uint32("backend_pid", bc.PID))
 	return sc
 }

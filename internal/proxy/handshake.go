@@ -33,6 +33,7 @@ func (srv *Server) serveConn(nc net.Conn) {
 	}
 	cfg := srv.cfg()
 	s := &session{srv: srv, conn: nc, id: srv.connIDs.Add(1), addr: nc.RemoteAddr().String(), connectedAt: time.Now()}
+	s.yieldFn = s.yieldLoop
 	s.log = sessionLog{s}
 	s.timeoutsP.Store(new(timeouts))
 	s.handshaking.Store(true)
@@ -63,11 +64,7 @@ func (srv *Server) serveConn(nc net.Conn) {
 		srv.serveConsole(s)
 		return
 	}
-	// The relay runs on a fresh goroutine: the login's deep stack (SCRAM,
-	// configuration lookups) is not kept by an idle client for its whole
-	// life.
-	srv.sessWG.Add(1) // Done when the session ends (run)
-	go s.run(true)
+	s.startRelay()
 }
 
 // handshake answers encryption requests, reads the startup message,

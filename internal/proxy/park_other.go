@@ -10,6 +10,8 @@ func newParker(*Server) *parker { return &parker{} }
 
 func (*parker) park(*session) bool { return false }
 
+func (*parker) start() error { return nil }
+
 func (*parker) wake(*session) {}
 
 func (*parker) close() {}

@@ -33,7 +33,7 @@ func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
 func TestIdleClientsPark(t *testing.T) {
 	t.Cleanup(func() { goleak.VerifyNone(t, goleak.IgnoreCurrent()) }) // runs last
 	fb := startFakeBackend(t, 16)
-	rl := startRelay(t, fb, 2)
+	rl := startRelay(t, fb, 2, func(c *config.Config) { c.EventLoops = "off" })
 	const n = 200
 	before := runtime.NumGoroutine()
 	clients := make([]*benchClient, n)
@@ -102,7 +102,7 @@ func expectShutdownError(t *testing.T, what string, clients []*benchClient) {
 func TestSessionModeClientsDoNotPark(t *testing.T) {
 	fb := startFakeBackend(t, 16)
 	const n = 8
-	rl := startRelay(t, fb, n, func(c *config.Config) { c.PoolMode = config.PoolSession })
+	rl := startRelay(t, fb, n, func(c *config.Config) { c.PoolMode = config.PoolSession; c.EventLoops = "off" })
 	clients := make([]*benchClient, n)
 	for i := range clients {
 		clients[i] = dialBench(t, rl.addr, simpleRequest)
@@ -130,4 +130,50 @@ func TestSessionModeClientsDoNotPark(t *testing.T) {
 		t.Fatalf("shutdown with idle session-mode clients took %s", d)
 	}
 	expectShutdownError(t, "session-mode client", clients)
+}
+
+// TestIdleClientsOnLoops: with event loops, a client holds no goroutine
+// from its login on, busy or idle: the loop reads it. Queries are answered,
+// clients that hang up end their sessions, and shutdown ends the rest with
+// 57P01; the loops' goroutines stop with the server.
+func TestIdleClientsOnLoops(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t, goleak.IgnoreCurrent()) }) // runs last
+	fb := startFakeBackend(t, 16)
+	rl := startRelay(t, fb, 2, func(c *config.Config) { c.EventLoops = "2" })
+	const n = 200
+	before := runtime.NumGoroutine()
+	clients := make([]*benchClient, n)
+	for i := range clients {
+		clients[i] = dialBench(t, rl.addr, simpleRequest)
+	}
+	e := rl.srv.engine
+	waitFor(t, 5*time.Second, "all clients on the loops after login", func() bool { return e.clientCount() == n })
+	for round := range 3 {
+		for i, c := range clients {
+			if err := c.roundTrip(); err != nil {
+				t.Fatalf("client %d, round %d: %v", i, round, err)
+			}
+		}
+	}
+	if g := runtime.NumGoroutine() - before; g > n/4 {
+		t.Fatalf("%d clients that each ran 3 queries hold %d goroutines", n, g)
+	}
+	if k := e.clientCount(); k != n {
+		t.Fatalf("%d of %d clients on the loops after their queries", k, n)
+	}
+	for _, c := range clients[n/2:] {
+		c.close()
+	}
+	waitFor(t, 5*time.Second, "sessions of the clients that left to end", func() bool {
+		return rl.srv.clientSessions() == n/2 && e.clientCount() == n/2
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := rl.srv.Shutdown(ctx); err != nil {
+		t.Fatalf("shutdown with clients on the loops: %v", err)
+	}
+	expectShutdownError(t, "client on a loop", clients[:n/2])
+	if k, c := e.counts(); k != 0 || c != 0 {
+		t.Fatalf("loops still hold %d sockets (%d clients) after shutdown", k, c)
+	}
 }

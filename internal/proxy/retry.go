@@ -137,7 +137,7 @@ func (sc *serverConn) sendRetryLocked(own *session, prefix []byte) {
 	own.dbp.ctr.serverParses.Add(1)
 	sc.log.Info("prepared statement answered from the cache was stale after a schema change; prepared it again and sent the request again",
 		zap.Uint64("conn_id", sc.ID()), zap.String("statement", def.name))
-	if err := sc.write2(msg, replay); err != nil {
+	if err := sc.write2(msg, replay, sc.yieldFn); err != nil {
 		// The reader sees the connection end, and answers the client
 		// as for any lost request.
 		sc.broken = true

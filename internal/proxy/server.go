@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -52,6 +53,7 @@ type Server struct {
 	// authCache keeps the secrets auth_query found (auth_cache_ttl).
 	authCache authquery.Cache
 	parker    *parker // idle client sessions without a goroutine
+	engine    *engine // event loops reading server connections
 	limits    *connLimits
 	fleet     *fleetBudget // fleet_max_server_connections (fleet.go)
 	// authDelays slows down repeated failed logins per address.
@@ -147,6 +149,8 @@ func New(cfg *config.Config, log *zap.Logger) *Server {
 		limits:      newConnLimits(),
 	}
 	srv.parker = newParker(srv)
+	loops, _ := cfg.EventLoopCount(runtime.GOMAXPROCS(0)) // validated
+	srv.engine = newEngine(srv, loops)
 	srv.fleet = &fleetBudget{srv: srv}
 	srv.fleet.configure(cfg)
 	_, _ = rand.Read(srv.mockKey[:])
@@ -536,6 +540,7 @@ func (srv *Server) closePools() {
 	for _, p := range srv.poolList() {
 		p.pool.Close()
 	}
+	srv.engine.close()
 	if rl := srv.rates.Swap(nil); rl != nil {
 		rl.close()
 	}

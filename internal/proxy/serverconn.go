@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -199,6 +200,13 @@ type serverConn struct {
 	authOff               atomic.Bool
 
 	closeOnce sync.Once
+
+	// Set when the event loops read the connection (startReading),
+	// read-only after: item is its place in a loop, yieldFn item.yield.
+	// closing is set by Close before it shuts the socket down.
+	item    *loopItem
+	yieldFn func()
+	closing atomic.Bool
 }
 
 // PoolEntry implements pool.Conn.
@@ -222,6 +230,12 @@ func (sc *serverConn) Close() error {
 		// reader goroutine, which then finds the connection gone.
 		_ = sc.Conn.Conn.SetDeadline(time.Now().Add(finalWriteTimeout))
 		_, _ = sc.Conn.Write(wire.AppendTerminate(nil))
+		if sc.item != nil {
+			// The loop reads through its own descriptor, which keeps the
+			// socket open: shutting it down ends the stream there.
+			sc.closing.Store(true)
+			shutdownSocket(sc.io.Control)
+		}
 		err = sc.Conn.Close()
 	})
 	return err
@@ -257,6 +271,56 @@ func newServerConn(dbp *dbPool, c *backend.Conn) *serverConn {
 	return sc
 }
 
+// startReading makes the event loops read sc, or gives it a reader goroutine
+// of its own (TLS, or no loops).
+func (sc *serverConn) startReading() {
+	if sc.io != nil && sc.io.Raw() {
+		place := func(it *loopItem) {
+			sc.item, sc.yieldFn = it, nil
+			if it != nil {
+				sc.yieldFn = it.yield
+			}
+		}
+		if sc.dbp.srv.engine.add(sc.io.Control, sc, false, place) {
+			return
+		}
+	}
+	go sc.readLoop()
+}
+
+// loopStale: a server connection ends through its stream (Close shuts it
+// down), never by a wake-up.
+func (sc *serverConn) loopStale() bool { return false }
+
+func (sc *serverConn) loopEnd() {}
+
+// loopDetach: a server connection whose handler waited (for a client that
+// did not read) goes back in its loop.
+func (sc *serverConn) loopDetach() bool { return false }
+
+// loopReady is the event loop's readLoop: one read, handled (loops_linux.go).
+func (sc *serverConn) loopReady(it *loopItem) bool {
+	buf := sc.readBuf
+	n, err := readItem(it, buf[wire.Headroom:])
+	if n > 0 {
+		if herr := sc.handle(buf, wire.Headroom, wire.Headroom+n); herr != nil {
+			err = herr
+		} else if err == nil {
+			return true
+		}
+	}
+	if err == nil {
+		return true // nothing to read after all
+	}
+	if errors.Is(err, io.EOF) && sc.closing.Load() {
+		err = net.ErrClosed // closed by poolerd (Close shut it down)
+	}
+	// gone may write to a client: not on the loop's goroutine.
+	it.yield()
+	sc.gone(err)
+	return false
+}
+
 // readLoop relays what the server sends until the connection ends.
 func (sc *serverConn) readLoop() {
 	buf := sc.readBuf
@@ -284,9 +348,14 @@ func (sc *serverConn) read(p []byte) (int, error) {
 
 // write2 writes a then b (either may be empty) to the server, in one system
 // call when the socket takes both. Only the connection's holder writes.
-func (sc *serverConn) write2(a, b []byte) error {
+// beforeWait (if not nil) is called before the write waits for the server
+// to read (an event loop goes on without the writer).
+func (sc *serverConn) write2(a, b []byte, beforeWait func()) error {
 	if sc.io != nil {
-		return sc.io.Write2(a, b)
+		return sc.io.Write2Then(a, b, beforeWait)
+	}
+	if beforeWait != nil {
+		beforeWait() // TLS may wait
 	}
 	for _, p := range [2][]byte{a, b} {
 		if len(p) > 0 {
@@ -340,9 +409,9 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 				sc.holdingT, sc.afterHit = true, true
 			case sc.heldT != nil && sc.cur.Type != 'E':
 				if out > start {
-					own.writeFromServer(buf[start:out])
+					own.writeFromServer(sc.yieldFn, buf[start:out])
 				}
-				own.writeFromServer(sc.heldT)
+				own.writeFromServer(sc.yieldFn, sc.heldT)
 				sc.heldT = nil
 				start, out = off, off
 			}
@@ -400,11 +469,11 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 					// client the error held for it (retry.go).
 					sc.retry = false
 					if out > start {
-						own.writeFromServer(buf[start:out])
+						own.writeFromServer(sc.yieldFn, buf[start:out])
 					}
 					start, out = off, off
 					if !sc.resend(own, status) {
-						own.writeFromServer(wire.AppendReadyForQuery(sc.retryErr, status))
+						own.writeFromServer(sc.yieldFn, wire.AppendReadyForQuery(sc.retryErr, status))
 						answered++
 					}
 					sc.retryErr = nil
@@ -456,16 +525,16 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 					sc.replacing = false
 					sc.heldT = nil
 					if out > start {
-						own.writeFromServer(buf[start:out])
+						own.writeFromServer(sc.yieldFn, buf[start:out])
 					}
 					start, out = off, off
 					break
 				}
 				if sc.heldT != nil {
 					if out > start {
-						own.writeFromServer(buf[start:out])
+						own.writeFromServer(sc.yieldFn, buf[start:out])
 					}
-					own.writeFromServer(sc.heldT)
+					own.writeFromServer(sc.yieldFn, sc.heldT)
 					sc.heldT = nil
 					start, out = off, off
 				}
@@ -474,7 +543,7 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 					// connection ends (keep.go), and gets an ERROR then.
 					sc.replacing = false
 					if out > start {
-						own.writeFromServer(buf[start:out])
+						own.writeFromServer(sc.yieldFn, buf[start:out])
 					}
 					start, out = off, off
 					sc.lostErr = &wire.Error{Severity: sev, Code: code, Message: msg}
@@ -485,15 +554,15 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 				if sc.replacing {
 					sc.replacing = false
 					if out > start {
-						own.writeFromServer(buf[start:out])
+						own.writeFromServer(sc.yieldFn, buf[start:out])
 					}
 					switch {
 					case sc.dupClient != "" && isDuplicateOf(code, msg, sc.dupServer):
-						own.writeFromServer(duplicateError(sev, sc.dupClient))
+						own.writeFromServer(sc.yieldFn, duplicateError(sev, sc.dupClient))
 					case code == "26000" && own.tracked:
-						own.writeFromServer(sc.unknownStatementReply(own, sev, code, msg))
+						own.writeFromServer(sc.yieldFn, sc.unknownStatementReply(own, sev, code, msg))
 					default:
-						own.writeFromServer(sc.timeoutReply(own, sev, code, msg))
+						own.writeFromServer(sc.yieldFn, sc.timeoutReply(own, sev, code, msg))
 					}
 					start, out = off, off
 				}
@@ -538,7 +607,7 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 	switch {
 	case out == start:
 	case own != nil:
-		own.writeFromServer(buf[start:out])
+		own.writeFromServer(sc.yieldFn, buf[start:out])
 		sc.dbp.ctr.sent.Add(uint64(out - start))
 	case sc.draining.Load():
 		// The rest of the answer to a client that left mid-request,

@@ -263,6 +263,12 @@ type session struct {
 	// epollReg says the socket is registered with the parker's epoll
 	// instance (parker.mu).
 	epollReg bool
+
+	// item is the session's place on an event loop (nil: it runs on its
+	// own goroutine); set when it joins one, cleared when it leaves
+	// (loopsession.go). yieldFn is yieldLoop, set at creation.
+	item    atomic.Pointer[loopItem]
+	yieldFn func()
 }
 
 // sessionLog logs with the session's fields, added per line: a zap child
@@ -359,29 +365,36 @@ func (s *session) relay(fresh bool) (parked bool) {
 			s.end(err)
 			return false
 		}
-		if !s.active.Load() { // a load is cheaper than a store per read
-			s.active.Store(true)
-		}
-		if !s.requested.Load() {
-			s.requested.Store(true)
-		}
-		if s.timeouts().idleTracked() {
-			s.noteActive(s.srv.nanotime())
-		}
-		s.inRead.Store(true)
-		quit := s.fromClient(*bp, wire.Headroom, wire.Headroom+n)
-		s.inRead.Store(false)
-		s.srv.bufs.Put(bp)
-		if quit {
+		if s.clientRead(bp, n) {
 			s.end(nil)
 			return false
 		}
-		if s.srv.endAtIdle() {
-			// Shutting down: this read may have left the session idle
-			// (answered locally, or already answered and released).
-			s.terminateIfIdle()
-		}
 	}
+}
+
+// clientRead handles one read of the client (n bytes in bp, which it gives
+// back), for relay and for an event loop (loopReady). It returns true when
+// the session must end.
+func (s *session) clientRead(bp *[]byte, n int) (quit bool) {
+	if !s.active.Load() { // a load is cheaper than a store per read
+		s.active.Store(true)
+	}
+	if !s.requested.Load() {
+		s.requested.Store(true)
+	}
+	if s.timeouts().idleTracked() {
+		s.noteActive(s.srv.nanotime())
+	}
+	s.inRead.Store(true)
+	quit = s.fromClient(*bp, wire.Headroom, wire.Headroom+n)
+	s.inRead.Store(false)
+	s.srv.bufs.Put(bp)
+	if !quit && s.srv.endAtIdle() {
+		// Shutting down: this read may have left the session idle
+		// (answered locally, or already answered and released).
+		s.terminateIfIdle()
+	}
+	return quit
 }
 
 // parkable reports whether the session could be parked: an idle client
@@ -394,7 +407,7 @@ func (s *session) parkable() bool {
 // the goroutine must then return without touching the session.
 func (s *session) tryPark() bool {
 	_ = s.conn.SetReadDeadline(time.Time{})
-	if s.parkable() && s.srv.parker.park(s) {
+	if s.parkable() && (s.joinLoop() || s.srv.parker.park(s)) {
 		return true
 	}
 	if s.endErr.Load() != nil {
@@ -842,6 +855,7 @@ func (s *session) rateCheck(t byte, unsynced bool) error {
 	if len(rates) == 0 {
 		return nil
 	}
+	s.yieldLoop() // a wait-mode rule may delay
 	startsTx := s.txStatus() == wire.TxIdle
 	if sc := s.server.Load(); sc != nil {
 		sc.mu.Lock()
@@ -862,6 +876,7 @@ func (s *session) waitAnswered(sc *serverConn) {
 	ch := make(chan struct{})
 	sc.quiet = ch
 	sc.mu.Unlock()
+	s.yieldLoop()
 	select {
 	case <-ch:
 	case <-s.srv.ctx.Done():
@@ -886,6 +901,7 @@ func (s *session) abortTx(sc *serverConn) {
 	sc.swallowGroupLocked(sc.zSent)
 	sc.zSent++
 	sc.mu.Unlock()
+	s.yieldLoop()
 	if _, err := sc.Conn.Write(wire.AppendQuery(nil, abortSQL)); err != nil {
 		s.dbp.pool.Discard(sc, evictWriteFailed)
 		s.serverLost(sc, err)
@@ -901,7 +917,10 @@ func (s *session) abortTx(sc *serverConn) {
 // if one is being written, has gone out (keep.go): a read handled without
 // a server must not be answered first.
 func (s *session) lossWait() {
-	s.lossMu.Lock()
+	if !s.lossMu.TryLock() {
+		s.yieldLoop()
+		s.lossMu.Lock()
+	}
 	//lint:ignore SA2001 an empty critical section: the wait is the point
 	s.lossMu.Unlock()
 }
@@ -1040,7 +1059,7 @@ func (s *session) flush(data []byte, b batch) bool {
 	var err error
 	switch {
 	case sync != nil || len(data) > 0:
-		err = sc.write2(sync, data)
+		err = sc.write2(sync, data, s.yieldFn)
 	}
 	if err != nil {
 		s.dbp.pool.Discard(sc, evictWriteFailed)
@@ -1185,6 +1204,7 @@ func (s *session) attach(held *serverConn) error {
 // with 57014, as the query would have been. The waiter is made on the
 // first wait and kept: waiting allocates nothing.
 func (s *session) queued() *pool.Waiter[*serverConn] {
+	s.yieldLoop()
 	s.waitSince.Store(s.srv.nanotime())
 	if s.waiter == nil || s.waiterPool != s.dbp.pool {
 		w, p := pool.NewWaiter[*serverConn](), s.dbp.pool
@@ -1244,25 +1264,40 @@ func (s *session) noteParameter(name, value string) {
 	s.pmu.Unlock()
 }
 
-// writeFromServer forwards server bytes to the client.
-func (s *session) writeFromServer(p []byte) {
-	s.writeClient(p)
+// writeFromServer forwards server bytes to the client. yield (nil unless
+// the server's event loop is the writer) is called before the write waits.
+func (s *session) writeFromServer(yield func(), p []byte) {
+	s.writeClientThen(p, yield)
 }
 
 // writeClient writes to the client; errors end the session through its
 // reader, which sees the closed connection.
-func (s *session) writeClient(p []byte) {
+func (s *session) writeClient(p []byte) { s.writeClientThen(p, s.yieldFn) }
+
+// writeClientThen is writeClient calling beforeWait (if not nil) before
+// anything makes it wait: another writer, or a client not reading.
+func (s *session) writeClientThen(p []byte, beforeWait func()) {
 	var err error
-	s.wmu.Lock()
-	if s.cio != nil {
-		err = s.cio.Write(p)
-	} else {
+	if !s.wmu.TryLock() {
+		if beforeWait != nil {
+			beforeWait()
+			beforeWait = nil
+		}
+		s.wmu.Lock()
+	}
+	switch {
+	case s.cio != nil:
+		err = s.cio.Write2Then(p, nil, beforeWait)
+	default:
+		if beforeWait != nil {
+			beforeWait()
+		}
 		_, err = s.conn.Write(p)
 	}
 	s.wmu.Unlock()
 	if err != nil && !s.closed.Load() {
 		s.log.Debug("client write failed", zap.Error(err))
-		_ = s.conn.Close()
+		s.closeConn()
 	}
 }
 
@@ -1292,6 +1327,11 @@ func (s *session) finishLocked(werr *wire.Error, first bool) {
 	// Bounds the final write, and a writer blocked on a client that
 	// does not read.
 	_ = s.conn.SetWriteDeadline(time.Now().Add(finalWriteTimeout))
+	if first && s.midFrame.Load() && !s.sawFatal.Load() {
+		// The client has part of a message: anything now would be read
+		// as its rest. It gets the end of the stream instead.
+		s.log.Warn("client connection closed without a message: it was in the middle of a message from the server", zap.String("reason", werr.Message))
+	}
 	if first && !s.sawFatal.Load() && !s.midFrame.Load() {
 		s.writeClient(werr.Append(nil))
 	}
@@ -1305,6 +1345,7 @@ func (s *session) finishLocked(werr *wire.Error, first bool) {
 		_ = s.conn.SetReadDeadline(time.Now())
 	}
 	s.srv.parker.wake(s) // a parked session needs its goroutine to end
+	s.wakeLoop()         // as does one on an event loop
 }
 
 // halfClose sends FIN (no more data from poolerd) and leaves the read side

@@ -329,8 +329,10 @@ func (srv *Server) ClientCount() int {
 }
 
 // ParkedClients returns the number of idle client sessions held without a
-// goroutine.
-func (srv *Server) ParkedClients() int { return srv.parker.parkedCount() }
+// goroutine: parked, or on an event loop holding no server connection.
+func (srv *Server) ParkedClients() int {
+	return srv.parker.parkedCount() + srv.engine.idleClients()
+}
 
 // LoginTimeouts counts clients dropped by client_login_timeout.
 func (srv *Server) LoginTimeouts() uint64 { return srv.loginTimeouts.Load() }

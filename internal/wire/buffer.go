@@ -65,7 +65,9 @@ type ConnReader struct {
 	wfn  func(fd uintptr) bool // r.tryWrite
 	a, b []byte                // what is left to write
 	werr error
-	iov  iovec
+	// beforeWait is called once before the first wait (Write2Then).
+	beforeWait func()
+	iov        iovec
 }
 
 // NewConnReader prepares reads and writes of conn. On a *net.TCPConn or a
@@ -178,7 +180,12 @@ func (r *ConnReader) putBack(b *[]byte) {
 func (r *ConnReader) Write(p []byte) error { return r.Write2(p, nil) }
 
 // Write2 writes a then b, in one system call when the socket takes both.
-func (r *ConnReader) Write2(a, b []byte) error {
+func (r *ConnReader) Write2(a, b []byte) error { return r.Write2Then(a, b, nil) }
+
+// Write2Then is Write2 that calls beforeWait (when not nil) once, before it
+// first waits for the socket to take more: an event loop running the write
+// hands its other sockets to another goroutine then.
+func (r *ConnReader) Write2Then(a, b []byte, beforeWait func()) error {
 	if len(a) == 0 {
 		a, b = b, nil
 	}
@@ -197,12 +204,12 @@ func (r *ConnReader) Write2(a, b []byte) error {
 		_, err := r.plain.Write(b)
 		return err
 	}
-	r.a, r.b, r.werr = a, b, nil
+	r.a, r.b, r.werr, r.beforeWait = a, b, nil, beforeWait
 	err := r.rc.Write(r.wfn)
 	if err == nil {
 		err = r.werr
 	}
-	r.a, r.b, r.werr = nil, nil, nil
+	r.a, r.b, r.werr, r.beforeWait = nil, nil, nil, nil
 	r.wmu.Unlock()
 	return err
 }
@@ -220,6 +227,10 @@ func (r *ConnReader) tryWrite(fd uintptr) bool {
 		case errno == syscall.EINTR:
 			continue
 		case errno == syscall.EAGAIN:
+			if f := r.beforeWait; f != nil {
+				r.beforeWait = nil
+				f()
+			}
 			return false // wait for writability
 		case errno != 0:
 			r.werr = errno

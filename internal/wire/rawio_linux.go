@@ -46,3 +46,7 @@ func rawWritev(fd uintptr, iov *iovec, a, b []byte) (int, syscall.Errno) {
 	iov[0].Base, iov[1].Base = nil, nil
 	return int(n), e
 }
+
+// ReadFD reads from a non-blocking descriptor with a raw system call
+// (an event loop's own descriptor, which no runtime poller watches).
+func ReadFD(fd int, p []byte) (int, syscall.Errno) { return rawRead(uintptr(fd), p) }

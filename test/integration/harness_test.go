@@ -151,6 +151,9 @@ func startPoolerd(t *testing.T, mutate func(c *config.Config)) *instance {
 	cfg.CheckoutTimeout = 10 * time.Second
 	cfg.ShutdownTimeout = 5 * time.Second
 	cfg.LogLevel = "debug"
+	if v := os.Getenv("POOLERD_TEST_EVENT_LOOPS"); v != "" {
+		cfg.EventLoops = v // make test runs the relay's tests again on event loops
+	}
 	if mutate != nil {
 		mutate(&cfg)
 	}

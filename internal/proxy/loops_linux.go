@@ -1,0 +1,490 @@
+//go:build linux
+
+package proxy
+
+import (
+	"errors"
+	"io"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/poolerd/poolerd/internal/wire"
+)
+
+// The event loops (event_loops) read the server connections without a
+// goroutine each. A loop owns an epoll instance whose descriptor is
+// non-blocking and watched by the runtime's own poller: the loop's goroutine
+// asks epoll, with a zero timeout, what is ready, handles every ready socket
+// with raw non-blocking reads, and when nothing is ready parks in the
+// runtime poller like any goroutine waiting for a socket. One wake-up of the
+// loop so handles every server that answered meanwhile, where a goroutine
+// per connection costs a wake-up (and often a thread hand-off) each.
+//
+// A handler may block (a client that does not read, a lock held by a slow
+// holder): then the goroutine running it gives the loop to a new goroutine
+// and finishes the handler on its own, with the socket it was handling taken
+// out of the loop, so nothing of that socket is read until the handler is
+// done (no reordering), and nothing else waits for it. Handlers say when they
+// are about to block (loopItem.yield: a write that would wait); a monitor
+// hands over a loop whose handler has run for a whole tick without saying so.
+//
+// The loop reads through its own duplicate of the socket's descriptor, so
+// the socket stays open, and its registration valid, until the loop lets it
+// go: whoever closes such a connection shuts the socket down first
+// (serverConn.Close), which the loop sees as the end of the stream.
+
+// loopTick is how often the monitor looks for a loop whose handler blocks.
+const loopTick = 5 * time.Millisecond
+
+// loopBatch is how many ready sockets one epoll_wait returns at most.
+const loopBatch = 128
+
+// Item states (loopItem.state).
+const (
+	itemOff      int32 = iota // not (or no longer) in the loop
+	itemArmed                 // registered; no handler running
+	itemHandling              // a handler is running
+)
+
+// loopHandler is what a loop runs for a socket.
+type loopHandler interface {
+	// loopReady handles a readable socket: it reads it.fd (the loop's
+	// duplicate) and reports whether the socket stays in the loop. A
+	// handler that returns false has ended the connection.
+	loopReady(it *loopItem) (keep bool)
+	// loopStale reports whether the connection was ended by another
+	// goroutine meanwhile (its wake-up may have found the handler
+	// running); loopEnd then ends it, on a goroutine of its own.
+	loopStale() bool
+	loopEnd()
+	// loopDetach is called when a handler that waited (yield) is done and
+	// kept the connection: true if the connection goes on on a goroutine
+	// of its own from now on (it was taken out of the loop), false if it
+	// goes back in.
+	loopDetach() bool
+}
+
+// loopItem is a socket in a loop.
+type loopItem struct {
+	l      *loop
+	h      loopHandler
+	fd     int          // the loop's duplicate descriptor; closed by remove
+	client bool         // a client session's socket (else a server's)
+	state  atomic.Int32 // itemOff, itemArmed, itemHandling
+}
+
+// yield is called by a handler about to block (from any goroutine: a yield
+// by another than the loop's goroutine only costs a needless hand-over).
+// If the loop is running it's handler, the loop goes on on a new goroutine
+// without it, and the current one finishes the handler.
+func (it *loopItem) yield() {
+	if it == nil {
+		return
+	}
+	it.l.takeOver(it)
+}
+
+// engine is the set of loops.
+type engine struct {
+	srv   *Server
+	loops []*loop
+	next  atomic.Uint32 // round robin over loops
+	// detaches counts sessions that left a loop for a goroutine after a
+	// wait (loopDetach), for tests.
+	detaches atomic.Uint64
+
+	mu     sync.Mutex
+	closed bool
+	stop   chan struct{}
+	done   sync.WaitGroup // the monitor and every loop goroutine
+}
+
+// loop is one epoll instance and the goroutine running it.
+type loop struct {
+	e    *engine
+	epfd int
+	file *os.File
+	rc   syscall.RawConn
+
+	// cur is the item whose handler the loop's goroutine is running (nil:
+	// none; &taken: handed over, the handler's goroutine no longer runs the
+	// loop). seq counts handlers, for the monitor.
+	cur   atomic.Pointer[loopItem]
+	taken loopItem
+	seq   atomic.Uint64
+
+	// mu guards items, indexed by the duplicate descriptor.
+	mu      sync.Mutex
+	items   []*loopItem
+	count   int // sockets
+	clients int // of which client sessions'
+}
+
+// newEngine starts n loops; n <= 0 starts none (every connection then has
+// its own reader goroutine).
+func newEngine(srv *Server, n int) *engine {
+	e := &engine{srv: srv, stop: make(chan struct{})}
+	for range n {
+		l, err := newLoop(e)
+		if err != nil {
+			srv.log.Warn("event loop unavailable; server connections get a reader goroutine each")
+			break
+		}
+		e.loops = append(e.loops, l)
+	}
+	if len(e.loops) > 0 {
+		for _, l := range e.loops {
+			e.done.Add(1)
+			go l.run()
+		}
+		e.done.Add(1)
+		go e.monitor()
+	}
+	return e
+}
+
+func newLoop(e *engine) (*loop, error) {
+	fd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.SetNonblock(fd, true); err != nil {
+		_ = syscall.Close(fd)
+		return nil, err
+	}
+	l := &loop{e: e, epfd: fd, file: os.NewFile(uintptr(fd), "poolerd-event-loop")}
+	l.taken.l = l
+	if l.rc, err = l.file.SyscallConn(); err != nil {
+		_ = l.file.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// enabled reports whether there are loops.
+func (e *engine) enabled() bool { return e != nil && len(e.loops) > 0 }
+
+// add puts the socket behind control (its connection's) in a loop, with h
+// as its handler. place is given the item before the loop can run its
+// handler, and nil if it could not be added after all. add returns false if
+// it cannot add it (the caller then reads the connection on a goroutine of
+// its own).
+func (e *engine) add(control func(func(fd uintptr)) error, h loopHandler, client bool, place func(*loopItem)) bool {
+	if !e.enabled() {
+		return false
+	}
+	dup := -1
+	if err := control(func(fd uintptr) {
+		if d, err := syscall.Dup(int(fd)); err == nil {
+			syscall.CloseOnExec(d)
+			dup = d
+		}
+	}); err != nil || dup < 0 {
+		return false
+	}
+	l := e.loops[int(e.next.Add(1))%len(e.loops)]
+	it := &loopItem{l: l, h: h, fd: dup, client: client}
+	place(it)
+	e.mu.Lock()
+	closed := e.closed
+	e.mu.Unlock()
+	if closed || !l.register(it) {
+		place(nil)
+		_ = syscall.Close(dup)
+		return false
+	}
+	return true
+}
+
+// register adds it to the loop's table and to epoll.
+func (l *loop) register(it *loopItem) bool {
+	l.mu.Lock()
+	for it.fd >= len(l.items) {
+		l.items = append(l.items, make([]*loopItem, max(64, len(l.items)))...)
+	}
+	l.items[it.fd] = it
+	l.count++
+	if it.client {
+		l.clients++
+	}
+	l.mu.Unlock()
+	it.state.Store(itemArmed)
+	ev := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLRDHUP, Fd: int32(it.fd)}
+	if err := syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_ADD, it.fd, &ev); err != nil {
+		it.state.Store(itemOff)
+		l.forget(it)
+		return false
+	}
+	return true
+}
+
+// forget drops it from the table.
+func (l *loop) forget(it *loopItem) {
+	l.mu.Lock()
+	if it.fd < len(l.items) && l.items[it.fd] == it {
+		l.items[it.fd] = nil
+		l.count--
+		if it.client {
+			l.clients--
+		}
+	}
+	l.mu.Unlock()
+}
+
+// remove takes it out of the loop for good and closes the duplicate
+// descriptor (the connection itself is its owner's to close). inEpoll says
+// whether it is still registered.
+func (l *loop) remove(it *loopItem, inEpoll bool) {
+	it.state.Store(itemOff)
+	if inEpoll {
+		_ = syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, it.fd, nil)
+	}
+	l.forget(it)
+	_ = syscall.Close(it.fd)
+}
+
+// takeOver hands the loop to a new goroutine if its goroutine is running
+// it's handler: it is taken out of epoll first, so the new goroutine does not
+// see it; the handler's goroutine puts it back when the handler returns.
+func (l *loop) takeOver(it *loopItem) {
+	if !l.cur.CompareAndSwap(it, &l.taken) {
+		return
+	}
+	_ = syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, it.fd, nil)
+	l.e.done.Add(1)
+	go l.run()
+}
+
+// run is the loop's goroutine: it waits through the runtime poller for the
+// epoll descriptor to become readable, then handles what is ready until
+// nothing is.
+func (l *loop) run() {
+	defer l.e.done.Done()
+	var evs [loopBatch]syscall.EpollEvent
+	var ready [loopBatch]*loopItem
+	n := 0
+	wait := func(fd uintptr) bool {
+		for {
+			k, err := syscall.EpollWait(int(fd), evs[:], 0)
+			if errors.Is(err, syscall.EINTR) {
+				continue
+			}
+			n = max(k, 0)
+			// Nothing ready: park in the runtime poller, which watches
+			// the epoll descriptor (edge-triggered: it was drained).
+			return n > 0 || err != nil
+		}
+	}
+	for {
+		if err := l.rc.Read(wait); err != nil {
+			return // closed
+		}
+		l.mu.Lock()
+		for i := range n {
+			fd := int(evs[i].Fd)
+			ready[i] = nil
+			if fd < len(l.items) {
+				ready[i] = l.items[fd]
+			}
+		}
+		l.mu.Unlock()
+		for i := range n {
+			it := ready[i]
+			ready[i] = nil
+			if it == nil || !it.state.CompareAndSwap(itemArmed, itemHandling) {
+				continue
+			}
+			l.cur.Store(it)
+			l.seq.Add(1)
+			keep := it.h.loopReady(it)
+			if l.cur.CompareAndSwap(it, nil) {
+				if keep {
+					it.state.Store(itemArmed)
+					if it.h.loopStale() {
+						l.e.wake(it)
+					}
+				} else {
+					l.remove(it, true)
+				}
+				continue
+			}
+			// Handed over while the handler ran: this goroutine is no
+			// longer the loop's. The socket goes back in (or away), and
+			// the rest of this batch is the new goroutine's to see again
+			// (epoll is level-triggered).
+			for j := i + 1; j < n; j++ {
+				ready[j] = nil
+			}
+			switch {
+			case keep && it.h.loopDetach():
+				l.remove(it, false) // after loopDetach took it off its owner
+				l.e.detaches.Add(1)
+			case keep && l.rearm(it):
+			default:
+				l.remove(it, false)
+			}
+			return
+		}
+	}
+}
+
+// rearm puts back in epoll an item taken out for a handler that blocked.
+func (l *loop) rearm(it *loopItem) bool {
+	l.e.mu.Lock()
+	closed := l.e.closed
+	l.e.mu.Unlock()
+	if closed {
+		return false
+	}
+	ev := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLRDHUP, Fd: int32(it.fd)}
+	if syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_ADD, it.fd, &ev) != nil {
+		return false
+	}
+	it.state.Store(itemArmed)
+	if it.h.loopStale() {
+		l.e.wake(it)
+	}
+	return true
+}
+
+// wake ends the connection of an item that no handler is running: it is
+// taken out of its loop and its handler's loopEnd runs on a goroutine of its
+// own. An item whose handler is running is ended by its loop when the
+// handler returns (loopStale).
+func (e *engine) wake(it *loopItem) {
+	if it == nil || !it.state.CompareAndSwap(itemArmed, itemHandling) {
+		return
+	}
+	l := it.l
+	_ = syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, it.fd, nil)
+	go func() {
+		it.h.loopEnd()
+		l.remove(it, false)
+	}()
+}
+
+// monitor hands over a loop whose goroutine has run one handler for a whole
+// tick: a handler that blocks without saying so (yield) holds up the other
+// sockets of its loop for at most two ticks.
+func (e *engine) monitor() {
+	defer e.done.Done()
+	t := time.NewTicker(loopTick)
+	defer t.Stop()
+	last := make([]uint64, len(e.loops))
+	for {
+		select {
+		case <-e.stop:
+			return
+		case <-t.C:
+		}
+		for i, l := range e.loops {
+			seq := l.seq.Load()
+			if it := l.cur.Load(); it != nil && it != &l.taken && seq == last[i] {
+				l.takeOver(it)
+			}
+			last[i] = seq
+		}
+	}
+}
+
+// close stops the loops (after the pools are closed: their connections have
+// been shut down) and closes what they still hold.
+func (e *engine) close() {
+	if !e.enabled() {
+		return
+	}
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return
+	}
+	e.closed = true
+	e.mu.Unlock()
+	close(e.stop)
+	for _, l := range e.loops {
+		_ = l.file.Close()
+	}
+	e.done.Wait()
+	for _, l := range e.loops {
+		l.mu.Lock()
+		items := l.items
+		l.items, l.count, l.clients = nil, 0, 0
+		l.mu.Unlock()
+		for _, it := range items {
+			if it != nil && it.state.Swap(itemOff) != itemOff {
+				_ = syscall.Close(it.fd)
+			}
+		}
+	}
+}
+
+// counts is how many sockets the loops hold, and how many of them are
+// client sessions'.
+func (e *engine) counts() (sockets, clients int) {
+	if e == nil {
+		return 0, 0
+	}
+	for _, l := range e.loops {
+		l.mu.Lock()
+		sockets += l.count
+		clients += l.clients
+		l.mu.Unlock()
+	}
+	return sockets, clients
+}
+
+// idleClients is how many client sessions the loops hold that hold no
+// server connection and are not being handled.
+func (e *engine) idleClients() int {
+	if e == nil {
+		return 0
+	}
+	n := 0
+	for _, l := range e.loops {
+		l.mu.Lock()
+		for _, it := range l.items {
+			if it == nil || !it.client || it.state.Load() != itemArmed {
+				continue
+			}
+			if s, ok := it.h.(*session); ok && s.server.Load() == nil {
+				n++
+			}
+		}
+		l.mu.Unlock()
+	}
+	return n
+}
+
+// clientCount is how many client sessions the loops hold.
+func (e *engine) clientCount() int {
+	_, n := e.counts()
+	return n
+}
+
+// shutdownSocket shuts down both directions of the socket behind control,
+// so that a loop reading it (through its own descriptor) sees its end.
+func shutdownSocket(control func(func(fd uintptr)) error) {
+	_ = control(func(fd uintptr) { _ = syscall.Shutdown(int(fd), syscall.SHUT_RDWR) })
+}
+
+// readItem reads once from a loop's descriptor: 0 and nil when nothing is
+// there (the readiness was stale), io.EOF at the end of the stream.
+func readItem(it *loopItem, p []byte) (int, error) {
+	for {
+		n, errno := wire.ReadFD(it.fd, p)
+		switch {
+		case errno == syscall.EINTR:
+			continue
+		case errno == syscall.EAGAIN:
+			return 0, nil
+		case errno != 0:
+			return 0, errno
+		case n == 0:
+			return 0, io.EOF
+		}
+		return n, nil
+	}
+}

@@ -1,0 +1,32 @@
+//go:build !linux
+
+package proxy
+
+// The event loops need epoll (loops_linux.go): elsewhere every server
+// connection has a reader goroutine of its own.
+
+type engine struct{}
+
+type loopItem struct{}
+
+func (*loopItem) yield() {}
+
+func newEngine(*Server, int) *engine { return &engine{} }
+
+func (*engine) enabled() bool { return false }
+
+func (*engine) add(func(func(fd uintptr)) error, any, bool, func(*loopItem)) bool { return false }
+
+func (*engine) close() {}
+
+func (*engine) counts() (sockets, clients int) { return 0, 0 }
+
+func (*engine) clientCount() int { return 0 }
+
+func (*engine) idleClients() int { return 0 }
+
+func readItem(*loopItem, []byte) (int, error) { return 0, nil }
+
+func shutdownSocket(func(func(fd uintptr)) error) {}
+
+func (*engine) wake(*loopItem) {}

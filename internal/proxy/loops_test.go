@@ -1,0 +1,140 @@
+//go:build linux
+
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/poolerd/poolerd/internal/config"
+)
+
+// TestLoopPeerStopsReading: a client that sends many queries and reads none
+// of their (large) answers blocks the loop's write to it; the loop goes on
+// without it (the writer hands it over), so another client of the same loop
+// is answered meanwhile, and the first still gets every answer, in order,
+// once it reads. poolerd holds no more of the answers than the sockets do:
+// the server connection is not read while its client does not read.
+func TestLoopPeerStopsReading(t *testing.T) {
+	fb := startFakeBackend(t, 256<<10)
+	rl := startRelay(t, fb, 2, func(c *config.Config) { c.EventLoops = "1" })
+	stalled := dialBench(t, rl.addr, simpleRequest)
+	other := dialBench(t, rl.addr, simpleRequest)
+	const n = 100 // 25 MB of answers
+	var batch []byte
+	for range n {
+		batch = append(batch, simpleRequest...)
+	}
+	if _, err := stalled.conn.Write(batch); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // the socket buffers fill up
+	_ = other.conn.SetDeadline(time.Now().Add(10 * time.Second))
+	for i := range 20 {
+		if err := other.roundTrip(); err != nil {
+			t.Fatalf("the other client's query %d while one client does not read: %v", i, err)
+		}
+	}
+	_ = stalled.conn.SetDeadline(time.Now().Add(20 * time.Second))
+	if err := readReadies(stalled.conn, n); err != nil {
+		t.Fatalf("answers to the client that stopped reading: %v", err)
+	}
+	if err := stalled.roundTrip(); err != nil {
+		t.Fatalf("after catching up: %v", err)
+	}
+	if err := fb.Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLoopSessionsMovePaths: clients that queue for a pool too small for
+// them leave their loop for a goroutine each (a wait hands the loop over),
+// come back to a loop once idle, and nothing of what they send is lost or
+// reordered on the way (run with -race); shutdown then ends them all.
+func TestLoopSessionsMovePaths(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t, goleak.IgnoreCurrent()) }) // runs last
+	fb := startFakeBackend(t, 64)
+	rl := startRelay(t, fb, 2, func(c *config.Config) { c.EventLoops = "2" })
+	const n = 24
+	clients := make([]*benchClient, n)
+	for i := range clients {
+		clients[i] = dialBench(t, rl.addr, simpleRequest)
+	}
+	e := rl.srv.engine
+	burst := func(round int) {
+		t.Helper()
+		var wg sync.WaitGroup
+		errs := make(chan error, n)
+		for _, c := range clients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_ = c.conn.SetDeadline(time.Now().Add(20 * time.Second))
+				for range 100 {
+					if err := c.roundTrip(); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatalf("round %d: %v", round, err)
+		}
+	}
+	for round := range 2 {
+		before := e.detaches.Load()
+		burst(round)
+		if e.detaches.Load() == before {
+			t.Fatalf("round %d: %d clients on a pool of 2 never left their loop to wait", round, n)
+		}
+		waitFor(t, 3*parkSweep+2*time.Second, "every idle client back on a loop", func() bool { return e.clientCount() == n })
+	}
+	if err := fb.Err(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := rl.srv.Shutdown(ctx); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	expectShutdownError(t, "client back on a loop", clients)
+}
+
+// readReadies reads whole messages from c until n ReadyForQuery have come,
+// checking that each answer is the fake backend's (RowDescription, DataRow,
+// CommandComplete, ReadyForQuery), in order.
+func readReadies(c net.Conn, n int) error {
+	r := bufio.NewReaderSize(c, 64<<10)
+	var hdr [5]byte
+	want := []byte{'T', 'D', 'C', 'Z'}
+	for got, i := 0, 0; got < n; i++ {
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			return fmt.Errorf("after %d of %d answers: %w", got, n, err)
+		}
+		if hdr[0] != want[i%4] {
+			return fmt.Errorf("answer %d: message %q where %q was due", got+1, hdr[0], want[i%4])
+		}
+		if _, err := r.Discard(int(binary.BigEndian.Uint32(hdr[1:])) - 4); err != nil {
+			return err
+		}
+		if hdr[0] == 'Z' {
+			got++
+		}
+	}
+	if r.Buffered() > 0 {
+		return fmt.Errorf("%d bytes after the last answer", r.Buffered())
+	}
+	return nil
+}

@@ -1,0 +1,140 @@
+package proxy
+
+import (
+	"errors"
+	"io"
+	"syscall"
+
+	"github.com/poolerd/poolerd/internal/wire"
+)
+
+// A client session on an event loop (loops_linux.go) has no goroutine: the
+// loop reads the client when it sends something and runs the same steps as
+// session.relay, on the loop's goroutine. A step that must wait (a checkout
+// queue, a rate limit, a client or server that does not read) first hands
+// the loop to a new goroutine (yieldLoop) and finishes on the old one; the
+// socket is out of the loop meanwhile, so its bytes stay in order. TLS
+// clients, and every client when event_loops is off, run on their own
+// goroutine (session.run).
+
+// startRelay starts relaying a session that has just logged in: on an event
+// loop when there is one, on a goroutine of its own otherwise. The session
+// counts in sessWG until it ends.
+func (s *session) startRelay() {
+	s.srv.sessWG.Add(1) // Done when the session ends
+	if s.joinLoop() {
+		return
+	}
+	// The relay runs on a fresh goroutine: the login's deep stack (SCRAM,
+	// configuration lookups) is not kept by an idle client for its whole
+	// life.
+	go s.run(true)
+}
+
+// joinLoop puts the session on an event loop; false if it cannot go there.
+func (s *session) joinLoop() bool {
+	if s.tls || !s.srv.engine.enabled() {
+		return false
+	}
+	sc, ok := s.conn.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rd, err := wire.NewConnReader(s.conn, s.srv.bufs)
+	if err != nil || !rd.Raw() {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	s.wmu.Lock()
+	s.cio = rd
+	s.wmu.Unlock()
+	if !s.srv.engine.add(rc.Control, s, true, s.item.Store) {
+		return false
+	}
+	// Ended before it joined (a shutdown): its wake-up may have found no
+	// item; end it now (wake ends it once, whoever calls it).
+	if s.loopStale() {
+		s.wakeLoop()
+	}
+	return true
+}
+
+// yieldLoop is called before the session's client side waits: if an event
+// loop is running its handler, the loop goes on without it.
+func (s *session) yieldLoop() { s.item.Load().yield() }
+
+// loopReady is relay's loop body for a session on an event loop: one read
+// of the client, handled.
+func (s *session) loopReady(it *loopItem) bool {
+	bp := s.srv.bufs.Get()
+	n, err := readItem(it, (*bp)[wire.Headroom:])
+	if n == 0 {
+		s.srv.bufs.Put(bp)
+		if err == nil {
+			return true // nothing there after all
+		}
+		if errors.Is(err, io.EOF) {
+			err = nil
+		}
+		s.endOnLoop(err)
+		return false
+	}
+	if s.clientRead(bp, n) {
+		s.endOnLoop(nil)
+		return false
+	}
+	return true
+}
+
+// endOnLoop ends the session from its loop handler: not on the loop's
+// goroutine, as ending may wait (a reset query, a final message).
+func (s *session) endOnLoop(err error) {
+	s.yieldLoop()
+	s.end(err)
+	s.srv.sessWG.Done()
+}
+
+// loopStale reports whether the session was ended by another goroutine
+// (finishLocked) while on its loop.
+func (s *session) loopStale() bool { return s.endErr.Load() != nil }
+
+// loopDetach moves a session whose handler waited (a checkout queue, a rate
+// limit, a client that does not read) to a goroutine of its own: a session
+// that waited once is likely to wait again soon (a saturated pool), and a
+// goroutine waits for less than a hand-over of the loop each time. It comes
+// back to a loop where it would otherwise park (session.tryPark).
+func (s *session) loopDetach() bool {
+	if s.loopStale() {
+		return false // ended meanwhile: rearm wakes it on the loop path
+	}
+	s.item.Store(nil)
+	// The parker's sweep tells an idle relay to come back (tryPark).
+	_ = s.srv.parker.start()
+	go s.run(false)
+	return true
+}
+
+// loopEnd ends a session woken on its loop by finishLocked.
+func (s *session) loopEnd() {
+	s.end(nil)
+	s.srv.sessWG.Done()
+}
+
+// wakeLoop ends the session if it waits on an event loop (finishLocked).
+func (s *session) wakeLoop() { s.srv.engine.wake(s.item.Load()) }
+
+// closeConn closes the client connection. On a loop the socket is shut down
+// first: the loop's own descriptor would keep it open.
+func (s *session) closeConn() {
+	if s.item.Load() != nil {
+		if sc, ok := s.conn.(syscall.Conn); ok {
+			if rc, err := sc.SyscallConn(); err == nil {
+				shutdownSocket(rc.Control)
+			}
+		}
+	}
+	_ = s.conn.Close()
+}
