@@ -48,7 +48,7 @@ test: ## what CI runs: go vet, gofmt check, go test -race (needs PostgreSQL, see
 	$(GO) test -race -count=1 -timeout 15m ./...
 	@# The relay's integration tests again with event loops (event_loops is off by default).
 	POOLERD_TEST_EVENT_LOOPS=2 $(GO) test -race -count=1 -timeout 10m \
-		-run 'TestTx|TestRelay|TestKeep|TestShutdown|TestAtomicity|TestLarge|TestProtocol|TestRate|TestTimeout' ./test/integration/
+		-run 'TestTx|TestRelay|TestKeep|TestShutdown|TestAtomicity|TestLarge|TestProtocol|TestRate|TestTimeout|TestHandOver' ./test/integration/
 	$(MAKE) --no-print-directory fuzz
 
 .PHONY: fuzz

@@ -29,6 +29,7 @@ import (
 	"github.com/poolerd/poolerd/internal/observe"
 	"github.com/poolerd/poolerd/internal/pgbini"
 	"github.com/poolerd/poolerd/internal/proxy"
+	"github.com/poolerd/poolerd/internal/takeover"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -244,26 +245,35 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 		// Both processes accept from the socket until the old one has
 		// stopped: no connection is refused or left in the queue.
 		if err := handover.Serving(); err != nil {
+			handover.Close()
 			log.Warn("the old poolerd did not confirm the hand-over; serving anyway", zap.Error(err))
 		} else {
 			log.Info("hand-over done: the old poolerd no longer accepts clients")
+			// Its clients follow, each at its next idle point.
+			go func() {
+				if err := handover.Clients(srv.AdoptClient); err != nil {
+					log.Warn("taking the old poolerd's clients over stopped", zap.Error(err))
+				}
+			}()
 		}
 	}
 	taken, stopOffer := offerListener(cfg, ln, log)
 	defer stopOffer()
 
 	drain := false
+	var passer *takeover.Passer // the hand-over of clients to a new poolerd
 	select {
 	case err := <-serveErr:
 		srv.Close()
 		return err
-	case stopped := <-taken:
+	case passer = <-taken:
 		// A poolerd started with --takeover accepts on the socket now:
-		// this one stops accepting, lets it know, and drains as on
-		// SIGTERM.
+		// this one stops accepting, lets it know, and passes it its
+		// clients, each at its next idle point (those it cannot pass
+		// drain as on SIGTERM).
 		_ = ln.Close()
-		stopped()
-		log.Info("listening socket handed over to a new poolerd (--takeover): no new clients here; exiting when the connected ones have left")
+		passer.Stopped()
+		log.Info("listening socket handed over to a new poolerd (--takeover): no new clients here; passing the connected ones over, exiting when none is left")
 		drain = true
 	case sig := <-sigs:
 		switch sig {
@@ -314,6 +324,12 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
+		if passer != nil {
+			err := srv.HandOver(ctx, passer.Send)
+			passer.Close()
+			done <- err
+			return
+		}
 		if drain {
 			done <- srv.Drain(ctx)
 			return

@@ -49,7 +49,7 @@ func listenHTTP(cfg *config.Config, addr string) (net.Listener, error) {
 
 // offerListener offers ln on takeover_socket, if set, for the next
 // upgrade; the channel (nil without an offer) delivers the hand-over.
-func offerListener(cfg *config.Config, ln net.Listener, log *zap.Logger) (<-chan func(), func()) {
+func offerListener(cfg *config.Config, ln net.Listener, log *zap.Logger) (<-chan *takeover.Passer, func()) {
 	if cfg.TakeoverSocket == "" {
 		return nil, func() {}
 	}

@@ -67,6 +67,21 @@ func (srv *Server) serveConn(nc net.Conn) {
 	s.startRelay()
 }
 
+// useRoute sets what the session's pool and route decide.
+func (s *session) useRoute(dbp *dbPool, route config.Route, cfg *config.Config) {
+	s.dbp = dbp
+	s.mode = route.Settings.PoolMode
+	s.stateful = s.mode != config.PoolSession
+	s.maxPrepared = route.Settings.MaxPreparedStatements
+	s.maxPacket = cfg.MaxPacketSize
+	s.tracked = s.stateful && s.maxPrepared > 0
+	s.refuseState = route.Settings.SessionState == config.SessionStateRefuse
+	if s.tracked {
+		s.stmts = map[string]*stmtDef{}
+	}
+	s.timeoutsP.Store(timeoutsOf(route.Settings)) // the client's own: per-user overrides apply
+}
+
 // handshake answers encryption requests, reads the startup message,
 // authenticates the client and sends the session's welcome. It returns
 // false if the connection is done (cancel request, refusal, timeout).
@@ -336,17 +351,7 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 		s.refuseLogin(errNoSuchDatabase(s.database))
 		return false
 	}
-	s.dbp = dbp
-	s.mode = route.Settings.PoolMode
-	s.stateful = s.mode != config.PoolSession
-	s.maxPrepared = route.Settings.MaxPreparedStatements
-	s.maxPacket = cfg.MaxPacketSize
-	s.tracked = s.stateful && s.maxPrepared > 0
-	s.refuseState = route.Settings.SessionState == config.SessionStateRefuse
-	if s.tracked {
-		s.stmts = map[string]*stmtDef{}
-	}
-	s.timeoutsP.Store(timeoutsOf(route.Settings)) // the client's own: per-user overrides apply
+	s.useRoute(dbp, route, cfg)
 	dbp.setClientKey(s.clientKey)
 	dbp.setQuerySecret(queried)
 	ok, _ := (&pgproto3.AuthenticationOk{}).Encode(nil)

@@ -119,7 +119,9 @@ func (s *session) loopDetach() bool {
 
 // loopEnd ends a session woken on its loop by finishLocked.
 func (s *session) loopEnd() {
-	s.end(nil)
+	if !s.handOverNow() {
+		s.end(nil)
+	}
 	s.srv.sessWG.Done()
 }
 

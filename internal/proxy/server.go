@@ -53,9 +53,11 @@ type Server struct {
 	// authCache keeps the secrets auth_query found (auth_cache_ttl).
 	authCache authquery.Cache
 	parker    *parker // idle client sessions without a goroutine
-	engine    *engine // event loops reading server connections
-	limits    *connLimits
-	fleet     *fleetBudget // fleet_max_server_connections (fleet.go)
+	// handOver, set by HandOver, passes idle clients to a new poolerd.
+	handOver atomic.Pointer[handOverFunc]
+	engine   *engine // event loops reading server connections
+	limits   *connLimits
+	fleet    *fleetBudget // fleet_max_server_connections (fleet.go)
 	// authDelays slows down repeated failed logins per address.
 	authDelays authDelays
 	rateMet    *rateMetrics
@@ -410,7 +412,11 @@ func (srv *Server) Shutdown(ctx context.Context) error {
 // answer to its request (never mid-transaction), so the wait ends while
 // applications keep their pools busy. Admin console sessions do not hold it
 // up. When ctx ends first, the rest are closed. Then the pools are closed.
-func (srv *Server) Drain(ctx context.Context) error {
+func (srv *Server) Drain(ctx context.Context) error { return srv.drain(ctx, nil) }
+
+// drain is Drain calling tick (if not nil) every 100 ms while clients are
+// left (HandOver).
+func (srv *Server) drain(ctx context.Context, tick func()) error {
 	srv.mu.Lock()
 	srv.draining = true
 	for ln := range srv.listeners {
@@ -422,6 +428,9 @@ func (srv *Server) Drain(ctx context.Context) error {
 	defer t.Stop()
 	var err error
 	for srv.clientSessions() > 0 {
+		if tick != nil {
+			tick()
+		}
 		select {
 		case <-ctx.Done():
 			err = ctx.Err()
@@ -574,16 +583,29 @@ func (srv *Server) closePools() {
 // (lookupSession), which is unique among the sessions and console
 // connections of one pid.
 func (srv *Server) register(s *session, held *serverConn) {
+	srv.registerWith(s, func() {
+		if held != nil {
+			s.pid, s.key = held.PID, srv.newKeyForLocked(held.PID)
+		} else {
+			s.pid, s.key = srv.newKeyLocked()
+		}
+	})
+}
+
+// registerAs registers a session adopted from the old poolerd under the
+// BackendKeyData its client has (handover.go).
+func (srv *Server) registerAs(s *session, pid, key uint32) {
+	srv.registerWith(s, func() { s.pid, s.key = pid, key })
+}
+
+// registerWith is register with the key set by setKey (srv.mu held).
+func (srv *Server) registerWith(s *session, setKey func()) {
 	// From now on other goroutines (shutdown, KILL_CLIENT) may end the
 	// session: fail closes the connection itself again.
 	s.handshaking.Store(false)
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
-	if held != nil {
-		s.pid, s.key = held.PID, srv.newKeyForLocked(held.PID)
-	} else {
-		s.pid, s.key = srv.newKeyLocked()
-	}
+	setKey()
 	srv.sessions[s.id] = s
 	// No longer a login in progress: counted once under max_client_conn
 	// (admitConn), not as a login and a session until serveConn's
@@ -734,6 +756,10 @@ func (s *session) terminateIfIdle() {
 	s.finalMu.Lock()
 	defer s.finalMu.Unlock()
 	claimed, werr := false, errShuttingDown()
+	handOver := s.srv.handingOver() && s.handOverable()
+	if handOver {
+		werr = errHandedOver
+	}
 	s.attachMu.Lock()
 	sc := s.server.Load()
 	if sc == nil {
@@ -747,7 +773,10 @@ func (s *session) terminateIfIdle() {
 		}
 		sc.mu.Unlock()
 	}
-	if claimed {
+	switch {
+	case claimed && handOver:
+		s.wakeToHandOver()
+	case claimed:
 		s.withdrawWait(errTerminated)
 		s.finishLocked(werr, true)
 	}

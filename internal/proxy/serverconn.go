@@ -761,10 +761,10 @@ func (sc *serverConn) settleLocked(rfqs int, status byte) {
 	if release {
 		sc.dbp.checkin(sc)
 		if own.srv.endAtIdle() {
-			own.terminate(errShuttingDown())
+			own.endAtIdlePoint()
 		}
 	} else if shutdownIdle {
-		own.terminate(errShuttingDown())
+		own.endAtIdlePoint()
 	}
 }
 

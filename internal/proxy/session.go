@@ -269,6 +269,10 @@ type session struct {
 	// (loopsession.go). yieldFn is yieldLoop, set at creation.
 	item    atomic.Pointer[loopItem]
 	yieldFn func()
+
+	// handedOver: the session went to a new poolerd (handover.go); its
+	// end closes this process's descriptor only.
+	handedOver atomic.Bool
 }
 
 // sessionLog logs with the session's fields, added per line: a zap child
@@ -348,8 +352,11 @@ func (s *session) relay(fresh bool) (parked bool) {
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				if s.endErr.Load() != nil {
-					// Ended by another goroutine (finishLocked).
-					s.end(nil)
+					// Ended by another goroutine (finishLocked), or
+					// claimed for a hand-over (handover.go).
+					if !s.handOverNow() {
+						s.end(nil)
+					}
 					return false
 				}
 				// Otherwise the parker's sweep says the session has
@@ -934,16 +941,19 @@ func (s *session) beginBatch() bool {
 	sc := s.server.Load()
 	if sc == nil {
 		s.lossWait()
+		s.unclaim() // a request came: it runs here (handover.go)
 		return s.endErr.Load() == nil
 	}
 	sc.mu.Lock()
 	if sc.owner.Load() != s {
 		sc.mu.Unlock()
 		s.lossWait()
+		s.unclaim()
 		return s.endErr.Load() == nil
 	}
 	defer sc.mu.Unlock()
 	sc.busy = true
+	s.unclaim()
 	if s.endErr.Load() != nil {
 		sc.busy = false // nothing will be sent: the connection stays clean
 		return false
@@ -1120,7 +1130,7 @@ func (s *session) attach(held *serverConn) error {
 	}
 	// During a shutdown a request already read runs (the session is ended
 	// at its next idle point); a session already ended does not attach.
-	if held == nil && s.endErr.Load() != nil {
+	if held == nil && s.endErr.Load() != nil && s.endErr.Load() != errHandedOver {
 		return errShuttingDown()
 	}
 	for attempt := 0; ; attempt++ {
@@ -1136,6 +1146,7 @@ func (s *session) attach(held *serverConn) error {
 			return errServerLost()
 		}
 		s.attachMu.Lock()
+		s.unclaim() // a hand-over claim, under the lock it is made under
 		if s.closed.Load() || s.endErr.Load() != nil {
 			// Terminated while queued (shutdown, a timeout): its request
 			// must not reach the server.
@@ -1427,7 +1438,7 @@ func (s *session) end(err error) {
 		s.closed.Store(true)
 		s.stopWatch()
 		s.finalMu.Lock() // a final message being written goes out first
-		linger := s.endErr.Load() != nil
+		linger := s.endErr.Load() != nil && !s.handedOver.Load()
 		if !linger {
 			_ = s.conn.Close()
 		}

@@ -3,8 +3,10 @@ package takeover
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strings"
@@ -23,11 +25,18 @@ import (
 //	new → old  "serving\n"   once it accepts on the socket
 //	old → new  "bye\n"       once it has stopped accepting and no longer
 //	                         offers on takeover_socket
+//	old → new  client connections, each as one message: a 4-byte length,
+//	           that many bytes of state (the session, as the proxy encodes
+//	           it), and the client's socket (SCM_RIGHTS); a length of 0
+//	           ends the list
 //
 // Both accept from the one socket (the same kernel queue) until "bye": no
 // connection waits in a queue nobody reads, and none is refused. Then the
-// old process drains its clients and exits; the new one offers on
-// takeover_socket for the next upgrade.
+// old process hands its idle clients over, each at its next idle point,
+// and exits once none is left; the new one offers on takeover_socket for
+// the next upgrade. A new process that does not read client connections
+// (an older poolerd) closes the socket after "bye": the old one then drains
+// its clients itself.
 const (
 	hello   = "poolerd takeover 1\n"
 	serving = "serving\n"
@@ -43,7 +52,7 @@ type Offer struct {
 	ul    *net.UnixListener
 	file  *os.File // a duplicate of the listening socket
 	log   *zap.Logger
-	taken chan func() // the old process's "I stopped accepting"
+	taken chan *Passer // the hand-over, once the new process serves
 	wg    sync.WaitGroup
 }
 
@@ -64,7 +73,7 @@ func NewOffer(path string, ln net.Listener, log *zap.Logger) (*Offer, error) {
 		f.Close()
 		return nil, err
 	}
-	o := &Offer{ul: ul, file: f, log: log, taken: make(chan func(), 1)}
+	o := &Offer{ul: ul, file: f, log: log, taken: make(chan *Passer, 1)}
 	o.wg.Add(1)
 	go o.serve()
 	return o, nil
@@ -93,10 +102,63 @@ func listenUnix(path string) (*net.UnixListener, error) {
 	return ul, nil
 }
 
-// Taken is sent a function once a new poolerd serves the listening
-// socket: the old process calls it after it has stopped accepting, which
-// tells the new one that it is alone on the socket.
-func (o *Offer) Taken() <-chan func() { return o.taken }
+// Taken delivers the hand-over once a new poolerd serves the listening
+// socket: the old process calls its Stopped after it has stopped accepting,
+// which tells the new one that it is alone on the socket, then passes
+// client connections (Send) and ends with Close.
+func (o *Offer) Taken() <-chan *Passer { return o.taken }
+
+// Passer is the old process's end of a hand-over, once the listening
+// socket is the new process's.
+type Passer struct {
+	mu     sync.Mutex
+	c      *net.UnixConn
+	broken bool
+}
+
+// Stopped tells the new process that this one no longer accepts.
+func (p *Passer) Stopped() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_ = p.c.SetDeadline(time.Now().Add(exchangeTimeout))
+	if _, err := p.c.Write([]byte(bye)); err != nil {
+		p.broken = true
+	}
+}
+
+// ErrNoTaker says that the new process takes no client connections.
+var ErrNoTaker = errors.New("takeover: the new poolerd takes no client connections")
+
+// Send passes a client connection (its socket, f) and its state to the new
+// process. After an error, every later Send fails too.
+func (p *Passer) Send(f *os.File, state []byte) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.broken {
+		return ErrNoTaker
+	}
+	msg := make([]byte, 4, 4+len(state))
+	binary.BigEndian.PutUint32(msg, uint32(len(state)))
+	msg = append(msg, state...)
+	_ = p.c.SetDeadline(time.Now().Add(exchangeTimeout))
+	if _, _, err := p.c.WriteMsgUnix(msg, unix.UnixRights(int(f.Fd())), nil); err != nil {
+		p.broken = true
+		return fmt.Errorf("%w: %w", ErrNoTaker, err)
+	}
+	return nil
+}
+
+// Close ends the list of client connections and the hand-over.
+func (p *Passer) Close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.broken {
+		_ = p.c.SetDeadline(time.Now().Add(exchangeTimeout))
+		_, _ = p.c.Write(make([]byte, 4))
+	}
+	p.broken = true
+	_ = p.c.Close()
+}
 
 // Close stops offering and removes the socket file.
 func (o *Offer) Close() error {
@@ -121,11 +183,7 @@ func (o *Offer) serve() {
 		// Handed over: no second taker; the socket file goes, so that the
 		// new process can offer on it.
 		_ = o.ul.Close()
-		o.taken <- func() {
-			_ = c.SetDeadline(time.Now().Add(exchangeTimeout))
-			_, _ = c.Write([]byte(bye))
-			c.Close()
-		}
+		o.taken <- &Passer{c: c}
 		return
 	}
 }
@@ -175,7 +233,6 @@ func (o *Offer) ulAddr() string {
 // Handover is the new process's side once it holds the listening socket.
 type Handover struct {
 	c *net.UnixConn
-	r *bufio.Reader
 }
 
 // Take asks the poolerd serving the Unix socket path for its listening
@@ -214,7 +271,7 @@ func Take(ctx context.Context, path string) (net.Listener, *Handover, error) {
 	if err != nil {
 		return fail(fmt.Errorf("use the listening socket: %w", err))
 	}
-	return ln, &Handover{c: c, r: bufio.NewReader(c)}, nil
+	return ln, &Handover{c: c}, nil
 }
 
 func socketRights(oob []byte) ([]int, error) {
@@ -238,19 +295,80 @@ func socketRights(oob []byte) ([]int, error) {
 }
 
 // Serving tells the old process that this one accepts on the socket and
-// waits until the old one has stopped accepting.
+// waits until the old one has stopped accepting. Then Clients takes the
+// old process's client connections; if not called, Close.
 func (h *Handover) Serving() error {
-	defer h.c.Close()
 	_ = h.c.SetDeadline(time.Now().Add(exchangeTimeout))
 	if _, err := h.c.Write([]byte(serving)); err != nil {
 		return fmt.Errorf("takeover: tell the old process: %w", err)
 	}
-	line, err := h.r.ReadString('\n')
-	if err != nil {
+	// Read exactly "bye\n": what follows carries sockets, which a read
+	// without room for them would drop.
+	line := make([]byte, len(bye))
+	if _, err := io.ReadFull(h.c, line); err != nil {
 		return fmt.Errorf("takeover: wait for the old process to stop accepting: %w", err)
 	}
-	if line != bye {
-		return fmt.Errorf("takeover: unexpected answer %q", strings.TrimSpace(line))
+	if string(line) != bye {
+		return fmt.Errorf("takeover: unexpected answer %q", strings.TrimSpace(string(line)))
 	}
 	return nil
+}
+
+// maxState bounds one client's state (a sanity check on the length).
+const maxState = 64 << 20
+
+// Clients receives the old process's client connections until it has
+// passed them all, calling adopt with each socket (which adopt owns) and
+// its state. The old process passes each at its client's next idle point,
+// so this lasts as long as its drain; idle waits have no deadline.
+func (h *Handover) Clients(adopt func(f *os.File, state []byte)) error {
+	defer h.c.Close()
+	_ = h.c.SetDeadline(time.Time{})
+	var hdr [4]byte
+	oob := make([]byte, unix.CmsgSpace(4))
+	for {
+		n, oobn, _, _, err := h.c.ReadMsgUnix(hdr[:], oob)
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil // an older poolerd: it drains its clients itself
+			}
+			return fmt.Errorf("takeover: receive a client: %w", err)
+		}
+		var fds []int
+		if oobn > 0 {
+			if fds, err = socketRights(oob[:oobn]); err != nil {
+				return err
+			}
+		}
+		if n < len(hdr) {
+			if _, err := io.ReadFull(h.c, hdr[n:]); err != nil {
+				closeAll(fds)
+				return fmt.Errorf("takeover: receive a client: %w", err)
+			}
+		}
+		size := binary.BigEndian.Uint32(hdr[:])
+		if size == 0 {
+			closeAll(fds)
+			return nil // all passed
+		}
+		if size > maxState || len(fds) != 1 {
+			closeAll(fds)
+			return fmt.Errorf("takeover: malformed client message (%d bytes, %d sockets)", size, len(fds))
+		}
+		state := make([]byte, size)
+		if _, err := io.ReadFull(h.c, state); err != nil {
+			closeAll(fds)
+			return fmt.Errorf("takeover: receive a client's state: %w", err)
+		}
+		adopt(os.NewFile(uintptr(fds[0]), "poolerd-client"), state)
+	}
+}
+
+// Close ends the hand-over without taking client connections.
+func (h *Handover) Close() { _ = h.c.Close() }
+
+func closeAll(fds []int) {
+	for _, fd := range fds {
+		_ = unix.Close(fd)
+	}
 }

@@ -2,6 +2,7 @@ package takeover
 
 import (
 	"context"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -78,15 +79,65 @@ func TestHandOver(t *testing.T) {
 	}()
 	served := make(chan error, 1)
 	go func() { served <- h.Serving() }()
-	var stop func()
+	var stop *Passer
 	select {
 	case stop = <-offer.Taken():
 	case <-time.After(5 * time.Second):
 		t.Fatal("the old side was not told")
 	}
 	old.Close() // the old process stops accepting; the socket stays open
-	stop()
+	stop.Stopped()
 	if err := <-served; err != nil {
+		t.Fatal(err)
+	}
+	// Client connections pass with their state, in order, and work on
+	// the other side; Close ends the list.
+	type got struct {
+		f     *os.File
+		state string
+	}
+	clients := make(chan got, 4)
+	listed := make(chan error, 1)
+	go func() {
+		listed <- h.Clients(func(f *os.File, state []byte) { clients <- got{f, string(state)} })
+	}()
+	peers := make([]net.Conn, 2)
+	for i := range peers {
+		a, b := tcpPair(t)
+		peers[i] = a
+		f, err := b.(*net.TCPConn).File()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := stop.Send(f, []byte(strings.Repeat("s", 100000*i+1))); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		b.Close() // the socket lives on in the passed descriptor
+	}
+	stop.Close()
+	for i, peer := range peers {
+		g := <-clients
+		if len(g.state) != 100000*i+1 {
+			t.Fatalf("client %d: state of %d bytes, want %d", i, len(g.state), 100000*i+1)
+		}
+		nc, err := net.FileConn(g.f)
+		g.f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := nc.Write([]byte("hi")); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 2)
+		_ = peer.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.ReadFull(peer, buf); err != nil || string(buf) != "hi" {
+			t.Fatalf("client %d: read %q, %v through the passed socket", i, buf, err)
+		}
+		nc.Close()
+		peer.Close()
+	}
+	if err := <-listed; err != nil {
 		t.Fatal(err)
 	}
 	late, err := net.Dial("tcp", ln.Addr().String())
@@ -135,4 +186,23 @@ func TestStaleSocket(t *testing.T) {
 		t.Fatalf("offer over a stale socket file: %v", err)
 	}
 	o.Close()
+}
+
+// tcpPair returns the two ends of a loopback TCP connection.
+func tcpPair(t *testing.T) (net.Conn, net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	a, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, b
 }

@@ -272,6 +272,22 @@ func TestTakeoverListener(t *testing.T) {
 // ends them at their next idle point, and pgbench aborts those clients;
 // docs/operations.md.)
 func TestTakeoverPgbench(t *testing.T) {
+	takeoverPgbench(t, "-C")
+}
+
+// TestTakeoverPgbenchConnected: pgbench clients that stay connected (no
+// -C), in simple and prepared query mode, run through two upgrades without
+// one failed transaction: each old poolerd passes its clients, with their
+// prepared statements, to the new one at their next idle point.
+func TestTakeoverPgbenchConnected(t *testing.T) {
+	for _, mode := range []string{"simple", "prepared"} {
+		t.Run(mode, func(t *testing.T) { takeoverPgbench(t, "-M", mode) })
+	}
+}
+
+// takeoverPgbench runs pgbench (with extra flags) through two upgrades
+// with --takeover and requires every transaction to succeed.
+func takeoverPgbench(t *testing.T, extra ...string) {
 	pgbench := needTool(t, "pgbench")
 	t.Parallel()
 	bin := lcBuildBinary(t)
@@ -285,7 +301,8 @@ func TestTakeoverPgbench(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	host, port, _ := strings.Cut(listen, ":")
-	cmd := exec.CommandContext(ctx, pgbench, "-n", "-C", "-c", "8", "-j", "2", "-T", "8", "-f", "select1.sql")
+	args := append([]string{"-n", "-c", "8", "-j", "2", "-T", "8", "-f", "select1.sql"}, extra...)
+	cmd := exec.CommandContext(ctx, pgbench, args...)
 	cmd.Dir = dir
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "PG") {
@@ -307,6 +324,9 @@ func TestTakeoverPgbench(t *testing.T) {
 		if code, _ := prev.wait(t, 20*time.Second); code != 0 {
 			t.Fatalf("upgrade %d: old poolerd exit %d\n%s", i+1, code, prev.stderr.String())
 		}
+		if strings.Contains(prev.stderr.String(), "not handed over") {
+			t.Errorf("upgrade %d: the old poolerd ended clients instead of passing them:\n%s", i+1, prev.stderr.String())
+		}
 		prev = next
 	}
 	err := cmd.Wait()
@@ -317,7 +337,7 @@ func TestTakeoverPgbench(t *testing.T) {
 	if err != nil || x == nil || f == nil || f[1] != "0" || strings.Contains(stderr.String(), "aborted") {
 		t.Fatalf("pgbench: %v\n%s\n%s", err, out, stderr.String())
 	}
-	t.Logf("pgbench -C -c 8 -T 8 through two hand-overs: %s transactions, %s failed, %s", x[1], f[1], tps[0])
+	t.Logf("pgbench %s -c 8 -T 8 through two hand-overs: %s transactions, %s failed, %s", strings.Join(extra, " "), x[1], f[1], tps[0])
 }
 
 // TestTakeoverSocketShutdown: a poolerd offering its listener on
