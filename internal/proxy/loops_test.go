@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -137,4 +139,65 @@ func readReadies(c net.Conn, n int) error {
 		return fmt.Errorf("%d bytes after the last answer", r.Buffered())
 	}
 	return nil
+}
+
+// TestLoopManySessions: one loop holds thousands of idle sessions (10,000
+// where the open-file limit allows: each costs three descriptors here, the
+// client's, poolerd's and the loop's duplicate) without a goroutine each,
+// and answers a sample of them; it logs the heap each idle session costs
+// (the test's own client connections included).
+func TestLoopManySessions(t *testing.T) {
+	if testing.Short() {
+		t.Skip("thousands of connections")
+	}
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	n := min(10000, int(lim.Cur-300)/3)
+	if n < 1000 {
+		t.Skipf("open-file limit %d: too low for a thousand sessions", lim.Cur)
+	}
+	fb := startFakeBackend(t, 16)
+	rl := startRelay(t, fb, 2, func(c *config.Config) { c.EventLoops = "1"; c.MaxClientConn = 0 })
+	runtime.GC()
+	var ms0, ms1 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
+	g0 := runtime.NumGoroutine()
+	conns := make([]net.Conn, n)
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				conns[i] = dialIdle(t, rl.addr)
+			}
+		}()
+	}
+	for i := range conns {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	e := rl.srv.engine
+	waitFor(t, 30*time.Second, "every session on the loop", func() bool { return e.clientCount() == n })
+	runtime.GC()
+	runtime.ReadMemStats(&ms1)
+	if g := runtime.NumGoroutine() - g0; g > 50 {
+		t.Fatalf("%d idle sessions on a loop hold %d goroutines", n, g)
+	}
+	t.Logf("%d idle sessions on one loop: %d bytes of heap each", n, (int64(ms1.HeapAlloc)-int64(ms0.HeapAlloc))/int64(n))
+	for i := 0; i < n; i += n / 100 {
+		c := &benchClient{conn: conns[i], request: simpleRequest, buf: make([]byte, 4096)}
+		_ = c.conn.SetDeadline(time.Now().Add(10 * time.Second))
+		if err := c.roundTrip(); err != nil {
+			t.Fatalf("session %d of %d: %v", i, n, err)
+		}
+	}
+	for _, c := range conns {
+		_ = c.Close()
+	}
+	waitFor(t, 30*time.Second, "the sessions to end", func() bool { return e.clientCount() == 0 })
 }
