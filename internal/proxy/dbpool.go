@@ -357,9 +357,10 @@ func (d *dbPool) checkoutError(err error) *wire.Error {
 			Hint:    "retry after the maintenance; RESUME on the admin console ends the pause"}
 	case errors.As(err, &te) && te.Stats.Total < te.Stats.MaxSize && d.limitHit.Load() != nil:
 		return d.errLimitCheckout(te.Stats, d.limitHit.Load())
-	case errors.As(err, &te) && te.Stats.Total == 0 && te.Stats.Failures > 0:
+	case errors.As(err, &te) && te.Stats.Total == te.Stats.Opening && te.Stats.Failures > 0:
 		// A pool over several servers waited through failed connects
-		// (WaitUnavailable): none suited, or none answered.
+		// (WaitUnavailable): none suited, or none answered; none is open
+		// (one may be connecting again right now).
 		st := te.Stats
 		return &wire.Error{Severity: "ERROR", Code: "08006",
 			Message: fmt.Sprintf("no server connection available within checkout_timeout (%s): connects fail", d.route().Settings.CheckoutTimeout),

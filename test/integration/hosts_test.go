@@ -173,9 +173,10 @@ func TestHostsRoutingAndFailover(t *testing.T) {
 	if readErrs > 0 {
 		t.Errorf("%d reads through prefer-standby failed while the replica served throughout; the first: %v", readErrs, firstReadErr)
 	}
-	// No standby is left: a standby-only entry refuses at checkout_timeout,
+	// No standby is left: a standby-only entry refuses at checkout_timeout
+	// (long enough for its connects to fail first, on a loaded machine),
 	// naming why.
-	if err := p.srv.Set("checkout_timeout", "1s"); err != nil {
+	if err := p.srv.Set("checkout_timeout", "3s"); err != nil {
 		t.Fatal(err)
 	}
 	c, err := pgx.Connect(ctx, p.dsn(pgtest.RoleApp, pgtest.Password, "standby", "default_query_exec_mode=simple_protocol"))
