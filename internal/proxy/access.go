@@ -84,21 +84,11 @@ func (s *session) certOK() error {
 // clear (over TLS, one hopes). A SCRAM secret gives the ClientKey for
 // pass-through.
 func (s *session) authPassword(secret auth.Secret, known bool) (bool, error) {
-	msg, _ := (&pgproto3.AuthenticationCleartextPassword{}).Encode(nil)
-	if _, err := s.conn.Write(msg); err != nil {
+	password, err := s.askPassword(&pgproto3.AuthenticationCleartextPassword{})
+	if err != nil || !known {
 		return false, err
 	}
-	body, err := s.readAuthMessage("PasswordMessage")
-	if err != nil {
-		return false, err
-	}
-	if len(body) == 0 || body[len(body)-1] != 0 {
-		return false, protocolViolation("malformed PasswordMessage: not a NUL-terminated string")
-	}
-	if !known {
-		return false, nil
-	}
-	ok, clientKey := auth.VerifyPassword(secret, s.user, string(body[:len(body)-1]))
+	ok, clientKey := auth.VerifyPassword(secret, s.user, password)
 	if ok && clientKey != nil {
 		s.clientKey = clientKey
 	}

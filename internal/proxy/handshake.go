@@ -609,21 +609,31 @@ func (s *session) authSCRAM(secret auth.Secret, known bool) (bool, error) {
 func (s *session) authMD5(secret auth.Secret, known bool) (bool, error) {
 	var salt [4]byte
 	_, _ = rand.Read(salt[:])
-	msg, _ := (&pgproto3.AuthenticationMD5Password{Salt: salt}).Encode(nil)
-	if _, err := s.conn.Write(msg); err != nil {
+	password, err := s.askPassword(&pgproto3.AuthenticationMD5Password{Salt: salt})
+	if err != nil || !known {
 		return false, err
+	}
+	return auth.VerifyMD5(secret, s.user, salt, password), nil
+}
+
+// askPassword sends the authentication request req and reads the client's
+// PasswordMessage: the password (cleartext, or MD5's hash) it carries.
+func (s *session) askPassword(req pgproto3.BackendMessage) (string, error) {
+	msg, err := req.Encode(nil)
+	if err != nil {
+		return "", err
+	}
+	if _, err := s.conn.Write(msg); err != nil {
+		return "", err
 	}
 	body, err := s.readAuthMessage("PasswordMessage")
 	if err != nil {
-		return false, err
+		return "", err
 	}
 	if len(body) == 0 || body[len(body)-1] != 0 {
-		return false, protocolViolation("malformed PasswordMessage: not a NUL-terminated string")
+		return "", protocolViolation("malformed PasswordMessage: not a NUL-terminated string")
 	}
-	if !known {
-		return false, nil
-	}
-	return auth.VerifyMD5(secret, s.user, salt, string(body[:len(body)-1])), nil
+	return string(body[:len(body)-1]), nil
 }
 
 func protocolViolation(msg string) *wire.Error {
