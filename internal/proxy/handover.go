@@ -165,6 +165,11 @@ type handOver struct {
 	Params      map[string]string `json:"params"`
 	ConnectedAt time.Time         `json:"connected_at"`
 	Statements  []handOverStmt    `json:"statements,omitempty"`
+	// ClientKey is the SCRAM ClientKey the client's login proved, with
+	// which the pool logs in to PostgreSQL for a user whose password
+	// poolerd does not know (auth_query, pass-through). It crosses only
+	// takeover_socket, between two poolerd processes.
+	ClientKey []byte `json:"client_key,omitempty"`
 }
 
 // handOverStmt is one of the client's prepared statements: its name and
@@ -188,7 +193,7 @@ func (s *session) handOverState() ([]byte, string) {
 	case s.server.Load() != nil || s.severed.Load() || s.owed.Load() != nil || s.failedBlock.Load():
 		return nil, "the client is in a transaction"
 	}
-	st := handOver{Database: s.database, User: s.user, PID: s.pid, Key: s.key, ConnectedAt: s.connectedAt}
+	st := handOver{Database: s.database, User: s.user, PID: s.pid, Key: s.key, ConnectedAt: s.connectedAt, ClientKey: s.clientKey}
 	s.pmu.Lock()
 	st.Params = maps.Clone(s.params)
 	s.pmu.Unlock()
@@ -265,6 +270,21 @@ func (s *session) adopt(st *handOver, cfg *config.Config) *wire.Error {
 		return errNoSuchDatabase(s.database)
 	}
 	s.useRoute(dbp, route, cfg)
+	// What the pool logs in to PostgreSQL with when no password is
+	// configured for the user, as a login would have given it.
+	s.clientKey = st.ClientKey
+	dbp.setClientKey(s.clientKey)
+	if _, known := cfg.ClientSecret(s.user); !known && cfg.AuthUser != "" {
+		ctx, cancel := context.WithTimeout(s.srv.ctx, 10*time.Second)
+		secret, found, werr := s.srv.lookupSecret(ctx, cfg, s.database, s.user)
+		cancel()
+		if werr != nil {
+			return werr
+		}
+		if found {
+			dbp.setQuerySecret(secret)
+		}
+	}
 	if !s.stateful {
 		return &wire.Error{Severity: "FATAL", Code: "57P01", Message: "terminating connection: the new poolerd runs this database in session mode",
 			Hint: "reconnect"}

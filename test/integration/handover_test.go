@@ -6,6 +6,11 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/test/pgtest"
 )
 
 // TestHandOverClients: a poolerd handing its clients over (what
@@ -40,19 +45,7 @@ func TestHandOverClients(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	passed := make(chan int, 8)
-	done := make(chan error, 1)
-	go func() {
-		done <- oldP.srv.HandOver(ctx, func(f *os.File, state []byte) error {
-			fd, err := syscall.Dup(int(f.Fd()))
-			if err != nil {
-				return err
-			}
-			newP.srv.AdoptClient(os.NewFile(uintptr(fd), "client"), state)
-			passed <- 1
-			return nil
-		})
-	}()
+	passed, done := handOver(ctx, oldP, newP)
 	select {
 	case <-passed:
 	case <-time.After(5 * time.Second):
@@ -91,4 +84,71 @@ func TestHandOverClients(t *testing.T) {
 	if k := newP.srv.ClientCount(); k != 2 {
 		t.Fatalf("the new poolerd has %d clients, want 2", k)
 	}
+}
+
+// TestHandOverAuthQueryUser: a client of a user known only through
+// auth_query goes on through the new poolerd, whose pool for that user has
+// never seen a login: the client's SCRAM ClientKey comes with it, so the new
+// pool can log in to PostgreSQL as the user.
+func TestHandOverAuthQueryUser(t *testing.T) {
+	t.Parallel()
+	ctx := ctxTimeout(t, 30*time.Second)
+	su, err := pgx.Connect(ctx, pg.SuperDSN(pgtest.DBApp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer su.Close(context.Background())
+	const userPW, authPW = "ho-user-pw", "ho-auth-pw"
+	for _, q := range []string{
+		`DO $$ DECLARE r text; BEGIN
+			FOR r IN SELECT rolname FROM pg_catalog.pg_roles WHERE rolname IN ('ho_auth', 'ho_user') LOOP
+				EXECUTE format('DROP OWNED BY %I', r); EXECUTE format('DROP ROLE %I', r);
+			END LOOP; END $$`,
+		"SET password_encryption = 'scram-sha-256'",
+		"CREATE ROLE ho_auth LOGIN PASSWORD '" + authPW + "'",
+		"GRANT SELECT ON pg_catalog.pg_authid TO ho_auth",
+		"CREATE ROLE ho_user LOGIN PASSWORD '" + userPW + "'",
+		"GRANT CONNECT ON DATABASE " + pgtest.DBApp + " TO ho_auth, ho_user",
+	} {
+		if _, err := su.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	withAuthQuery := func(c *config.Config) {
+		c.AuthUser = "ho_auth"
+		c.Users = []config.User{{Name: "ho_auth", Password: authPW}}
+	}
+	oldP := startPoolerd(t, withAuthQuery)
+	newP := startPoolerd(t, withAuthQuery)
+	c := connectDSN(t, oldP.dsn("ho_user", userPW, pgtest.DBApp)+"&default_query_exec_mode=simple_protocol")
+	if got := scalarText(t, c, "SELECT current_user"); got != "ho_user" {
+		t.Fatalf("current_user %q", got)
+	}
+	_, done := handOver(ctx, oldP, newP)
+	if err := <-done; err != nil {
+		t.Fatalf("HandOver: %v", err)
+	}
+	if got := scalarText(t, c, "SELECT current_user"); got != "ho_user" {
+		t.Fatalf("through the new poolerd: current_user %q", got)
+	}
+}
+
+// handOver runs oldP's HandOver to newP in-process (what --takeover does
+// between two processes): passed gets a value per client passed, done
+// HandOver's result.
+func handOver(ctx context.Context, oldP, newP *instance) (passed <-chan int, done <-chan error) {
+	p := make(chan int, 64)
+	d := make(chan error, 1)
+	go func() {
+		d <- oldP.srv.HandOver(ctx, func(f *os.File, state []byte) error {
+			fd, err := syscall.Dup(int(f.Fd())) // the caller closes f
+			if err != nil {
+				return err
+			}
+			newP.srv.AdoptClient(os.NewFile(uintptr(fd), "client"), state)
+			p <- 1
+			return nil
+		})
+	}()
+	return p, d
 }
