@@ -56,6 +56,7 @@ type options struct {
 	stormSeconds int
 	out          string
 	poolerdBin   string
+	poolerdEnv   []string // POOLERD_* settings for the poolerd target (-poolerd-env)
 	pgbouncerBin string
 	noPgbouncer  bool
 	noLog        bool
@@ -99,6 +100,13 @@ func mainExit() int {
 	fs.IntVar(&o.stormSeconds, "storm-T", 0, "seconds of each connection storm run (default: -T)")
 	fs.StringVar(&o.out, "out", "", "also write the Markdown report to this file")
 	fs.StringVar(&o.poolerdBin, "poolerd", "", "use this poolerd binary instead of building bin/poolerd")
+	fs.Func("poolerd-env", "a POOLERD_KEY=value setting for poolerd, e.g. POOLERD_EVENT_LOOPS=1 (repeatable)", func(v string) error {
+		if !strings.HasPrefix(v, "POOLERD_") || !strings.Contains(v, "=") {
+			return fmt.Errorf("want POOLERD_KEY=value, got %q", v)
+		}
+		o.poolerdEnv = append(o.poolerdEnv, v)
+		return nil
+	})
 	fs.StringVar(&o.pgbouncerBin, "pgbouncer", "", "pgbouncer binary (default: pgbouncer on PATH, skipped when absent)")
 	fs.BoolVar(&o.noPgbouncer, "no-pgbouncer", false, "do not run PgBouncer even if installed")
 	fs.BoolVar(&o.noLog, "no-txlog", false, "no per-transaction pgbench logs (no p50/p99; slightly less pgbench CPU)")
@@ -377,7 +385,7 @@ func run(ctx context.Context, o options, cl *cleaner) error {
 	if maxClients < 2000 {
 		maxClients = 2000
 	}
-	pd, err := poolerdTarget(poolerdBin, workDir, pg, maxClients, tlsFiles)
+	pd, err := poolerdTarget(poolerdBin, workDir, pg, maxClients, tlsFiles, o.poolerdEnv...)
 	if err != nil {
 		return err
 	}

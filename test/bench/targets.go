@@ -142,8 +142,9 @@ func repoRoot() (string, error) {
 // poolerdTarget prepares poolerd in transaction mode, pool size 20, SCRAM
 // client auth, log level warn. With tlsFiles (-tls) it requires TLS from
 // clients (client_tls_sslmode require, tlsFiles' server certificate) and
-// uses TLS to PostgreSQL (server_tls_sslmode require).
-func poolerdTarget(bin, workDir string, pg *pgtest.Server, maxClients int, tlsFiles *pgtest.TLSFiles) (*target, error) {
+// uses TLS to PostgreSQL (server_tls_sslmode require). extra are more
+// POOLERD_ settings (-poolerd-env), shown in the report's command line.
+func poolerdTarget(bin, workDir string, pg *pgtest.Server, maxClients int, tlsFiles *pgtest.TLSFiles, extra ...string) (*target, error) {
 	port, err := pgtest.FreePort()
 	if err != nil {
 		return nil, err
@@ -168,6 +169,7 @@ func poolerdTarget(bin, workDir string, pg *pgtest.Server, maxClients int, tlsFi
 			"POOLERD_CLIENT_TLS_CERT_FILE="+tlsFiles.ServerCert, "POOLERD_CLIENT_TLS_KEY_FILE="+tlsFiles.ServerKey,
 			"POOLERD_SERVER_TLS_SSLMODE=require")
 	}
+	settings = append(settings, extra...)
 	env := append([]string(nil), settings...)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "POOLERD_") && !strings.HasPrefix(kv, "PG") {
