@@ -55,7 +55,7 @@ type Server struct {
 	parker    *parker // idle client sessions without a goroutine
 	// handOver, set by HandOver, passes idle clients to a new poolerd.
 	handOver atomic.Pointer[handOverFunc]
-	engine   *engine // event loops reading server connections
+	engine   *engine // event loops (event_loops; loops_linux.go)
 	limits   *connLimits
 	fleet    *fleetBudget // fleet_max_server_connections (fleet.go)
 	// authDelays slows down repeated failed logins per address.

@@ -22,10 +22,11 @@ import (
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
-// session is one client connection. Its goroutine (run) reads everything
-// the client sends and writes it to the server connection the session holds,
-// checking one out when a request arrives and none is held. The server's
-// replies come back through that connection's reader (serverConn.readLoop),
+// session is one client connection. Its reader (its goroutine, run, or an
+// event loop, loopsession.go; one at a time) reads everything the client
+// sends and writes it to the server connection the session holds, checking
+// one out when a request arrives and none is held. The server's replies come
+// back through that connection's reader (serverConn.readLoop, or a loop),
 // which writes them to the client and, in transaction mode, returns the
 // connection to its pool at a clean ReadyForQuery.
 //

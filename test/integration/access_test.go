@@ -193,31 +193,15 @@ func TestHBARulesYAML(t *testing.T) {
 func TestAuthQuery(t *testing.T) {
 	t.Parallel()
 	ctx := ctxTimeout(t, 30*time.Second)
-	// In the database auth_query runs in: a shared catalog's rights are
-	// per database.
+	const userPW, authPW = "aq-user-pw", "aq-auth-pw"
+	authQueryRoles(ctx, t, "aq_auth", authPW, userPW, "aq_user", "aq_expired")
 	su, err := pgx.Connect(ctx, pg.SuperDSN(pgtest.DBApp))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer su.Close(context.Background())
-	const userPW, authPW = "aq-user-pw", "aq-auth-pw"
-	for _, q := range []string{
-		// From an earlier run in this process (-count): DROP OWNED takes
-		// their rights away first.
-		`DO $$ DECLARE r text; BEGIN
-			FOR r IN SELECT rolname FROM pg_catalog.pg_roles WHERE rolname IN ('aq_auth', 'aq_user', 'aq_expired') LOOP
-				EXECUTE format('DROP OWNED BY %I', r); EXECUTE format('DROP ROLE %I', r);
-			END LOOP; END $$`,
-		"SET password_encryption = 'scram-sha-256'",
-		"CREATE ROLE aq_auth LOGIN PASSWORD '" + authPW + "'",
-		"GRANT SELECT ON pg_catalog.pg_authid TO aq_auth",
-		"CREATE ROLE aq_user LOGIN PASSWORD '" + userPW + "'",
-		"CREATE ROLE aq_expired LOGIN PASSWORD '" + userPW + "' VALID UNTIL '2001-01-01'",
-		"GRANT CONNECT ON DATABASE " + pgtest.DBApp + " TO aq_auth, aq_user, aq_expired",
-	} {
-		if _, err := su.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
+	if _, err := su.Exec(ctx, "ALTER ROLE aq_expired VALID UNTIL '2001-01-01'"); err != nil {
+		t.Fatal(err)
 	}
 	p := startPoolerd(t, func(c *config.Config) {
 		c.AuthUser = "aq_auth"
@@ -416,4 +400,38 @@ func TestDirectTLS(t *testing.T) {
 			t.Fatalf("got %T %v, want an ErrorResponse", msg, err)
 		}
 	})
+}
+
+// authQueryRoles creates, afresh, an auth_user role that may read
+// pg_authid and login roles with password userPW, all with SCRAM secrets
+// and CONNECT on the app database (where auth_query runs: a shared
+// catalog's rights are per database).
+func authQueryRoles(ctx context.Context, t *testing.T, authRole, authPW, userPW string, users ...string) {
+	t.Helper()
+	su, err := pgx.Connect(ctx, pg.SuperDSN(pgtest.DBApp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer su.Close(context.Background())
+	all := append([]string{authRole}, users...)
+	qs := []string{
+		// From an earlier run in this process (-count): DROP OWNED takes
+		// their rights away first.
+		`DO $$ DECLARE r text; BEGIN
+			FOR r IN SELECT rolname FROM pg_catalog.pg_roles WHERE rolname = ANY('{` + strings.Join(all, ",") + `}') LOOP
+				EXECUTE format('DROP OWNED BY %I', r); EXECUTE format('DROP ROLE %I', r);
+			END LOOP; END $$`,
+		"SET password_encryption = 'scram-sha-256'",
+		"CREATE ROLE " + authRole + " LOGIN PASSWORD '" + authPW + "'",
+		"GRANT SELECT ON pg_catalog.pg_authid TO " + authRole,
+	}
+	for _, u := range users {
+		qs = append(qs, "CREATE ROLE "+u+" LOGIN PASSWORD '"+userPW+"'")
+	}
+	qs = append(qs, "GRANT CONNECT ON DATABASE "+pgtest.DBApp+" TO "+strings.Join(all, ", "))
+	for _, q := range qs {
+		if _, err := su.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
 }

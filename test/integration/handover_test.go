@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/test/pgtest"
 )
@@ -93,27 +91,8 @@ func TestHandOverClients(t *testing.T) {
 func TestHandOverAuthQueryUser(t *testing.T) {
 	t.Parallel()
 	ctx := ctxTimeout(t, 30*time.Second)
-	su, err := pgx.Connect(ctx, pg.SuperDSN(pgtest.DBApp))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer su.Close(context.Background())
 	const userPW, authPW = "ho-user-pw", "ho-auth-pw"
-	for _, q := range []string{
-		`DO $$ DECLARE r text; BEGIN
-			FOR r IN SELECT rolname FROM pg_catalog.pg_roles WHERE rolname IN ('ho_auth', 'ho_user') LOOP
-				EXECUTE format('DROP OWNED BY %I', r); EXECUTE format('DROP ROLE %I', r);
-			END LOOP; END $$`,
-		"SET password_encryption = 'scram-sha-256'",
-		"CREATE ROLE ho_auth LOGIN PASSWORD '" + authPW + "'",
-		"GRANT SELECT ON pg_catalog.pg_authid TO ho_auth",
-		"CREATE ROLE ho_user LOGIN PASSWORD '" + userPW + "'",
-		"GRANT CONNECT ON DATABASE " + pgtest.DBApp + " TO ho_auth, ho_user",
-	} {
-		if _, err := su.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	authQueryRoles(ctx, t, "ho_auth", authPW, userPW, "ho_user")
 	withAuthQuery := func(c *config.Config) {
 		c.AuthUser = "ho_auth"
 		c.Users = []config.User{{Name: "ho_auth", Password: authPW}}
