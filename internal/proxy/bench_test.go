@@ -292,24 +292,11 @@ func TestBenchHarness(t *testing.T) {
 		}
 	}
 	// Several clients over a smaller pool: they queue for the servers.
-	var wg sync.WaitGroup
-	errs := make(chan error, 8)
-	for range 8 {
-		c := dialBench(t, rl.addr, simpleRequest)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range 50 {
-				if err := c.roundTrip(); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
+	clients := make([]*benchClient, 8)
+	for i := range clients {
+		clients[i] = dialBench(t, rl.addr, simpleRequest)
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	if err := roundTripsAtOnce(clients, 50); err != nil {
 		t.Fatalf("parallel relay: %v", err)
 	}
 	if st := rl.srv.Pools(); len(st) != 1 || st[0].Total > 2 {

@@ -441,3 +441,25 @@ func (c *benchClient) readUntilReady() error {
 		c.w += n
 	}
 }
+
+// roundTripsAtOnce runs rounds round trips on every client, the clients at
+// once, and returns the first error.
+func roundTripsAtOnce(clients []*benchClient, rounds int) error {
+	var wg sync.WaitGroup
+	errs := make(chan error, len(clients))
+	for _, c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range rounds {
+				if err := c.roundTrip(); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}

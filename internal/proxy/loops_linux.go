@@ -3,13 +3,13 @@
 package proxy
 
 import (
-	"errors"
 	"io"
 	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/poolerd/poolerd/internal/wire"
 )
@@ -268,14 +268,14 @@ func (l *loop) run() {
 	n := 0
 	wait := func(fd uintptr) bool {
 		for {
-			k, err := syscall.EpollWait(int(fd), evs[:], 0)
-			if errors.Is(err, syscall.EINTR) {
+			k, errno := epollPoll(int(fd), evs[:])
+			if errno == syscall.EINTR {
 				continue
 			}
 			n = max(k, 0)
 			// Nothing ready: park in the runtime poller, which watches
 			// the epoll descriptor (edge-triggered: it was drained).
-			return n > 0 || err != nil
+			return n > 0 || errno != 0
 		}
 	}
 	for {
@@ -468,6 +468,15 @@ func (e *engine) clientCount() int {
 // so that a loop reading it (through its own descriptor) sees its end.
 func shutdownSocket(control func(func(fd uintptr)) error) {
 	_ = control(func(fd uintptr) { _ = syscall.Shutdown(int(fd), syscall.SHUT_RDWR) })
+}
+
+// epollPoll asks epoll what is ready without waiting. It is a raw system
+// call: with a zero timeout it never blocks, and the runtime's system call
+// bookkeeping would let its monitor (sysmon) take the loop's P away whenever
+// the call was slowed by the kernel, waking another thread to run it.
+func epollPoll(epfd int, evs []syscall.EpollEvent) (int, syscall.Errno) {
+	n, _, e := syscall.RawSyscall6(syscall.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(&evs[0])), uintptr(len(evs)), 0, 0, 0)
+	return int(n), e
 }
 
 // readItem reads once from a loop's descriptor: 0 and nil when nothing is

@@ -72,32 +72,14 @@ func TestLoopSessionsMovePaths(t *testing.T) {
 		clients[i] = dialBench(t, rl.addr, simpleRequest)
 	}
 	e := rl.srv.engine
-	burst := func(round int) {
-		t.Helper()
-		var wg sync.WaitGroup
-		errs := make(chan error, n)
-		for _, c := range clients {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				_ = c.conn.SetDeadline(time.Now().Add(20 * time.Second))
-				for range 100 {
-					if err := c.roundTrip(); err != nil {
-						errs <- err
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Fatalf("round %d: %v", round, err)
-		}
-	}
 	for round := range 2 {
 		before := e.detaches.Load()
-		burst(round)
+		for _, c := range clients {
+			_ = c.conn.SetDeadline(time.Now().Add(20 * time.Second))
+		}
+		if err := roundTripsAtOnce(clients, 100); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
 		if e.detaches.Load() == before {
 			t.Fatalf("round %d: %d clients on a pool of 2 never left their loop to wait", round, n)
 		}
@@ -112,6 +94,62 @@ func TestLoopSessionsMovePaths(t *testing.T) {
 		t.Fatalf("shutdown: %v", err)
 	}
 	expectShutdownError(t, "client back on a loop", clients)
+}
+
+// TestLoopSessionsBackWhileBusy: clients that left their loop to queue come
+// back to it between two requests once they no longer wait, though none is
+// ever idle long enough to park (the parker's sweep would bring them back
+// after a whole idle interval).
+func TestLoopSessionsBackWhileBusy(t *testing.T) {
+	fb := startFakeBackend(t, 64)
+	rl := startRelay(t, fb, 1, func(c *config.Config) { c.EventLoops = "1" })
+	const n = 6
+	clients := make([]*benchClient, n)
+	for i := range clients {
+		clients[i] = dialBench(t, rl.addr, simpleRequest)
+		_ = clients[i].conn.SetDeadline(time.Now().Add(30 * time.Second))
+	}
+	e := rl.srv.engine
+	if err := roundTripsAtOnce(clients, 50); err != nil { // onto a pool of 1: they queue
+		t.Fatal(err)
+	}
+	if e.detaches.Load() == 0 {
+		t.Fatalf("%d clients on a pool of 1 never left their loop to wait", n)
+	}
+	// Now one at a time, round robin, without pause: nobody waits, and
+	// nobody is idle for a sweep interval.
+	stop, done := make(chan struct{}), make(chan error, 1)
+	go func() {
+		for {
+			for _, c := range clients {
+				select {
+				case <-stop:
+					done <- nil
+					return
+				default:
+				}
+				if err := c.roundTrip(); err != nil {
+					done <- err
+					return
+				}
+			}
+		}
+	}()
+	deadline := time.Now().Add(parkSweep * 8 / 10)
+	for e.clientCount() != n && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	back := e.clientCount()
+	close(stop)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if back != n {
+		t.Fatalf("%d of %d busy clients on the loop %v after their last wait; want all", back, n, parkSweep*8/10)
+	}
+	if err := fb.Err(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // readReadies reads whole messages from c until n ReadyForQuery have come,

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"syscall"
+	"time"
 
 	"github.com/poolerd/poolerd/internal/wire"
 )
@@ -40,8 +41,18 @@ func (s *session) joinLoop() bool {
 	if !ok {
 		return false
 	}
-	rd, err := wire.NewConnReader(s.conn, s.srv.bufs)
-	if err != nil || !rd.Raw() {
+	// A session coming back from its own goroutine keeps its reader
+	// (writers may hold it).
+	s.wmu.Lock()
+	rd := s.cio
+	s.wmu.Unlock()
+	if rd == nil {
+		var err error
+		if rd, err = wire.NewConnReader(s.conn, s.srv.bufs); err != nil {
+			return false
+		}
+	}
+	if !rd.Raw() {
 		return false
 	}
 	rc, err := sc.SyscallConn()
@@ -105,16 +116,34 @@ func (s *session) loopStale() bool { return s.endErr.Load() != nil }
 // limit, a client that does not read) to a goroutine of its own: a session
 // that waited once is likely to wait again soon (a saturated pool), and a
 // goroutine waits for less than a hand-over of the loop each time. It comes
-// back to a loop where it would otherwise park (session.tryPark).
+// back to a loop between two requests once it has not waited for
+// rejoinAfter (rejoinable), or where it would otherwise park
+// (session.tryPark).
 func (s *session) loopDetach() bool {
 	if s.loopStale() {
 		return false // ended meanwhile: rearm wakes it on the loop path
 	}
+	s.waitedAt = s.srv.nanotime()
 	s.item.Store(nil)
 	// The parker's sweep tells an idle relay to come back (tryPark).
 	_ = s.srv.parker.start()
 	go s.run(false)
 	return true
+}
+
+// rejoinAfter is how long a session that left its event loop to wait stays
+// on its own goroutine after its last wait: while its pool is saturated it
+// waits at almost every request, and a goroutine waits for less than a move
+// between the loop and a goroutine each time.
+const rejoinAfter = 100 * time.Millisecond
+
+// rejoinable is relay's question when it finds nothing to read (in the
+// runtime poller's callback): go back to an event loop instead of waiting?
+// Yes once the session has not waited for rejoinAfter: the loop then reads
+// its next request. A transaction in progress (a server held) moves too:
+// the loop runs the same steps.
+func (s *session) rejoinable() bool {
+	return s.srv.nanotime()-s.waitedAt > int64(rejoinAfter) && s.endErr.Load() == nil && !s.closed.Load()
 }
 
 // loopEnd ends a session woken on its loop by finishLocked.

@@ -137,6 +137,10 @@ type session struct {
 	waiter     *pool.Waiter[*serverConn]
 	waiterPool *pool.Pool[*serverConn]
 	cancelWait func(cause error)
+	// waitedAt is the nanotime a wait of this session (a checkout queue,
+	// or one that made it leave its event loop) last ended: a session
+	// waits on its own goroutine while it keeps waiting (loopsession.go).
+	waitedAt int64
 
 	// Atomics: written by their owner, read by anyone (the server's
 	// reader, the watchdog, the parker, shutdown, the console).
@@ -345,12 +349,25 @@ func (s *session) relay(fresh bool) (parked bool) {
 	if fresh && s.tryPark() {
 		return true
 	}
+	// A session that left its event loop to wait goes back between two
+	// requests once it no longer waits (rejoinable).
+	var idle func() bool
+	if s.srv.engine.enabled() && !s.tls {
+		idle = s.rejoinable
+	}
 	for {
 		// The buffer is borrowed only once data has arrived: an idle
 		// client (even one that stopped inside a header, kept in s.carry)
 		// holds none.
-		bp, n, err := rd.Read()
+		bp, n, err := rd.ReadUnlessIdle(idle)
 		if err != nil {
+			if errors.Is(err, wire.ErrIdle) {
+				if s.joinLoop() {
+					return true
+				}
+				idle = nil // no loop takes it: stay on this goroutine
+				continue
+			}
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				if s.endErr.Load() != nil {
 					// Ended by another goroutine (finishLocked), or
@@ -1235,6 +1252,7 @@ func (s *session) dequeued() {
 	s.waitCancel = nil
 	s.waitMu.Unlock()
 	s.waitSince.Store(0)
+	s.waitedAt = s.srv.nanotime()
 }
 
 // syncParams returns the query that gives sc this session's parameters,

@@ -56,6 +56,7 @@ type ConnReader struct {
 	rc    syscall.RawConn
 	pool  *BufferPool
 	rfn   func(fd uintptr) bool // r.tryRead, bound once: no allocation per read
+	idle  func() bool           // ReadUnlessIdle's: stop instead of waiting?
 	buf   *[]byte
 	into  []byte // ReadInto's buffer; nil when reading into a pooled one
 	n     int
@@ -127,6 +128,19 @@ func (r *ConnReader) Read() (buf *[]byte, n int, err error) {
 	return buf, n, err
 }
 
+// ErrIdle is ReadUnlessIdle's answer when it stopped instead of waiting.
+var ErrIdle = errors.New("wire: nothing to read, and the reader stops")
+
+// ReadUnlessIdle is Read, except that when nothing is there to read it asks
+// idle (if not nil) whether to wait: if idle says no, it returns ErrIdle
+// at once. Connections without a file descriptor (TLS) always wait.
+func (r *ConnReader) ReadUnlessIdle(idle func() bool) (buf *[]byte, n int, err error) {
+	r.idle = idle
+	buf, n, err = r.Read()
+	r.idle = nil
+	return buf, n, err
+}
+
 // ReadInto waits for data and reads it into p, as net.Conn.Read does (0 and
 // io.EOF at end of stream).
 func (r *ConnReader) ReadInto(p []byte) (int, error) {
@@ -156,6 +170,10 @@ func (r *ConnReader) tryRead(fd uintptr) bool {
 			continue
 		case errno == syscall.EAGAIN:
 			r.putBack(b)
+			if r.idle != nil && r.idle() {
+				r.err = ErrIdle
+				return true
+			}
 			return false // wait for readability without a buffer
 		case errno != 0:
 			r.putBack(b)
