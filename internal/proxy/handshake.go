@@ -354,10 +354,7 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	s.useRoute(dbp, route, cfg)
 	dbp.setClientKey(s.clientKey)
 	dbp.setQuerySecret(queried)
-	ok, _ := (&pgproto3.AuthenticationOk{}).Encode(nil)
-	if _, err := s.conn.Write(ok); err != nil {
-		return false
-	}
+	s.loginOut, _ = (&pgproto3.AuthenticationOk{}).Encode(s.loginOut)
 	ctx, cancel := context.WithCancel(s.srv.ctx)
 	defer cancel()
 	if !s.loginDeadline.IsZero() {
@@ -414,7 +411,12 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	if s.timeouts().idleTracked() {
 		s.noteActive(s.srv.nanotime())
 	}
-	welcome := make([]byte, 0, 512)
+	// What authentication left to send (SASLFinal, AuthenticationOk) goes
+	// with the welcome: one write, one wake-up of the client, where a
+	// write each cost three. A refusal before this point sends the error
+	// alone, as PostgreSQL's clients take it at any step of a login.
+	welcome := append(make([]byte, 0, 512+len(s.loginOut)), s.loginOut...)
+	s.loginOut = nil
 	names := make([]string, 0, len(defaults))
 	for k := range defaults {
 		names = append(names, k)
@@ -595,10 +597,8 @@ func (s *session) authSCRAM(secret auth.Secret, known bool) (bool, error) {
 	if err != nil {
 		return false, protocolViolation("SCRAM: " + err.Error())
 	}
-	msg, _ = (&pgproto3.AuthenticationSASLFinal{Data: final}).Encode(nil)
-	if _, err := s.conn.Write(msg); err != nil {
-		return false, err
-	}
+	// Sent with AuthenticationOk and the welcome, in one write (loginOut).
+	s.loginOut, _ = (&pgproto3.AuthenticationSASLFinal{Data: final}).Encode(s.loginOut)
 	if secret.Kind() == auth.SecretSCRAM {
 		s.clientKey = exch.ClientKey()
 	}

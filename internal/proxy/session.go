@@ -137,6 +137,9 @@ type session struct {
 	waiter     *pool.Waiter[*serverConn]
 	waiterPool *pool.Pool[*serverConn]
 	cancelWait func(cause error)
+	// loginOut is what the login has still to send once it succeeds
+	// (handshake.go); nil afterwards.
+	loginOut []byte
 	// waitedAt is the nanotime a wait of this session (a checkout queue,
 	// or one that made it leave its event loop) last ended: a session
 	// waits on its own goroutine while it keeps waiting (loopsession.go).

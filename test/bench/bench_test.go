@@ -1,9 +1,15 @@
 package main
 
 import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"io"
 	"math"
+	"net"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Output of pgbench 15 for a normal run.
@@ -185,5 +191,199 @@ func TestProgressWindow(t *testing.T) {
 	}
 	if !strings.HasPrefix(w.String(), "pgbench (15.18)\nprogress: 1.0 s") {
 		t.Fatalf("stderr not kept: %q", w.String())
+	}
+}
+
+func TestBurstOffsets(t *testing.T) {
+	got := burstOffsets(10, 10*time.Second)
+	if len(got) != 1 || got[0] != 5*time.Second {
+		t.Fatalf("10 s every 10s: %v", got)
+	}
+	if got := burstOffsets(90, 10*time.Second); len(got) != 9 || got[8] != 85*time.Second {
+		t.Fatalf("90 s every 10s: %v", got)
+	}
+	if got := burstOffsets(3, 10*time.Second); len(got) != 0 {
+		t.Fatalf("3 s every 10s: %v", got)
+	}
+}
+
+func TestParseTCPExt(t *testing.T) {
+	text := "TcpExt: SyncookiesSent ListenOverflows ListenDrops\nTcpExt: 1 42 43\nIpExt: InNoRoutes\nIpExt: 0\n"
+	if v := parseTCPExt(text, "ListenOverflows"); v != 42 {
+		t.Errorf("ListenOverflows = %d, want 42", v)
+	}
+	if v := parseTCPExt(text, "Missing"); v != -1 {
+		t.Errorf("Missing = %d, want -1", v)
+	}
+	if k := errKey(errors.New("read tcp 127.0.0.1:40312->127.0.0.1:6432: i/o timeout")); k != "read tcp 127.0.0.1:N->127.0.0.1:N: i/o timeout" {
+		t.Errorf("errKey = %q", k)
+	}
+}
+
+func TestChurnAggregate(t *testing.T) {
+	a := &churnRun{Completed: 3, Hist: latHist{}, MaxUs: 9000, Failed: 1, Timeouts: 1, Abandoned: 10}
+	for _, us := range []int64{1000, 2000, 9000} {
+		a.Hist.add(us)
+	}
+	b := &churnRun{Completed: 1, Hist: latHist{5000: 1}, MaxUs: 5000, AbandonFailed: 2}
+	bad := &churnRun{Err: "pooler process gone", Completed: 7, Failed: 4}
+	g := aggregateChurn([]*churnRun{a, b, bad})
+	if g.ok != 2 || g.completed != 4 || g.failed != 5 || g.timeouts != 1 || g.abandoned != 10 || g.abFailed != 2 || g.maxUs != 9000 {
+		t.Fatalf("aggregate = %+v", g)
+	}
+	if p50, p99 := g.qms(0.5), g.qms(0.99); p50 != 2 || p99 != 9 {
+		t.Fatalf("p50 %v ms, p99 %v ms; want 2 and 9", p50, p99)
+	}
+}
+
+// TestAbandonLoginAndQuery runs abandonLogin and simpleQuery against a
+// fake server.
+func TestAbandonLoginAndQuery(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	served := make(chan error, 2)
+	go func() {
+		for range 2 {
+			c, err := ln.Accept()
+			if err != nil {
+				served <- err
+				return
+			}
+			served <- fakeServer(c)
+		}
+	}()
+	if err := abandonLogin(ln.Addr().String(), "u", "db", 5*time.Second, false); err != nil {
+		t.Fatalf("abandonLogin: %v", err)
+	}
+	// The client hung up without answering the SASL request.
+	if err := <-served; err != io.EOF {
+		t.Fatalf("after the SASL request the server read %v, want EOF", err)
+	}
+
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write(startupMessage("u", "db")); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(c)
+	if typ, _, err := readMsg(br); err != nil || typ != 'R' {
+		t.Fatalf("SASL request: %q %v", typ, err)
+	}
+	// The fake server answers anything with an error and ReadyForQuery.
+	if err := writeMsg(c, 'p', []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if typ, _, err := readMsg(br); err != nil || typ != 'E' {
+		t.Fatalf("error: %q %v", typ, err)
+	}
+	if typ, _, err := readMsg(br); err != nil || typ != 'Z' {
+		t.Fatalf("ReadyForQuery: %q %v", typ, err)
+	}
+	err = simpleQuery(c, "SELECT 1", 5*time.Second)
+	if err == nil || !strings.Contains(err.Error(), "boom") {
+		t.Fatalf("simpleQuery error = %v, want the server's boom", err)
+	}
+	terminate(c)
+	if err := <-served; err != nil {
+		t.Fatalf("server: %v", err)
+	}
+}
+
+// fakeServer reads a StartupMessage, sends AuthenticationSASL, then
+// answers every message with ErrorResponse "boom" and ReadyForQuery,
+// until Terminate (nil) or a read error (returned).
+func fakeServer(c net.Conn) error {
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	var hdr [4]byte
+	if _, err := io.ReadFull(c, hdr[:]); err != nil {
+		return err
+	}
+	if _, err := io.ReadFull(c, make([]byte, binary.BigEndian.Uint32(hdr[:])-4)); err != nil {
+		return err
+	}
+	sasl := binary.BigEndian.AppendUint32(nil, 10)
+	sasl = append(sasl, "SCRAM-SHA-256\x00\x00"...)
+	if err := writeMsg(c, 'R', sasl); err != nil {
+		return err
+	}
+	br := bufio.NewReader(c)
+	for {
+		typ, _, err := readMsg(br)
+		if err != nil {
+			return err
+		}
+		if typ == 'X' {
+			return nil
+		}
+		if err := writeMsg(c, 'E', []byte("SERROR\x00C42000\x00Mboom\x00\x00")); err != nil {
+			return err
+		}
+		if err := writeMsg(c, 'Z', []byte("I")); err != nil {
+			return err
+		}
+	}
+}
+
+// TestChurnReport renders the churn section: every row has the header's
+// columns, and the p99 comparison is there.
+func TestChurnReport(t *testing.T) {
+	run := func(target string, round int, lat ...int64) *churnRun {
+		r := &churnRun{Target: target, Round: round, Hist: latHist{}, BurstHist: latHist{}, Errors: map[string]int64{},
+			Wall: 10 * time.Second, Abandoned: 100, PoolerCPUTicks: 50, SelfTicks: 10, MachineTicks: 1000}
+		for _, us := range lat {
+			r.Hist.add(us)
+			r.Completed++
+			r.MaxUs = max(r.MaxUs, us)
+		}
+		r.BurstHist.add(lat[len(lat)-1])
+		return r
+	}
+	bad := run(targetPgbouncer, 2, 1000)
+	bad.Err, bad.Failed, bad.Errors["login: EOF"] = "pooler process gone", 3, 3
+	res := &results{
+		opts:    options{rounds: 2, noMatrix: true, churn: churnOptions{seconds: 10, workers: 16, abandon: 4, burst: 500, every: 10 * time.Second}},
+		targets: []*target{{name: targetDirect}, {name: targetPoolerd}, {name: targetPgbouncer}},
+		churns: []*churnRun{run(targetPoolerd, 1, 1000, 2000, 40000), run(targetPgbouncer, 1, 3000, 9000),
+			run(targetPoolerd, 2, 1500, 2500), bad},
+		ticks: 100,
+	}
+	out := renderReport(res)
+	i := strings.Index(out, "## Connection churn")
+	if i < 0 {
+		t.Fatalf("no churn section:\n%s", out)
+	}
+	var cols int
+	rows := 0
+	for _, l := range strings.Split(out[i:], "\n") {
+		if !strings.HasPrefix(l, "|") {
+			if rows > 0 {
+				break
+			}
+			continue
+		}
+		n := strings.Count(l, "|")
+		if cols == 0 {
+			cols = n
+		} else if n != cols {
+			t.Errorf("%d columns, header has %d: %s", n, cols, l)
+		}
+		rows++
+	}
+	// Header, separator, poolerd 1, 2, all, pgbouncer 1, 2 (failed), all.
+	if rows != 8 {
+		t.Errorf("%d table lines, want 8:\n%s", rows, out[i:])
+	}
+	for _, want := range []string{"| poolerd | all | 5 |", "poolerd 40.0 ms, PgBouncer 9.0 ms: 4.44×", "**not met**",
+		"**failed**: pooler process gone", "3× `login: EOF`"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out[i:])
+		}
 	}
 }

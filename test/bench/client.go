@@ -24,8 +24,13 @@ import (
 // A minimal PostgreSQL client that only logs in (SCRAM-SHA-256, md5 or
 // cleartext) and then holds its connection idle: the idle-clients test
 // needs thousands of them, each costing the harness one socket and no
-// goroutine. The SCRAM salted password is cached per (salt, iterations),
-// so that the harness's own PBKDF2 does not limit how fast clients log in.
+// goroutine. The connection-churn test also sends a simple query on it and
+// abandons logins after the server's SASL request. The SCRAM salted
+// password is cached per (salt, iterations), so that the harness's own
+// PBKDF2 does not limit how fast clients log in to a server that keeps its
+// salt (poolerd, PostgreSQL). PgBouncer with a plain-text auth_file sends a
+// new salt every login: against it the harness derives the key every time
+// (and the cache gains an entry per login).
 
 var saltedCache sync.Map // string(salt)+"/"+iterations -> []byte
 
@@ -78,7 +83,8 @@ func startTLS(conn net.Conn) (net.Conn, error) {
 	return tc, nil
 }
 
-func handshake(conn net.Conn, user, password, db string) error {
+// startupMessage is a protocol 3.0 StartupMessage for user on db.
+func startupMessage(user, db string) []byte {
 	var startup []byte
 	startup = binary.BigEndian.AppendUint32(startup, 0)
 	startup = binary.BigEndian.AppendUint32(startup, 196608)
@@ -90,7 +96,11 @@ func handshake(conn net.Conn, user, password, db string) error {
 	}
 	startup = append(startup, 0)
 	binary.BigEndian.PutUint32(startup, uint32(len(startup)))
-	if _, err := conn.Write(startup); err != nil {
+	return startup
+}
+
+func handshake(conn net.Conn, user, password, db string) error {
+	if _, err := conn.Write(startupMessage(user, db)); err != nil {
 		return err
 	}
 	br := bufio.NewReaderSize(conn, 1024)
@@ -162,6 +172,75 @@ func handshake(conn net.Conn, user, password, db string) error {
 			return fmt.Errorf("unexpected message %q during login", typ)
 		}
 	}
+}
+
+// abandonLogin dials addr (with TLS first when useTLS), sends a
+// StartupMessage for user on db, waits for the server's
+// AuthenticationSASL request and closes the connection without answering
+// it: a client that gives up in the middle of its login.
+func abandonLogin(addr, user, db string, timeout time.Duration, useTLS bool) error {
+	conn, err := net.DialTimeout("tcp", addr, timeout)
+	if err != nil {
+		return err
+	}
+	_ = conn.SetDeadline(time.Now().Add(timeout))
+	if useTLS {
+		if conn, err = startTLS(conn); err != nil {
+			return err
+		}
+	}
+	defer conn.Close()
+	if _, err := conn.Write(startupMessage(user, db)); err != nil {
+		return err
+	}
+	br := bufio.NewReaderSize(conn, 256)
+	for {
+		typ, body, err := readMsg(br)
+		if err != nil {
+			return err
+		}
+		switch {
+		case typ == 'R' && len(body) >= 4 && binary.BigEndian.Uint32(body) == 10:
+			return nil // AuthenticationSASL: hang up
+		case typ == 'E':
+			return fmt.Errorf("server error: %s", errorText(body))
+		case typ == 'N':
+		default:
+			return fmt.Errorf("unexpected message %q before the SASL request", typ)
+		}
+	}
+}
+
+// simpleQuery sends sql as a simple Query on an idle, logged-in conn and
+// reads the answer up to ReadyForQuery, within timeout. An ErrorResponse
+// is an error (after ReadyForQuery was read).
+func simpleQuery(conn net.Conn, sql string, timeout time.Duration) error {
+	_ = conn.SetDeadline(time.Now().Add(timeout))
+	defer func() { _ = conn.SetDeadline(time.Time{}) }()
+	if err := writeMsg(conn, 'Q', append([]byte(sql), 0)); err != nil {
+		return err
+	}
+	br := bufio.NewReaderSize(conn, 512)
+	var qerr error
+	for {
+		typ, body, err := readMsg(br)
+		if err != nil {
+			return err
+		}
+		switch typ {
+		case 'E':
+			qerr = fmt.Errorf("server error: %s", errorText(body))
+		case 'Z':
+			return qerr
+		}
+	}
+}
+
+// terminate sends Terminate ('X') and closes conn.
+func terminate(conn net.Conn) {
+	_ = conn.SetWriteDeadline(time.Now().Add(time.Second))
+	_ = writeMsg(conn, 'X', nil)
+	conn.Close()
 }
 
 func readMsg(br *bufio.Reader) (byte, []byte, error) {

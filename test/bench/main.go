@@ -1,7 +1,7 @@
 // Command bench measures poolerd side by side with PgBouncer and with
 // PostgreSQL itself (issue 7, "Performance: measured side by side"):
 //
-//	go run ./test/bench [-T 10] [-rounds 3] [-quick] [-out docs/benchmarks-latest.md]
+//	go run ./test/bench [-T 10] [-rounds 3] [-quick] [-churn-T 90] [-only churn] [-out docs/benchmarks-latest.md]
 //
 // It starts a throwaway PostgreSQL (test/pgtest, max_connections 500),
 // initialises pgbench (-i -s 10), builds and starts poolerd and, when
@@ -14,8 +14,15 @@
 //     from pgbench's per-transaction logs), failed transactions and the CPU
 //     time of each pooler process (/proc/PID/stat);
 //   - runs a connection storm (pgbench -S -C -c 16) against every target;
+//   - with -churn-T N, runs a connection churn against each pooler, N
+//     seconds per pooler and round (churn.go: its own Go client makes full
+//     SCRAM logins with a SELECT 1, abandoned logins and bursts of 500),
+//     recording login latency p50/p99/max, failures and the pooler's CPU
+//     per login;
 //   - opens 10,000 idle authenticated clients to each pooler in turn
 //     (fresh processes) and reports RSS growth per client.
+//
+// -only runs some of these alone (e.g. -only churn).
 //
 // It prints a Markdown report to stdout and to -out. Progress goes to
 // stderr. Everything listens on 127.0.0.1, and every process and temporary
@@ -54,6 +61,10 @@ type options struct {
 	idleClients  int
 	stormClients int
 	stormSeconds int
+	churn        churnOptions
+	// noMatrix: -only without "matrix": no pgbench -S matrix runs (modes
+	// and clients are then empty).
+	noMatrix     bool
 	out          string
 	poolerdBin   string
 	poolerdEnv   []string // POOLERD_* settings for the poolerd target (-poolerd-env)
@@ -86,7 +97,7 @@ func main() {
 
 func mainExit() int {
 	var o options
-	var clients, modes string
+	var clients, modes, only string
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.IntVar(&o.seconds, "T", 10, "seconds measured per pgbench run (-T, plus -login-allowance)")
 	fs.IntVar(&o.rounds, "rounds", 2, "rounds of the whole matrix (targets interleaved in each)")
@@ -98,6 +109,12 @@ func mainExit() int {
 	fs.IntVar(&o.idleClients, "idle-clients", 10000, "idle authenticated clients opened to each pooler (0 skips the test)")
 	fs.IntVar(&o.stormClients, "storm-clients", 16, "clients of the connection storm (pgbench -C); 0 skips it")
 	fs.IntVar(&o.stormSeconds, "storm-T", 0, "seconds of each connection storm run (default: -T)")
+	fs.IntVar(&o.churn.seconds, "churn-T", 0, "seconds of connection churn per pooler and round (0 skips the churn test)")
+	fs.IntVar(&o.churn.workers, "churn-workers", 16, "churn: workers looping over login, SELECT 1, Terminate")
+	fs.IntVar(&o.churn.abandon, "churn-abandon", 4, "churn: workers looping over logins abandoned at the server's SASL request")
+	fs.IntVar(&o.churn.burst, "churn-burst", 500, "churn: clients that log in at once in each burst (0: no bursts)")
+	fs.DurationVar(&o.churn.every, "churn-every", 10*time.Second, "churn: interval between bursts (the first comes after half of it)")
+	fs.StringVar(&only, "only", "", "run only these tests, comma-separated from matrix, storm, churn, idle (e.g. -only churn -churn-T 90); PostgreSQL, pgbench -i and the warm-up run always")
 	fs.StringVar(&o.out, "out", "", "also write the Markdown report to this file")
 	fs.StringVar(&o.poolerdBin, "poolerd", "", "use this poolerd binary instead of building bin/poolerd")
 	fs.Func("poolerd-env", "a POOLERD_KEY=value setting for poolerd, e.g. POOLERD_EVENT_LOOPS=1 (repeatable)", func(v string) error {
@@ -158,6 +175,39 @@ func mainExit() int {
 	if o.seconds < 1 || o.rounds < 1 || o.jobs < 1 || len(o.modes) == 0 || o.loginAllowance < 0 {
 		fmt.Fprintln(os.Stderr, "bench: -T, -rounds and -j must be positive and -modes not empty")
 		return 2
+	}
+	if o.churn.seconds < 0 || o.churn.workers < 0 || o.churn.abandon < 0 || o.churn.burst < 0 ||
+		(o.churn.burst > 0 && o.churn.every <= 0) {
+		fmt.Fprintln(os.Stderr, "bench: -churn-T, -churn-workers, -churn-abandon and -churn-burst must not be negative, -churn-every positive")
+		return 2
+	}
+	if only != "" {
+		want := map[string]bool{}
+		for _, f := range strings.Split(only, ",") {
+			switch f = strings.TrimSpace(f); f {
+			case "matrix", "storm", "churn", "idle":
+				want[f] = true
+			case "":
+			default:
+				fmt.Fprintf(os.Stderr, "bench: -only: unknown test %q (want matrix, storm, churn, idle)\n", f)
+				return 2
+			}
+		}
+		if !want["matrix"] {
+			o.noMatrix, o.modes, o.clients = true, nil, nil
+		}
+		if !want["storm"] {
+			o.stormClients = 0
+		}
+		if !want["idle"] {
+			o.idleClients = 0
+		}
+		if !want["churn"] {
+			o.churn.seconds = 0
+		} else if o.churn.seconds == 0 {
+			fmt.Fprintln(os.Stderr, "bench: -only churn needs -churn-T N (seconds per pooler and round)")
+			return 2
+		}
 	}
 
 	var cl cleaner
@@ -242,6 +292,11 @@ func estimate(o options, nTargets int, hasPgbouncer bool) time.Duration {
 	if o.stormClients > 0 {
 		total += time.Duration(o.rounds*nTargets) * perRun(o.stormSeconds, o.stormClients)
 	}
+	if o.churn.seconds > 0 {
+		// The cycles under way at the end, the settling and the pause.
+		n := nTargets - 1
+		total += time.Duration(o.rounds*n) * (time.Duration(o.churn.seconds)*time.Second + o.pause + 2*time.Second)
+	}
 	if o.idleClients > 0 {
 		// Logins to poolerd take ~1 ms, to PgBouncer ~15 ms (it derives
 		// the SCRAM key of a plain-text password for every login), plus
@@ -262,6 +317,7 @@ type results struct {
 	targets   []*target
 	runs      []*pgbenchRun
 	storms    []*pgbenchRun
+	churns    []*churnRun
 	idle      []idleResult
 	commands  []string
 	ticks     int64
@@ -291,6 +347,10 @@ func run(ctx context.Context, o options, cl *cleaner) error {
 	if o.idleClients > 0 && nofile > 0 && uint64(o.idleClients)+200 > nofile {
 		return fmt.Errorf("-idle-clients %d needs more open files than the limit %d", o.idleClients, nofile)
 	}
+	// A churn burst holds a socket per client, on top of the workers'.
+	if need := uint64(o.churn.burst+o.churn.workers+o.churn.abandon) + 200; o.churn.seconds > 0 && nofile > 0 && need > nofile {
+		return fmt.Errorf("-churn-burst %d needs more open files than the limit %d", o.churn.burst, nofile)
+	}
 	pgbenchBin, err := exec.LookPath("pgbench")
 	if err != nil {
 		return errors.New("pgbench not found on PATH (apt-get install postgresql-client)")
@@ -310,8 +370,15 @@ func run(ctx context.Context, o options, cl *cleaner) error {
 		nTargets = 3
 	}
 	res.estimated = estimate(o, nTargets, pgbouncerBin != "")
-	logf("bench: estimated total runtime ~%s (%d rounds, -T %d, clients %v, modes %v, %d targets)",
-		res.estimated.Round(time.Minute), o.rounds, o.seconds, o.clients, o.modes, nTargets)
+	what := fmt.Sprintf("-T %d, clients %v, modes %v", o.seconds, o.clients, o.modes)
+	if o.noMatrix {
+		what = "no matrix"
+	}
+	if o.churn.seconds > 0 {
+		what += fmt.Sprintf(", churn %d s", o.churn.seconds)
+	}
+	logf("bench: estimated total runtime ~%s (%d rounds, %s, %d targets)",
+		res.estimated.Round(time.Minute), o.rounds, what, nTargets)
 
 	root, err := repoRoot()
 	if err != nil {
@@ -393,7 +460,11 @@ func run(ctx context.Context, o options, cl *cleaner) error {
 	res.targets = append(res.targets, pd)
 	var pb *target
 	if pgbouncerBin != "" {
-		if pb, err = pgbouncerTarget(pgbouncerBin, workDir, pg, maxClients, tlsFiles); err != nil {
+		secret, err := scramSecret(ctx, pg, benchUser)
+		if err != nil {
+			return err
+		}
+		if pb, err = pgbouncerTarget(pgbouncerBin, workDir, pg, maxClients, tlsFiles, secret); err != nil {
 			return err
 		}
 		cl.add(pb.stop)
@@ -414,17 +485,31 @@ func run(ctx context.Context, o options, cl *cleaner) error {
 	if !o.noLog {
 		logOpt = " --log --log-prefix=$TMPDIR/tx"
 	}
-	res.commands = append(res.commands,
-		"# each matrix run (PORT: the target's; MODE simple|extended|prepared; CLIENTS "+joinInts(o.clients)+
-			fmt.Sprintf("; JOBS min(%d, CLIENTS);", o.jobs),
-		fmt.Sprintf("# T = %d + CLIENTS/JOBS × %v for pgbench's logins, which count in -T but not in its TPS: %s s):",
-			o.seconds, o.loginAllowance, runSecondsList(o)),
-		fmt.Sprintf("PGPASSWORD=secret PGSSLMODE="+sslmode+" pgbench -h 127.0.0.1 -p $PORT -U %s -n -S -M $MODE -c $CLIENTS -j $JOBS -T $T -P 1%s %s",
-			benchUser, logOpt, benchDB))
+	if !o.noMatrix {
+		res.commands = append(res.commands,
+			"# each matrix run (PORT: the target's; MODE simple|extended|prepared; CLIENTS "+joinInts(o.clients)+
+				fmt.Sprintf("; JOBS min(%d, CLIENTS);", o.jobs),
+			fmt.Sprintf("# T = %d + CLIENTS/JOBS × %v for pgbench's logins, which count in -T but not in its TPS: %s s):",
+				o.seconds, o.loginAllowance, runSecondsList(o)),
+			fmt.Sprintf("PGPASSWORD=secret PGSSLMODE="+sslmode+" pgbench -h 127.0.0.1 -p $PORT -U %s -n -S -M $MODE -c $CLIENTS -j $JOBS -T $T -P 1%s %s",
+				benchUser, logOpt, benchDB))
+	}
 	if o.stormClients > 0 {
 		st := pgbenchCmd{bin: "pgbench", port: 0, mode: "simple", clients: o.stormClients, jobs: o.jobs, seconds: o.stormSeconds, connect: true, user: benchUser, db: benchDB}
 		res.commands = append(res.commands, "# connection storm, each target:",
 			"PGPASSWORD=secret PGSSLMODE="+sslmode+" pgbench "+strings.Replace(strings.Join(st.args(), " "), "-p 0", "-p $PORT", 1))
+	}
+	if co := o.churn; co.seconds > 0 {
+		tlsArg := ""
+		if o.tls {
+			tlsArg = " -tls"
+		}
+		res.commands = append(res.commands,
+			fmt.Sprintf("# connection churn, each pooler, each round: the harness's own client (test/bench/churn.go), %d s:", co.seconds),
+			fmt.Sprintf("#   %d workers loop: SCRAM login, SELECT 1, Terminate; %d workers loop: StartupMessage, hang up at the SASL request;", co.workers, co.abandon),
+			fmt.Sprintf("#   every %v from %v: %d clients at once log in, SELECT 1, Terminate; login and query timeout %v. Alone:", co.every, co.every/2, co.burst, churnTimeout),
+			fmt.Sprintf("go run ./test/bench -only churn -rounds %d -churn-T %d -churn-workers %d -churn-abandon %d -churn-burst %d -churn-every %v%s",
+				o.rounds, co.seconds, co.workers, co.abandon, co.burst, co.every, tlsArg))
 	}
 
 	// Warm-up: open every pooler's server connections and warm caches.
@@ -458,11 +543,17 @@ func run(ctx context.Context, o options, cl *cleaner) error {
 	if o.stormClients > 0 {
 		total += o.rounds * len(res.targets)
 	}
+	if o.churn.seconds > 0 {
+		total += o.rounds * (len(res.targets) - 1)
+	}
 	done := 0
 	matrixStart := time.Now()
-	progress := func(r *pgbenchRun, t *target) {
+	step := func() time.Duration {
 		done++
-		eta := time.Duration(float64(time.Since(matrixStart)) / float64(done) * float64(total-done))
+		return time.Duration(float64(time.Since(matrixStart)) / float64(done) * float64(total-done))
+	}
+	progress := func(r *pgbenchRun, t *target) {
+		eta := step()
 		what := fmt.Sprintf("%-8s c=%-3d", r.Mode, r.Clients)
 		if r.Storm {
 			what = fmt.Sprintf("storm -C c=%-3d", r.Clients)
@@ -528,6 +619,27 @@ func run(ctx context.Context, o options, cl *cleaner) error {
 				r.Target, r.Round = t.name, round
 				res.storms = append(res.storms, r)
 				progress(r, t)
+				sleepCtx(ctx, o.pause)
+			}
+		}
+		if o.churn.seconds > 0 {
+			// The poolers only: direct PostgreSQL would fork a backend per
+			// login and a burst would pass its max_connections.
+			pool := res.targets[1:]
+			for i := range pool {
+				t := pool[(i+round-1)%len(pool)]
+				if err := t.ensureRunning(ctx, logf); err != nil {
+					return err
+				}
+				cr, err := runChurn(ctx, t, o.churn, pmPid)
+				if err != nil {
+					return err
+				}
+				cr.Round = round
+				res.churns = append(res.churns, cr)
+				eta := step()
+				logf("bench: [%d/%d, eta %s] round %d churn %ds %-9s %s", done, total, eta.Round(time.Second), round, o.churn.seconds, t.name,
+					churnProgress(cr, res.ticks))
 				sleepCtx(ctx, o.pause)
 			}
 		}

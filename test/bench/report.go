@@ -149,15 +149,23 @@ func renderReport(res *results) string {
 	}
 	r.p("| poolerd | %s, commit %s, built with %s, GOMAXPROCS default |", i.Poolerd, i.Commit, i.Go)
 	r.p("| harness | `%s` |", strings.Join(append([]string{"go run ./test/bench"}, os.Args[1:]...), " "))
-	r.p("| settings | %d rounds; -T %d s plus %v per client per pgbench thread for logins (-T %s s for %s clients); -j %d; pgbench scale %d; modes %s |",
-		o.rounds, o.seconds, o.loginAllowance, runSecondsList(o), joinInts(o.clients), o.jobs, o.scale, strings.Join(o.modes, ", "))
+	if o.noMatrix {
+		r.p("| settings | %d rounds; no pgbench -S matrix (-only); -j %d; pgbench scale %d |", o.rounds, o.jobs, o.scale)
+	} else {
+		r.p("| settings | %d rounds; -T %d s plus %v per client per pgbench thread for logins (-T %s s for %s clients); -j %d; pgbench scale %d; modes %s |",
+			o.rounds, o.seconds, o.loginAllowance, runSecondsList(o), joinInts(o.clients), o.jobs, o.scale, strings.Join(o.modes, ", "))
+	}
 	if o.tls {
 		r.p("| TLS | on both sides (-tls): PostgreSQL accepts TCP over TLS only (hostssl); poolerd and PgBouncer require TLS from clients (client_tls_sslmode require) and use it to PostgreSQL (server_tls_sslmode require); pgbench and the harness's own logins use sslmode=require, direct too |")
 	} else {
 		r.p("| TLS | none: every connection is plain TCP (sslmode=disable) |")
 	}
 	r.p("| runtime | %s (estimated %s) |", res.elapsed.Round(time.Second), res.estimated.Round(time.Minute))
-	share, worst := otherShare(append(append([]*pgbenchRun(nil), res.runs...), res.storms...), res.ticks)
+	all := append(append([]*pgbenchRun(nil), res.runs...), res.storms...)
+	for _, c := range res.churns {
+		all = append(all, &pgbenchRun{Wall: c.Wall, OtherTicks: c.OtherTicks})
+	}
+	share, worst := otherShare(all, res.ticks)
 	r.p("| other processes | CPU used during the runs by processes outside the benchmark (the busy time of all CPUs in /proc/stat, less steal, minus the CPU time of PostgreSQL, pgbench, the pooler and the harness): %s of the machine on average, %s in the worst run; load average at the start %s |",
 		fmtPct(share), fmtPct(worst), res.loadStart)
 	r.p("")
@@ -167,14 +175,19 @@ func renderReport(res *results) string {
 		r.p("")
 	}
 	r.goals()
-	r.tpsTables()
-	r.latencyTables()
-	r.cpuTable()
-	r.addedLatency()
+	if !o.noMatrix {
+		r.tpsTables()
+		r.latencyTables()
+		r.cpuTable()
+		r.addedLatency()
+	}
 	r.stormTable()
+	r.churnTable()
 	r.idleTable()
 	r.failures()
-	r.rawTable()
+	if !o.noMatrix {
+		r.rawTable()
+	}
 
 	r.p("## Commands")
 	r.p("")
@@ -184,14 +197,16 @@ func renderReport(res *results) string {
 	}
 	r.p("```")
 	r.p("")
-	r.p("Measurement window: each matrix run is measured from pgbench's first progress report (-P 1) at or")
-	r.p("after the login allowance (-T minus %d s) to its last report; TPS and mean latency are those of the", o.seconds)
-	r.p("reports in between, and CPU is read from /proc when the window's first and last reports arrive (the whole run")
-	r.p("when there are fewer than 3 reports; the connection storm counts the whole run, logins included).")
-	r.p("CPU: utime+stime of the pooler process (/proc/PID/stat, %d ticks/s) per transaction in the window;", res.ticks)
-	r.p("\"machine\": the busy time of all CPUs (/proc/stat) over the same window.")
-	r.p("p50/p99: pgbench --log per-transaction latencies of the transactions that ended in the window, all")
-	r.p("rounds merged.")
+	if !o.noMatrix {
+		r.p("Measurement window: each matrix run is measured from pgbench's first progress report (-P 1) at or")
+		r.p("after the login allowance (-T minus %d s) to its last report; TPS and mean latency are those of the", o.seconds)
+		r.p("reports in between, and CPU is read from /proc when the window's first and last reports arrive (the whole run")
+		r.p("when there are fewer than 3 reports; the connection storm counts the whole run, logins included).")
+		r.p("CPU: utime+stime of the pooler process (/proc/PID/stat, %d ticks/s) per transaction in the window;", res.ticks)
+		r.p("\"machine\": the busy time of all CPUs (/proc/stat) over the same window.")
+		r.p("p50/p99: pgbench --log per-transaction latencies of the transactions that ended in the window, all")
+		r.p("rounds merged.")
+	}
 	if o.idleClients > 0 {
 		r.p("Idle clients: a fresh process of each pooler in turn; one client logs in, VmRSS (/proc/PID/status)")
 		r.p("is read after 3 s, then %s more clients log in (SCRAM-SHA-256, 8 at a time, a minimal Go client in", commas(int64(o.idleClients)))
@@ -479,6 +494,9 @@ func (r *report) goals() {
 		gs = append(gs, goal{fmt.Sprintf("Connection storm (`-C -c %d`) vs PgBouncer", r.opts.stormClients), "≥ 1.00×", m, status(x, x >= 1.0, who)})
 	}
 
+	if len(gs) == 0 {
+		return
+	}
 	r.p("## Goals (issue 7)")
 	r.p("")
 	r.p("| goal | wanted | measured | |")
@@ -830,6 +848,20 @@ func (r *report) failures() {
 				run.Failed, strings.Join(run.Errors, " | ")))
 		}
 	}
+	for _, c := range r.churns {
+		what := fmt.Sprintf("churn %d s", r.opts.churn.seconds)
+		switch {
+		case !c.ok():
+			l := fmt.Sprintf("- round %d, %s, %s: %s", c.Round, c.Target, what, c.Err)
+			if len(c.Errors) > 0 {
+				l += ": " + churnErrors(c.Errors)
+			}
+			lines = append(lines, l)
+		case len(c.Errors) > 0:
+			lines = append(lines, fmt.Sprintf("- round %d, %s, %s: %d failed logins, %d failed abandoned logins: %s", c.Round, c.Target, what,
+				c.Failed, c.AbandonFailed, churnErrors(c.Errors)))
+		}
+	}
 	for _, t := range r.targets {
 		for _, ev := range t.events {
 			lines = append(lines, "- "+ev)
@@ -838,7 +870,7 @@ func (r *report) failures() {
 	r.p("## Failures and errors")
 	r.p("")
 	if len(lines) == 0 {
-		r.p("None: every run completed with zero failed transactions.")
+		r.p("None: every run completed with zero failed transactions and logins.")
 	} else {
 		r.p("Failed runs are left out of means, ratios and percentiles.")
 		r.p("")

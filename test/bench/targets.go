@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/poolerd/poolerd/test/pgtest"
 )
 
@@ -186,14 +188,34 @@ func poolerdTarget(bin, workDir string, pg *pgtest.Server, maxClients int, tlsFi
 	return t, nil
 }
 
+// scramSecret is the role's SCRAM secret as PostgreSQL stores it (what
+// auth_query would return).
+func scramSecret(ctx context.Context, pg *pgtest.Server, role string) (string, error) {
+	conn, err := pgx.Connect(ctx, pg.SuperDSN(benchDB))
+	if err != nil {
+		return "", fmt.Errorf("reading %s's SCRAM secret: %w", role, err)
+	}
+	defer conn.Close(ctx)
+	var secret string
+	if err := conn.QueryRow(ctx, "SELECT rolpassword FROM pg_authid WHERE rolname = $1", role).Scan(&secret); err != nil {
+		return "", fmt.Errorf("reading %s's SCRAM secret: %w", role, err)
+	}
+	return secret, nil
+}
+
 // pgbouncerTarget prepares PgBouncer with poolerd's settings: transaction
-// mode, default_pool_size 20, SCRAM client auth from an auth_file. PgBouncer
+// mode, default_pool_size 20, SCRAM client auth from an auth_file. The
+// auth_file holds secret, the role's SCRAM secret from PostgreSQL, as
+// PgBouncer is deployed with SCRAM (the password itself when secret is
+// ""): PgBouncer then logs in to PostgreSQL with the client's proof, and
+// derives no key per login, as poolerd derives none (its salted password
+// is cached). PgBouncer
 // refuses to run as root: as root it runs as the postgres OS user, from a
 // directory that user owns. With tlsFiles (-tls) it requires TLS from
 // clients and uses TLS to PostgreSQL, as poolerdTarget: client_tls_sslmode
 // and server_tls_sslmode require, with copies of tlsFiles' server
 // certificate and key that PgBouncer's user can read.
-func pgbouncerTarget(bin, workDir string, pg *pgtest.Server, maxClients int, tlsFiles *pgtest.TLSFiles) (*target, error) {
+func pgbouncerTarget(bin, workDir string, pg *pgtest.Server, maxClients int, tlsFiles *pgtest.TLSFiles, secret string) (*target, error) {
 	port, err := pgtest.FreePort()
 	if err != nil {
 		return nil, err
@@ -231,7 +253,13 @@ log_connections = 0
 log_disconnections = 0
 ignore_startup_parameters = extra_float_digits
 `, benchDB, pg.Port, benchDB, port, users, maxClients)
-	files := map[string]string{users: fmt.Sprintf("%q %q\n", benchUser, benchPass)}
+	usersLine := fmt.Sprintf("%q %q", benchUser, benchPass)
+	shown := usersLine
+	if secret != "" {
+		usersLine = fmt.Sprintf("%q %q", benchUser, secret)
+		shown = fmt.Sprintf("%q \"SCRAM-SHA-256$...\" (the role's secret from pg_authid)", benchUser)
+	}
+	files := map[string]string{users: usersLine + "\n"}
 	if tlsFiles != nil {
 		cert, key := filepath.Join(dir, "server.crt"), filepath.Join(dir, "server.key")
 		for from, to := range map[string]string{tlsFiles.ServerCert: cert, tlsFiles.ServerKey: key} {
@@ -276,7 +304,7 @@ server_tls_sslmode = require
 		as = " (as OS user postgres)"
 	}
 	t := &target{name: targetPgbouncer, port: port, tls: tlsFiles != nil,
-		cmdline: strings.Join(argv, " ") + as + "\n\n" + strings.TrimSpace(iniText) + "\n\n# users.txt: " + fmt.Sprintf("%q %q", benchUser, benchPass)}
+		cmdline: strings.Join(argv, " ") + as + "\n\n" + strings.TrimSpace(iniText) + "\n\n# users.txt: " + shown}
 	n := 0
 	t.launch = func() (*proc, error) {
 		n++

@@ -47,7 +47,7 @@ func TestTLSTargets(t *testing.T) {
 		t.Errorf("plain poolerd target: %s", plain.cmdline)
 	}
 
-	pb, err := pgbouncerTarget("/bin/pgbouncer", work, pg, 100, &files)
+	pb, err := pgbouncerTarget("/bin/pgbouncer", work, pg, 100, &files, "")
 	if err != nil {
 		t.Skipf("pgbouncer target: %v", err) // as root without a postgres OS user
 	}
