@@ -61,6 +61,16 @@ func (srv *Server) serveConn(nc net.Conn) {
 		return
 	}
 	if IsConsoleDatabase(s.database) {
+		// The console sends its own AuthenticationOk: what authentication
+		// left to send (SASLFinal) goes first.
+		if len(s.loginOut) > 0 {
+			_, err := s.conn.Write(s.loginOut)
+			s.loginOut = nil
+			if err != nil {
+				s.end(err)
+				return
+			}
+		}
 		srv.serveConsole(s)
 		return
 	}
