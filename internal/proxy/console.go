@@ -87,13 +87,17 @@ func (srv *Server) consoleServer() Console {
 
 // serveConsole hands a logged-in console client to the Console; it returns
 // when the connection is over.
-func (srv *Server) serveConsole(s *session) {
+func (srv *Server) serveConsole(s *session, rest []byte) {
 	con := srv.consoleServer()
 	if con == nil { // SetConsole(nil) during the login
 		_ = s.conn.Close()
 		return
 	}
-	c := &ConsoleConn{Conn: s.conn, User: s.user, Database: s.database, ID: s.id, ConnectedAt: s.connectedAt, srv: srv,
+	conn := s.conn
+	if len(rest) > 0 { // sent right behind the login
+		conn = &replayConn{Conn: conn, first: rest}
+	}
+	c := &ConsoleConn{Conn: conn, User: s.user, Database: s.database, ID: s.id, ConnectedAt: s.connectedAt, srv: srv,
 		Log: srv.log.With(zap.Uint64("session", s.id), zap.String("client", s.addr),
 			zap.String("database", s.database), zap.String("user", s.user))}
 	con.ServeConsole(srv.ctx, c)

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -8,7 +9,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"net"
 	"sort"
@@ -25,12 +25,11 @@ import (
 )
 
 // serveConn runs one client connection from its first byte to its last.
+//
+// A TCP client's socket already has TCP_NODELAY and keepalive (every
+// clientKeepAlive): Go's accept sets them (the listener's defaults), and
+// setting them again would cost four system calls per connection.
 func (srv *Server) serveConn(nc net.Conn) {
-	if tc, ok := nc.(*net.TCPConn); ok {
-		_ = tc.SetNoDelay(true)
-		_ = tc.SetKeepAlive(true)
-		_ = tc.SetKeepAlivePeriod(clientKeepAlive)
-	}
 	cfg := srv.cfg()
 	s := &session{srv: srv, conn: nc, id: srv.connIDs.Add(1), addr: nc.RemoteAddr().String(), connectedAt: time.Now()}
 	s.yieldFn = s.yieldLoop
@@ -47,6 +46,7 @@ func (srv *Server) serveConn(nc net.Conn) {
 	}
 	ok := s.handshake(cfg)
 	srv.trackLogin(nc, false)
+	rest := s.loginBuffered()
 	if !ok {
 		s.releaseClientSlot()
 		if s.endErr.Load() != nil {
@@ -71,9 +71,10 @@ func (srv *Server) serveConn(nc net.Conn) {
 				return
 			}
 		}
-		srv.serveConsole(s)
+		srv.serveConsole(s, rest)
 		return
 	}
+	s.pending = rest
 	s.startRelay()
 }
 
@@ -98,28 +99,27 @@ func (s *session) useRoute(dbp *dbPool, route config.Route, cfg *config.Config) 
 func (s *session) handshake(cfg *config.Config) bool {
 	var sslDone, gssDone bool
 	for first := true; ; first = false {
-		var r io.Reader = s.conn
+		r := s.loginReader()
 		if first {
 			// PostgreSQL 17's direct TLS (sslnegotiation=direct): the
 			// client starts with a TLS ClientHello instead of an
 			// SSLRequest. Its first byte, a TLS handshake record (0x16),
 			// cannot begin a startup packet (its length would be over
 			// 369 MB).
-			var b [1]byte
-			if _, err := io.ReadFull(s.conn, b[:]); err != nil {
+			b, err := r.Peek(1)
+			if err != nil {
 				s.loginFailed(err)
 				return false
 			}
 			if b[0] == tlsHandshakeRecord {
 				if tc := s.srv.clientTLSDirect.Load(); tc != nil {
-					if !s.startDirectTLS(tc, b[0]) {
+					if !s.startDirectTLS(tc, s.loginBuffered()) {
 						return false
 					}
 					sslDone = true
 					continue
 				}
 			}
-			r = io.MultiReader(bytes.NewReader(b[:]), s.conn)
 		}
 		body, err := wire.ReadStartup(r)
 		if err != nil {
@@ -148,6 +148,14 @@ func (s *session) handshake(cfg *config.Config) bool {
 			*done = true
 			if code == wire.CodeSSL {
 				if tc := s.srv.clientTLS.Load(); tc != nil {
+					// As PostgreSQL (CVE-2021-23214): bytes sent after
+					// the SSLRequest, before its answer, would be taken
+					// as if they had come over TLS.
+					if r.Buffered() > 0 {
+						s.refuseLogin(loginViolation("received unencrypted data after SSL request",
+							"the client (or something between it and poolerd) sent data before poolerd answered its SSLRequest; check the driver and the network path"))
+						return false
+					}
 					if !s.startTLS(tc) {
 						return false
 					}
@@ -204,8 +212,8 @@ const alpnPostgreSQL = "postgresql"
 // other protocols only fails the handshake (no_application_protocol
 // alert), one that offered none is refused with an ErrorResponse over
 // TLS.
-func (s *session) startDirectTLS(tc *tls.Config, first byte) bool {
-	conn := tls.Server(&replayConn{Conn: s.conn, first: []byte{first}}, tc)
+func (s *session) startDirectTLS(tc *tls.Config, first []byte) bool {
+	conn := tls.Server(&replayConn{Conn: s.conn, first: first}, tc)
 	if err := conn.Handshake(); err != nil {
 		s.log.Info("client direct TLS handshake failed", zap.Error(err))
 		return false
@@ -218,6 +226,46 @@ func (s *session) startDirectTLS(tc *tls.Config, first byte) bool {
 		return false
 	}
 	return true
+}
+
+// loginBufSize is the size of a login's read buffer: a startup message
+// or an authentication message of a usual client fits (larger ones are
+// read through it).
+const loginBufSize = 1024
+
+// loginReader is the buffered reader of the login's messages: one read
+// takes in a whole message (or several), where exact reads take two (a
+// header, a body). It reads s.conn (TLS once that is on). What it holds
+// when the login is over goes to the relay (loginBuffered).
+func (s *session) loginReader() *bufio.Reader {
+	if s.lr == nil {
+		s.lr = s.srv.loginReaders.Get().(*bufio.Reader)
+		s.lr.Reset(s.conn)
+		s.lrConn = s.conn
+	} else if s.lrConn != s.conn {
+		// TLS started: nothing was buffered (refused otherwise).
+		s.lr.Reset(s.conn)
+		s.lrConn = s.conn
+	}
+	return s.lr
+}
+
+// loginBuffered ends the login's buffered reading: it returns what the
+// reader holds beyond the login's messages (nil if nothing) and gives the
+// reader back.
+func (s *session) loginBuffered() []byte {
+	if s.lr == nil {
+		return nil
+	}
+	var rest []byte
+	if n := s.lr.Buffered(); n > 0 {
+		b, _ := s.lr.Peek(n)
+		rest = bytes.Clone(b)
+	}
+	s.lr.Reset(nil)
+	s.srv.loginReaders.Put(s.lr)
+	s.lr, s.lrConn = nil, nil
+	return rest
 }
 
 // replayConn gives back the bytes already read from Conn before reading

@@ -23,6 +23,10 @@ import (
 // counts in sessWG until it ends.
 func (s *session) startRelay() {
 	s.srv.sessWG.Add(1) // Done when the session ends
+	if len(s.pending) > 0 {
+		go s.run(false) // the relay handles what came with the login first
+		return
+	}
 	if s.joinLoop() {
 		return
 	}

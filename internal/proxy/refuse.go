@@ -119,7 +119,7 @@ func unexpectedAuthMessage(expected string, typ byte) *wire.Error {
 // length, so that a query sent too early is refused as one whatever its
 // size. A Terminate is errClientLeft.
 func (s *session) readAuthMessage(expected string) ([]byte, error) {
-	typ, body, err := wire.ReadMessage(s.conn, maxAuthBody)
+	typ, body, err := wire.ReadMessage(s.loginReader(), maxAuthBody)
 	var fe *wire.FrameError
 	switch {
 	case errors.As(err, &fe) && fe.Type == 'X':

@@ -14,6 +14,7 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
@@ -45,8 +46,11 @@ type Server struct {
 	// guard themselves.
 	log   *zap.Logger
 	bufs  *wire.BufferPool
-	obufs sync.Pool     // buffers for batches rewritten out of place
-	stmts *stmtRegistry // prepared statements shared by transaction-mode clients
+	obufs sync.Pool // buffers for batches rewritten out of place
+	// loginReaders are the logins' buffered readers (*bufio.Reader of
+	// loginBufSize), reused.
+	loginReaders sync.Pool
+	stmts        *stmtRegistry // prepared statements shared by transaction-mode clients
 	// scramKeys keeps the SCRAM keys of the plain passwords poolerd logs in
 	// to PostgreSQL with (one PBKDF2 per role and salt).
 	scramKeys *auth.SCRAMKeyCache
@@ -131,24 +135,25 @@ const maxSCRAMKeys = 1024
 func New(cfg *config.Config, log *zap.Logger) *Server {
 	ctx, cancel := context.WithCancel(context.Background())
 	srv := &Server{
-		log:         log,
-		bufs:        wire.NewBufferPool(wire.BufferSize),
-		stmts:       newStmtRegistry(),
-		scramKeys:   auth.NewSCRAMKeyCache(maxSCRAMKeys),
-		ctx:         ctx,
-		cancel:      cancel,
-		started:     time.Now(),
-		pools:       map[poolKey]*dbPool{},
-		sessions:    map[uint64]*session{},
-		keys:        map[uint32][]*session{},
-		consoles:    map[uint32]*ConsoleConn{},
-		verifiers:   map[string]*auth.SCRAMVerifier{},
-		listeners:   map[net.Listener]struct{}{},
-		logins:      map[net.Conn]struct{}{},
-		dbs:         map[string]*dbState{},
-		shutdownReq: make(chan string, 1),
-		rateMet:     newRateMetrics(),
-		limits:      newConnLimits(),
+		log:          log,
+		bufs:         wire.NewBufferPool(wire.BufferSize),
+		loginReaders: sync.Pool{New: func() any { return bufio.NewReaderSize(nil, loginBufSize) }},
+		stmts:        newStmtRegistry(),
+		scramKeys:    auth.NewSCRAMKeyCache(maxSCRAMKeys),
+		ctx:          ctx,
+		cancel:       cancel,
+		started:      time.Now(),
+		pools:        map[poolKey]*dbPool{},
+		sessions:     map[uint64]*session{},
+		keys:         map[uint32][]*session{},
+		consoles:     map[uint32]*ConsoleConn{},
+		verifiers:    map[string]*auth.SCRAMVerifier{},
+		listeners:    map[net.Listener]struct{}{},
+		logins:       map[net.Conn]struct{}{},
+		dbs:          map[string]*dbState{},
+		shutdownReq:  make(chan string, 1),
+		rateMet:      newRateMetrics(),
+		limits:       newConnLimits(),
 	}
 	srv.parker = newParker(srv)
 	loops, _ := cfg.EventLoopCount(runtime.GOMAXPROCS(0)) // validated

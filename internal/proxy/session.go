@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"io"
@@ -138,8 +139,13 @@ type session struct {
 	waiterPool *pool.Pool[*serverConn]
 	cancelWait func(cause error)
 	// loginOut is what the login has still to send once it succeeds
-	// (handshake.go); nil afterwards.
+	// (handshake.go); nil afterwards. lr reads the login's messages
+	// (buffered; lrConn is the connection it reads), and pending is what
+	// it had read beyond them, for the relay's first read.
 	loginOut []byte
+	lr       *bufio.Reader
+	lrConn   net.Conn
+	pending  []byte
 	// waitedAt is the nanotime a wait of this session (a checkout queue,
 	// or one that made it leave its event loop) last ended: a session
 	// waits on its own goroutine while it keeps waiting (loopsession.go).
@@ -351,6 +357,16 @@ func (s *session) relay(fresh bool) (parked bool) {
 	s.wmu.Unlock()
 	if fresh && s.tryPark() {
 		return true
+	}
+	if len(s.pending) > 0 {
+		// Sent right behind the login (read with it): handled first.
+		bp := s.srv.bufs.Get()
+		n := copy((*bp)[wire.Headroom:], s.pending)
+		s.pending = nil
+		if s.clientRead(bp, n) {
+			s.end(nil)
+			return false
+		}
 	}
 	// A session that left its event loop to wait goes back between two
 	// requests once it no longer waits (rejoinable).

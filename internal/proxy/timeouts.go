@@ -62,8 +62,10 @@ const (
 	// clientKeepAlive is the TCP keepalive period of client connections:
 	// a client host that vanished without a FIN is noticed within minutes
 	// (period plus probes), not after the kernel default of two hours,
-	// at the cost of one empty packet per idle client every 30 s.
-	clientKeepAlive = 30 * time.Second
+	// at the cost of one empty packet per idle client every 15 s. It is
+	// Go's default, which its accept sets (serveConn); a client passed
+	// by an upgrade gets it explicitly (handover.go).
+	clientKeepAlive = 15 * time.Second
 )
 
 // maxQueryText is how much of a query the leak warning shows.
