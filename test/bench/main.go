@@ -298,12 +298,12 @@ func estimate(o options, nTargets int, hasPgbouncer bool) time.Duration {
 		total += time.Duration(o.rounds*n) * (time.Duration(o.churn.seconds)*time.Second + o.pause + 2*time.Second)
 	}
 	if o.idleClients > 0 {
-		// Logins to poolerd take ~1 ms, to PgBouncer ~15 ms (it derives
-		// the SCRAM key of a plain-text password for every login), plus
+		// Logins (8 at a time) take ~1 ms each to either pooler (PgBouncer
+		// has the role's SCRAM secret: no key derived per login), plus
 		// settling and restarts.
 		total += time.Duration(o.idleClients)*time.Millisecond + 15*time.Second
 		if hasPgbouncer {
-			total += time.Duration(o.idleClients)*15*time.Millisecond + 15*time.Second
+			total += time.Duration(o.idleClients)*time.Millisecond + 15*time.Second
 		}
 	}
 	total += 45 * time.Second // PostgreSQL, pgbench -i, build
