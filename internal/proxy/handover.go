@@ -237,7 +237,7 @@ func (srv *Server) AdoptClient(f *os.File, state []byte) {
 	s := &session{srv: srv, conn: nc, id: srv.connIDs.Add(1), addr: nc.RemoteAddr().String(), connectedAt: st.ConnectedAt}
 	s.yieldFn = s.yieldLoop
 	s.log = sessionLog{s}
-	s.timeoutsP.Store(new(timeouts))
+	s.timeoutsP.Store(&s.srv.noTimeouts)
 	s.database, s.user = st.Database, st.User
 	if werr := s.adopt(&st, cfg); werr != nil {
 		s.releaseClientSlot()
@@ -317,7 +317,7 @@ func (s *session) adopt(st *handOver, cfg *config.Config) *wire.Error {
 			if old := s.stmts[h.Name]; old != nil {
 				s.srv.stmts.release(old)
 			}
-			s.stmts[h.Name] = d
+			s.stmtSet(h.Name, d)
 			s.stmu.Unlock()
 		}
 	}

@@ -34,7 +34,7 @@ func (srv *Server) serveConn(nc net.Conn) {
 	s := &session{srv: srv, conn: nc, id: srv.connIDs.Add(1), addr: nc.RemoteAddr().String(), connectedAt: time.Now()}
 	s.yieldFn = s.yieldLoop
 	s.log = sessionLog{s}
-	s.timeoutsP.Store(new(timeouts))
+	s.timeoutsP.Store(&s.srv.noTimeouts)
 	s.handshaking.Store(true)
 	if t := cfg.ClientLoginTimeout; t > 0 {
 		s.loginDeadline = time.Now().Add(t)
@@ -87,10 +87,7 @@ func (s *session) useRoute(dbp *dbPool, route config.Route, cfg *config.Config) 
 	s.maxPacket = cfg.MaxPacketSize
 	s.tracked = s.stateful && s.maxPrepared > 0
 	s.refuseState = route.Settings.SessionState == config.SessionStateRefuse
-	if s.tracked {
-		s.stmts = map[string]*stmtDef{}
-	}
-	s.timeoutsP.Store(timeoutsOf(route.Settings)) // the client's own: per-user overrides apply
+	s.timeoutsP.Store(s.srv.timeoutsFor(route.Settings)) // the client's own: per-user overrides apply
 }
 
 // handshake answers encryption requests, reads the startup message,

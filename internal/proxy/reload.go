@@ -128,7 +128,7 @@ func (srv *Server) apply(next *config.Config) error {
 	rl := srv.rates.Load()
 	for _, s := range sessions {
 		if route, err := next.Route(s.database, s.user); err == nil {
-			s.timeoutsP.Store(timeoutsOf(route.Settings))
+			s.timeoutsP.Store(srv.timeoutsFor(route.Settings))
 		}
 		rates := rl.forSession(s.database, s.user, s.appName(), s.conn.RemoteAddr())
 		s.rates.Store(&rates)

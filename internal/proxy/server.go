@@ -47,6 +47,12 @@ type Server struct {
 	log   *zap.Logger
 	bufs  *wire.BufferPool
 	obufs sync.Pool // buffers for batches rewritten out of place
+	// noTimeouts is every session's limits until its login sets them:
+	// none (never written). timeoutsMu guards timeoutsSet, the sessions'
+	// shared limits (timeoutsFor).
+	noTimeouts  timeouts
+	timeoutsMu  sync.Mutex
+	timeoutsSet map[timeouts]*timeouts
 	// loginReaders are the logins' buffered readers (*bufio.Reader of
 	// loginBufSize), reused.
 	loginReaders sync.Pool

@@ -149,7 +149,7 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 			def.commits.Store(true)
 		}
 		s.stmu.Lock()
-		s.stmts[name] = def
+		s.stmtSet(name, def)
 		s.stmu.Unlock()
 		sc.mu.Lock()
 		hit := sc.stmts.has(def.name)
@@ -427,12 +427,21 @@ func (s *session) unmapStatement(name string, def *stmtDef) {
 	}
 }
 
+// stmtSet maps the client's statement name to def (stmu held). The map is
+// made on first use: an idle client that never prepared holds none.
+func (s *session) stmtSet(name string, def *stmtDef) {
+	if s.stmts == nil {
+		s.stmts = map[string]*stmtDef{}
+	}
+	s.stmts[name] = def
+}
+
 // remapStatement undoes a Close the server skipped.
 func (s *session) remapStatement(name string, def *stmtDef) {
 	s.stmu.Lock()
 	free := s.stmts[name] == nil
 	if free {
-		s.stmts[name] = def
+		s.stmtSet(name, def)
 	}
 	s.stmu.Unlock()
 	if free {
@@ -534,7 +543,7 @@ func (s *session) queryFrame(sc *serverConn, body []byte, b *batch, zb int) {
 				s.stmu.Lock()
 				for name, def := range before {
 					if s.stmts[name] == nil {
-						s.stmts[name] = def
+						s.stmtSet(name, def)
 					} else {
 						s.srv.stmts.release(def)
 					}
@@ -594,7 +603,7 @@ func (s *session) deallocate(sc *serverConn, body []byte, b *batch, zb int) {
 				s.stmu.Lock()
 				free := s.stmts[name] == nil
 				if free {
-					s.stmts[name] = def
+					s.stmtSet(name, def)
 				}
 				s.stmu.Unlock()
 				if !free {

@@ -102,7 +102,8 @@ type timeouts struct {
 	leakDetectionThreshold, pinnedIdleTimeout                int64
 }
 
-// timeoutsOf converts a route's settings.
+// timeoutsOf converts a route's settings. Sessions share the result
+// (timeoutsFor): it is never changed, only replaced.
 func timeoutsOf(set config.PoolSettings) *timeouts {
 	return &timeouts{
 		queryTimeout:           int64(set.QueryTimeout),
@@ -114,6 +115,26 @@ func timeoutsOf(set config.PoolSettings) *timeouts {
 		pinnedIdleTimeout:      int64(set.PinnedIdleTimeout),
 	}
 }
+
+// timeoutsFor returns the limits of a route's settings, one value shared
+// by every session with the same limits: an idle client does not keep a
+// copy of its own.
+func (srv *Server) timeoutsFor(set config.PoolSettings) *timeouts {
+	t := timeoutsOf(set)
+	srv.timeoutsMu.Lock()
+	defer srv.timeoutsMu.Unlock()
+	if shared, ok := srv.timeoutsSet[*t]; ok {
+		return shared
+	}
+	if srv.timeoutsSet == nil || len(srv.timeoutsSet) >= maxTimeoutSets {
+		srv.timeoutsSet = map[timeouts]*timeouts{} // reloads made many: start over
+	}
+	srv.timeoutsSet[*t] = t
+	return t
+}
+
+// maxTimeoutSets bounds timeoutsFor's set of distinct limits.
+const maxTimeoutSets = 256
 
 func (t *timeouts) any() bool {
 	return t.queryTimeout|t.transactionTimeout|t.idleTransactionTimeout|
