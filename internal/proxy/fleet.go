@@ -371,9 +371,19 @@ func (d *dbPool) fleetRelease() {
 	if lease == nil {
 		return
 	}
-	d.fleetGiveBack(lease)
-	d.srv.fleet.nudgeStarved()
+	// The connection is closed concurrently (pool.closeLocked), and its
+	// backend lingers a moment after Terminate: another instance taking
+	// the lease at once could have PostgreSQL see the fleet one over its
+	// budget. The lease goes back once the backend has had time to go.
+	time.AfterFunc(fleetReleaseGrace, func() {
+		d.fleetGiveBack(lease)
+		d.srv.fleet.nudgeStarved()
+	})
 }
+
+// fleetReleaseGrace is how long a closed connection's lease is kept: a
+// backend exits within milliseconds of Terminate (or of the closed socket).
+const fleetReleaseGrace = 100 * time.Millisecond
 
 // fleetGiveBack releases a lease in Redis; a failure leaves it to expire.
 func (d *dbPool) fleetGiveBack(lease *fleet.Lease) {
