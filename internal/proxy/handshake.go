@@ -35,10 +35,11 @@ func (srv *Server) serveConn(nc net.Conn) {
 	s.yieldFn = s.yieldLoop
 	s.log = sessionLog{s}
 	s.timeoutsP.Store(&s.srv.noTimeouts)
+	s.login = &loginState{}
 	s.handshaking.Store(true)
 	if t := cfg.ClientLoginTimeout; t > 0 {
-		s.loginDeadline = time.Now().Add(t)
-		_ = nc.SetDeadline(s.loginDeadline)
+		s.login.deadline = time.Now().Add(t)
+		_ = nc.SetDeadline(s.login.deadline)
 	}
 	if !srv.trackLogin(nc, true) {
 		_ = nc.Close() // shutting down
@@ -63,9 +64,9 @@ func (srv *Server) serveConn(nc net.Conn) {
 	if IsConsoleDatabase(s.database) {
 		// The console sends its own AuthenticationOk: what authentication
 		// left to send (SASLFinal) goes first.
-		if len(s.loginOut) > 0 {
-			_, err := s.conn.Write(s.loginOut)
-			s.loginOut = nil
+		if len(s.login.out) > 0 {
+			_, err := s.conn.Write(s.login.out)
+			s.login.out = nil
 			if err != nil {
 				s.end(err)
 				return
@@ -74,7 +75,10 @@ func (srv *Server) serveConn(nc net.Conn) {
 		srv.serveConsole(s, rest)
 		return
 	}
-	s.pending = rest
+	s.login = nil
+	if len(rest) > 0 {
+		s.login = &loginState{pending: rest} // the relay reads it first
+	}
 	s.startRelay()
 }
 
@@ -225,6 +229,19 @@ func (s *session) startDirectTLS(tc *tls.Config, first []byte) bool {
 	return true
 }
 
+// loginState is what a login keeps until the relay starts.
+type loginState struct {
+	deadline time.Time // client_login_timeout's; zero: none
+	// out is what the login has still to send once it succeeds (after
+	// authentication, with the welcome).
+	out []byte
+	// r reads the login's messages (buffered), from rConn; pending is
+	// what it had read beyond them, for the relay's first read.
+	r       *bufio.Reader
+	rConn   net.Conn
+	pending []byte
+}
+
 // loginBufSize is the size of a login's read buffer: a startup message
 // or an authentication message of a usual client fits (larger ones are
 // read through it).
@@ -235,33 +252,33 @@ const loginBufSize = 1024
 // header, a body). It reads s.conn (TLS once that is on). What it holds
 // when the login is over goes to the relay (loginBuffered).
 func (s *session) loginReader() *bufio.Reader {
-	if s.lr == nil {
-		s.lr = s.srv.loginReaders.Get().(*bufio.Reader)
-		s.lr.Reset(s.conn)
-		s.lrConn = s.conn
-	} else if s.lrConn != s.conn {
+	if s.login.r == nil {
+		s.login.r = s.srv.loginReaders.Get().(*bufio.Reader)
+		s.login.r.Reset(s.conn)
+		s.login.rConn = s.conn
+	} else if s.login.rConn != s.conn {
 		// TLS started: nothing was buffered (refused otherwise).
-		s.lr.Reset(s.conn)
-		s.lrConn = s.conn
+		s.login.r.Reset(s.conn)
+		s.login.rConn = s.conn
 	}
-	return s.lr
+	return s.login.r
 }
 
 // loginBuffered ends the login's buffered reading: it returns what the
 // reader holds beyond the login's messages (nil if nothing) and gives the
 // reader back.
 func (s *session) loginBuffered() []byte {
-	if s.lr == nil {
+	if s.login.r == nil {
 		return nil
 	}
 	var rest []byte
-	if n := s.lr.Buffered(); n > 0 {
-		b, _ := s.lr.Peek(n)
+	if n := s.login.r.Buffered(); n > 0 {
+		b, _ := s.login.r.Peek(n)
 		rest = bytes.Clone(b)
 	}
-	s.lr.Reset(nil)
-	s.srv.loginReaders.Put(s.lr)
-	s.lr, s.lrConn = nil, nil
+	s.login.r.Reset(nil)
+	s.srv.loginReaders.Put(s.login.r)
+	s.login.r, s.login.rConn = nil, nil
 	return rest
 }
 
@@ -409,11 +426,11 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	s.useRoute(dbp, route, cfg)
 	dbp.setClientKey(s.clientKey)
 	dbp.setQuerySecret(queried)
-	s.loginOut, _ = (&pgproto3.AuthenticationOk{}).Encode(s.loginOut)
+	s.login.out, _ = (&pgproto3.AuthenticationOk{}).Encode(s.login.out)
 	ctx, cancel := context.WithCancel(s.srv.ctx)
 	defer cancel()
-	if !s.loginDeadline.IsZero() {
-		ctx, cancel = context.WithDeadline(ctx, s.loginDeadline)
+	if !s.login.deadline.IsZero() {
+		ctx, cancel = context.WithDeadline(ctx, s.login.deadline)
 		defer cancel()
 	}
 	// A session-mode client holds its server connection from login on, so
@@ -428,7 +445,7 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 		// connection handed over just before, whose parameter check then
 		// failed).
 		werr = errShuttingDown()
-	case werr != nil && !s.loginDeadline.IsZero() && !time.Now().Before(s.loginDeadline):
+	case werr != nil && !s.login.deadline.IsZero() && !time.Now().Before(s.login.deadline):
 		// The login ran out of time waiting for the server: that is the
 		// login timeout, whatever limit the wait itself reported.
 		s.srv.loginTimeouts.Add(1)
@@ -470,8 +487,8 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	// with the welcome: one write, one wake-up of the client, where a
 	// write each cost three. A refusal before this point sends the error
 	// alone, as PostgreSQL's clients take it at any step of a login.
-	welcome := append(make([]byte, 0, 512+len(s.loginOut)), s.loginOut...)
-	s.loginOut = nil
+	welcome := append(make([]byte, 0, 512+len(s.login.out)), s.login.out...)
+	s.login.out = nil
 	names := make([]string, 0, len(defaults))
 	for k := range defaults {
 		names = append(names, k)
@@ -561,9 +578,9 @@ func (s *session) authenticate(cfg *config.Config) (bool, auth.Secret) {
 	var queried auth.Secret
 	if !known && cfg.AuthUser != "" && !IsConsoleDatabase(s.database) {
 		ctx := s.srv.ctx
-		if !s.loginDeadline.IsZero() {
+		if !s.login.deadline.IsZero() {
 			var cancel context.CancelFunc
-			ctx, cancel = context.WithDeadline(ctx, s.loginDeadline)
+			ctx, cancel = context.WithDeadline(ctx, s.login.deadline)
 			defer cancel()
 		}
 		var werr *wire.Error
@@ -595,7 +612,7 @@ func (s *session) authenticate(cfg *config.Config) (bool, auth.Secret) {
 		if d := s.srv.authDelays.failed(s.conn.RemoteAddr(), time.Now(), cfg.AuthFailureDelay, cfg.AuthFailureDelayMax); d > 0 {
 			// A password-guessing address waits longer each time; the
 			// login deadline still applies.
-			if dl := s.loginDeadline; !dl.IsZero() {
+			if dl := s.login.deadline; !dl.IsZero() {
 				d = min(d, max(time.Until(dl), 0))
 			}
 			time.Sleep(d)
@@ -652,8 +669,8 @@ func (s *session) authSCRAM(secret auth.Secret, known bool) (bool, error) {
 	if err != nil {
 		return false, protocolViolation("SCRAM: " + err.Error())
 	}
-	// Sent with AuthenticationOk and the welcome, in one write (loginOut).
-	s.loginOut, _ = (&pgproto3.AuthenticationSASLFinal{Data: final}).Encode(s.loginOut)
+	// Sent with AuthenticationOk and the welcome, in one write (login.out).
+	s.login.out, _ = (&pgproto3.AuthenticationSASLFinal{Data: final}).Encode(s.login.out)
 	if secret.Kind() == auth.SecretSCRAM {
 		s.clientKey = exch.ClientKey()
 	}

@@ -23,7 +23,7 @@ import (
 // counts in sessWG until it ends.
 func (s *session) startRelay() {
 	s.srv.sessWG.Add(1) // Done when the session ends
-	if len(s.pending) > 0 {
+	if s.login != nil { // what came with the login (serveConn)
 		go s.run(false) // the relay handles what came with the login first
 		return
 	}

@@ -331,14 +331,14 @@ func (s *session) loginRate(rates []sessionRate, preAuth bool) error {
 	if len(rates) == 0 {
 		return nil
 	}
-	deadline := s.loginDeadline
+	deadline := s.login.deadline
 	if deadline.IsZero() {
 		deadline = time.Now().Add(time.Hour)
 	}
 	ctx, cancel := context.WithDeadline(s.srv.ctx, deadline)
 	defer cancel()
 	return s.srv.checkRate(ctx, s.log, rates, loginBuckets(preAuth), "FATAL",
-		rateWait{conn: s.conn, deadline: s.loginDeadline, owner: loginWait{s}})
+		rateWait{conn: s.conn, deadline: s.login.deadline, owner: loginWait{s}})
 }
 
 // loginWait is the owner of a login's rate-limit wait.
@@ -350,7 +350,7 @@ func (l loginWait) waitEnded() *wire.Error {
 	switch {
 	case l.s.srv.shuttingDown():
 		return errShuttingDown()
-	case !l.s.loginDeadline.IsZero() && !time.Now().Before(l.s.loginDeadline):
+	case !l.s.login.deadline.IsZero() && !time.Now().Before(l.s.login.deadline):
 		return errLoginTimeout()
 	}
 	return nil

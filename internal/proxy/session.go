@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"io"
@@ -51,28 +50,27 @@ type session struct {
 	connectedAt    time.Time
 	mode           string
 	clientKey      []byte // SCRAM ClientKey recovered at login, for pass-through
-	loginDeadline  time.Time
-	stateful       bool // session state is tracked (the mode is not session)
-	tracked        bool // ... and named prepared statements are mapped
-	refuseState    bool // session_state: refuse
+	stateful       bool   // session state is tracked (the mode is not session)
+	tracked        bool   // ... and named prepared statements are mapped
+	refuseState    bool   // session_state: refuse
+	tls            bool   // the client connection is TLS (conn is a *tls.Conn): never parked
 	maxPrepared    int
-	tls            bool // the client connection is TLS (conn is a *tls.Conn): never parked
-	maxPacket      int  // max_packet_size at login (0: only the protocol's limit)
+	maxPacket      int // max_packet_size at login (0: only the protocol's limit)
 
 	// Owned by the client goroutine (run, fromClient and what they call;
 	// the goroutine may change between parks, never run two at once).
 	cur      wire.Cursor
 	carry    [wire.HeaderLen]byte
-	ncarry   int
 	unsynced bool // extended-protocol messages sent since the last Sync
 	// refusing: a request was refused; skip extended-protocol messages
 	// until the Sync, which gets the ReadyForQuery. refuseRest is why, when
 	// poolerd refused it (no server, a rate limit): the requests after it
 	// in the same read are refused too.
-	refusing   bool
-	refuseRest error
+	refusing bool
 	// dropFrame: the current frame is not forwarded.
-	dropFrame bool
+	dropFrame  bool
+	ncarry     int
+	refuseRest error
 	// syncsSinceOther counts Syncs sent since the last message other than
 	// Sync, Flush or CopyData (see count).
 	syncsSinceOther int
@@ -88,7 +86,8 @@ type session struct {
 	calls bool
 	// hold: the current frame is kept until complete (Cursor capture),
 	// then rewritten, refused or forwarded whole.
-	hold bool
+	hold       bool
+	localClose bool // the current Close is answered by poolerd
 	// obOn: this batch is assembled in ob instead of in place in the read
 	// buffer (a held frame was rewritten); bops and bgroups are the queue
 	// entries and swallowed response groups it adds, numbered within it.
@@ -101,7 +100,6 @@ type session struct {
 	// fo is what replaces the held frame; holdAt is where the held frame
 	// starts in read number holdRead (reads counts fromClient calls).
 	fo              []byte
-	localClose      bool // the current Close is answered by poolerd
 	holdAt          int
 	holdRead, reads uint64
 	// unnamed is the client's latest unnamed Parse (frame), unnamedGen
@@ -138,14 +136,9 @@ type session struct {
 	waiter     *pool.Waiter[*serverConn]
 	waiterPool *pool.Pool[*serverConn]
 	cancelWait func(cause error)
-	// loginOut is what the login has still to send once it succeeds
-	// (handshake.go); nil afterwards. lr reads the login's messages
-	// (buffered; lrConn is the connection it reads), and pending is what
-	// it had read beyond them, for the relay's first read.
-	loginOut []byte
-	lr       *bufio.Reader
-	lrConn   net.Conn
-	pending  []byte
+	// login is the login's own state (handshake.go), nil once the relay
+	// runs: an idle client does not carry it.
+	login *loginState
 	// waitedAt is the nanotime a wait of this session (a checkout queue,
 	// or one that made it leave its event loop) last ended: a session
 	// waits on its own goroutine while it keeps waiting (loopsession.go).
@@ -358,11 +351,11 @@ func (s *session) relay(fresh bool) (parked bool) {
 	if fresh && s.tryPark() {
 		return true
 	}
-	if len(s.pending) > 0 {
+	if l := s.login; l != nil {
 		// Sent right behind the login (read with it): handled first.
+		s.login = nil
 		bp := s.srv.bufs.Get()
-		n := copy((*bp)[wire.Headroom:], s.pending)
-		s.pending = nil
+		n := copy((*bp)[wire.Headroom:], l.pending)
 		if s.clientRead(bp, n) {
 			s.end(nil)
 			return false
