@@ -292,11 +292,7 @@ func TestBenchHarness(t *testing.T) {
 		}
 	}
 	// Several clients over a smaller pool: they queue for the servers.
-	clients := make([]*benchClient, 8)
-	for i := range clients {
-		clients[i] = dialBench(t, rl.addr, simpleRequest)
-	}
-	if err := roundTripsAtOnce(clients, 50); err != nil {
+	if err := roundTripsAtOnce(dialBenches(t, rl.addr, 8, simpleRequest), 50); err != nil {
 		t.Fatalf("parallel relay: %v", err)
 	}
 	if st := rl.srv.Pools(); len(st) != 1 || st[0].Total > 2 {

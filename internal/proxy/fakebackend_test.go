@@ -371,6 +371,16 @@ func dialBench(tb testing.TB, addr string, request []byte) *benchClient {
 	return c
 }
 
+// dialBenches logs n clients in, each sending request.
+func dialBenches(tb testing.TB, addr string, n int, request []byte) []*benchClient {
+	tb.Helper()
+	clients := make([]*benchClient, n)
+	for i := range clients {
+		clients[i] = dialBench(tb, addr, request)
+	}
+	return clients
+}
+
 func (c *benchClient) close() {
 	_, _ = c.conn.Write(wire.AppendTerminate(nil))
 	_ = c.conn.Close()

@@ -67,10 +67,7 @@ func TestLoopSessionsMovePaths(t *testing.T) {
 	fb := startFakeBackend(t, 64)
 	rl := startRelay(t, fb, 2, func(c *config.Config) { c.EventLoops = "2" })
 	const n = 24
-	clients := make([]*benchClient, n)
-	for i := range clients {
-		clients[i] = dialBench(t, rl.addr, simpleRequest)
-	}
+	clients := dialBenches(t, rl.addr, n, simpleRequest)
 	e := rl.srv.engine
 	for round := range 2 {
 		before := e.detaches.Load()
@@ -104,10 +101,9 @@ func TestLoopSessionsBackWhileBusy(t *testing.T) {
 	fb := startFakeBackend(t, 64)
 	rl := startRelay(t, fb, 2, func(c *config.Config) { c.EventLoops = "1" })
 	const n = 8
-	clients := make([]*benchClient, n)
-	for i := range clients {
-		clients[i] = dialBench(t, rl.addr, simpleRequest)
-		_ = clients[i].conn.SetDeadline(time.Now().Add(30 * time.Second))
+	clients := dialBenches(t, rl.addr, n, simpleRequest)
+	for _, c := range clients {
+		_ = c.conn.SetDeadline(time.Now().Add(30 * time.Second))
 	}
 	e := rl.srv.engine
 	if err := roundTripsAtOnce(clients, 50); err != nil { // onto a pool of 2: they queue
