@@ -43,7 +43,18 @@ type Entry struct {
 	uses     uint64
 	queries  atomic.Uint64
 	state    entryState // guarded by the pool's mutex
+	// share is the part of the pool the connection is in, as its user
+	// says (SetShare; the proxy's event loops), for TryGetNear.
+	share atomic.Int32
 }
+
+// SetShare says which part of the pool the connection is in now (an event
+// loop's share): TryGetNear prefers connections of the asker's share.
+func (e *Entry) SetShare(n int32) { e.share.Store(n) }
+
+// Share is the part of the pool the connection is in (SetShare; 0 until
+// set).
+func (e *Entry) Share() int32 { return e.share.Load() }
 
 // ID is the connection's number, unique within the process.
 func (e *Entry) ID() uint64 { return e.id.Load() }
@@ -433,7 +444,17 @@ func (p *Pool[C]) Changed() <-chan struct{} {
 // TryGet checks out the most recently used idle connection if one is free,
 // nobody is queued and it needs no validation, without waiting or opening a
 // connection.
-func (p *Pool[C]) TryGet() (C, bool) {
+func (p *Pool[C]) TryGet() (C, bool) { return p.TryGetNear(-1) }
+
+// nearScan is how many of the most recently used idle connections
+// TryGetNear looks through for one of the asker's share.
+const nearScan = 16
+
+// TryGetNear is TryGet preferring a connection of the given share (see
+// Entry.SetShare): the most recently used idle one of that share among the
+// nearScan most recently used, else the most recently used of any share. A
+// negative share has no preference.
+func (p *Pool[C]) TryGetNear(share int32) (C, bool) {
 	var zero C
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -441,10 +462,20 @@ func (p *Pool[C]) TryGet() (C, bool) {
 	if p.closed || p.paused || n == 0 || len(p.waiters) > 0 {
 		return zero, false
 	}
-	c := p.idle[n-1]
+	i := n - 1
+	if share >= 0 {
+		for j := n - 1; j >= max(0, n-nearScan); j-- {
+			if p.idle[j].PoolEntry().share.Load() == share {
+				i = j
+				break
+			}
+		}
+	}
+	c := p.idle[i]
 	if p.needsValidation(c) {
 		return zero, false
 	}
+	copy(p.idle[i:], p.idle[i+1:])
 	p.idle[n-1] = zero
 	p.idle = p.idle[:n-1]
 	p.checkoutLocked(c)

@@ -91,6 +91,41 @@ func TestReusesMostRecentlyUsed(t *testing.T) {
 	})
 }
 
+// TestTryGetNear: an idle connection of the asker's share is preferred to
+// a more recently used one of another share; without one, the most
+// recently used of any share is taken; the idle list keeps its order.
+func TestTryGetNear(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := newPool(&dialer{}, 3, 0)
+		defer p.Close()
+		ctx := context.Background()
+		a, _ := p.Get(ctx)
+		b, _ := p.Get(ctx)
+		c, _ := p.Get(ctx)
+		a.SetShare(1)
+		b.SetShare(2)
+		c.SetShare(2)
+		for _, x := range []*fakeConn{a, b, c} {
+			p.Put(x) // idle, most recently used last: a b c
+		}
+		if got, ok := p.TryGetNear(1); !ok || got != a {
+			t.Fatalf("share 1: got %v, want conn %d (share 1, least recently used)", got, a.n)
+		}
+		if got, ok := p.TryGetNear(3); !ok || got != c {
+			t.Fatalf("share 3: got %v, want the most recently used, conn %d", got, c.n)
+		}
+		if got, ok := p.TryGetNear(1); !ok || got != b {
+			t.Fatalf("share 1, none left: got %v, want conn %d", got, b.n)
+		}
+		if _, ok := p.TryGetNear(1); ok {
+			t.Fatal("got a connection from an empty idle list")
+		}
+		if st := p.Stats(); st.Hits != 3 || st.Idle != 0 || st.Active != 3 {
+			t.Fatalf("stats %+v", st)
+		}
+	})
+}
+
 func TestWaitersAreServedInOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := newPool(&dialer{}, 1, 0)

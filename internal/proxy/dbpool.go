@@ -301,10 +301,18 @@ func (d *dbPool) target() backend.Target {
 // checkout_timeout, until done closes, or until the waiter is withdrawn
 // (pool.CancelWait). q is told when the checkout must queue and when the
 // wait ends; it provides the waiter.
-func (d *dbPool) checkout(q queuer, done <-chan struct{}) (*serverConn, error) {
-	if sc, ok := d.pool.TryGet(); ok {
+//
+// near is the event loop item of the asker's handler (nil: not on a loop):
+// an idle connection of that loop's share is preferred, and the connection
+// is moved to that loop if it was in another (loop affinity: one loop then
+// reads both sides of the transaction, no hand-off between loops). A
+// connection that could not be moved (shutdown) is discarded. One that
+// comes through the queue is not moved: the asker has handed its loop over
+// to wait (queued) and goes on on a goroutine of its own (loopDetach).
+func (d *dbPool) checkout(q queuer, done <-chan struct{}, near *loopItem) (*serverConn, error) {
+	if sc, ok := d.pool.TryGetNear(near.share()); ok {
 		d.met.checkoutWait.Observe(0)
-		return sc, nil
+		return d.nearLoop(sc, near)
 	}
 	start := time.Now()
 	sc, err := d.pool.GetWith(q.queued(), d.route().Settings.CheckoutTimeout, done)
@@ -312,6 +320,16 @@ func (d *dbPool) checkout(q queuer, done <-chan struct{}) (*serverConn, error) {
 	d.met.checkoutWait.Observe(time.Since(start).Seconds())
 	if err != nil {
 		return nil, d.checkoutError(err)
+	}
+	return sc, nil
+}
+
+// nearLoop moves a connection just checked out to the asker's loop
+// (serverConn.nearLoop), or discards it if it cannot be read by any.
+func (d *dbPool) nearLoop(sc *serverConn, near *loopItem) (*serverConn, error) {
+	if !sc.nearLoop(near) {
+		d.pool.Discard(sc, evictBroken)
+		return nil, errShuttingDown()
 	}
 	return sc, nil
 }
@@ -464,7 +482,7 @@ func (d *dbPool) prepareLogin(ctx context.Context, startup map[string]string, ke
 	if haveDefaults && len(unknown) == 0 && !keep {
 		return out, nil, nil
 	}
-	sc, werr := d.checkout(loginQueuer{}, ctx.Done())
+	sc, werr := d.checkout(loginQueuer{}, ctx.Done(), nil)
 	if werr != nil {
 		return nil, nil, asFatal(werr) // a refusal here ends the login
 	}

@@ -95,6 +95,9 @@ type engine struct {
 	// detaches counts sessions that left a loop for a goroutine after a
 	// wait (loopDetach), for tests.
 	detaches atomic.Uint64
+	// moves counts server connections moved to their client's loop at a
+	// checkout (loopItem.moveTo), for tests.
+	moves atomic.Uint64
 
 	mu     sync.Mutex
 	closed bool
@@ -105,6 +108,7 @@ type engine struct {
 // loop is one epoll instance and the goroutine running it.
 type loop struct {
 	e    *engine
+	idx  int32 // its place in engine.loops: its share of the pools
 	epfd int
 	file *os.File
 	rc   syscall.RawConn
@@ -127,8 +131,8 @@ type loop struct {
 // its own reader goroutine).
 func newEngine(srv *Server, n int) *engine {
 	e := &engine{srv: srv, stop: make(chan struct{})}
-	for range n {
-		l, err := newLoop(e)
+	for i := range n {
+		l, err := newLoop(e, int32(i))
 		if err != nil {
 			srv.log.Warn("event loop unavailable; server connections get a reader goroutine each")
 			break
@@ -146,7 +150,7 @@ func newEngine(srv *Server, n int) *engine {
 	return e
 }
 
-func newLoop(e *engine) (*loop, error) {
+func newLoop(e *engine, idx int32) (*loop, error) {
 	fd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil, err
@@ -155,7 +159,7 @@ func newLoop(e *engine) (*loop, error) {
 		_ = syscall.Close(fd)
 		return nil, err
 	}
-	l := &loop{e: e, epfd: fd, file: os.NewFile(uintptr(fd), "poolerd-event-loop")}
+	l := &loop{e: e, idx: idx, epfd: fd, file: os.NewFile(uintptr(fd), "poolerd-event-loop")}
 	l.taken.l = l
 	if l.rc, err = l.file.SyscallConn(); err != nil {
 		_ = l.file.Close()
@@ -329,6 +333,45 @@ func (l *loop) run() {
 			return
 		}
 	}
+}
+
+// share is the loop of the item the caller's handler runs for: its share
+// of a pool (pool.Entry.SetShare), -1 for none (it is nil: not on a loop).
+func (it *loopItem) share() int32 {
+	if it == nil {
+		return -1
+	}
+	return it.l.idx
+}
+
+// moveNear moves a socket no handler is running for to the loop of near,
+// so that its handler runs there from now on, and returns its item there (it
+// itself if it did not move: already there, or being handled). The old item is left
+// off for good: a batch of its old loop that still names it skips it. nil:
+// it could be put in neither loop (the engine is closing); the socket is
+// then read by no one and its connection must be closed.
+func (it *loopItem) moveNear(near *loopItem) *loopItem {
+	from, to := it.l, near.l
+	if from == to || !it.state.CompareAndSwap(itemArmed, itemHandling) {
+		return it
+	}
+	_ = syscall.EpollCtl(from.epfd, syscall.EPOLL_CTL_DEL, it.fd, nil)
+	from.forget(it)
+	it.state.Store(itemOff)
+	to.e.mu.Lock()
+	closed := to.e.closed
+	to.e.mu.Unlock()
+	moved := &loopItem{l: to, h: it.h, fd: it.fd, client: it.client}
+	if !closed && to.register(moved) {
+		to.e.moves.Add(1)
+		return moved
+	}
+	back := &loopItem{l: from, h: it.h, fd: it.fd, client: it.client}
+	if !closed && from.register(back) {
+		return back
+	}
+	_ = syscall.Close(it.fd)
+	return nil
 }
 
 // rearm puts back in epoll an item taken out for a handler that blocked.

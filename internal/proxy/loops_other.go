@@ -11,6 +11,10 @@ type loopItem struct{}
 
 func (*loopItem) yield() {}
 
+func (*loopItem) share() int32 { return -1 }
+
+func (it *loopItem) moveNear(*loopItem) *loopItem { return it }
+
 func newEngine(*Server, int) *engine { return &engine{} }
 
 func (*engine) enabled() bool { return false }

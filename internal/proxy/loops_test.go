@@ -238,3 +238,91 @@ func TestLoopManySessions(t *testing.T) {
 	}
 	waitFor(t, 30*time.Second, "the sessions to end", func() bool { return e.clientCount() == 0 })
 }
+
+// TestLoopAffinity: with two loops, a client's request runs on a server
+// connection in the client's own loop, so that one loop reads both sides
+// of it: an idle connection of that loop's share when there is one (with a
+// pool of 2, one in each loop: no move after the first), else one moved
+// there from the other loop (a pool of 1: a move at every change of loop).
+func TestLoopAffinity(t *testing.T) {
+	for _, tc := range []struct {
+		pool     int
+		min, max uint64 // moves
+	}{{pool: 1, min: 30, max: 60}, {pool: 2, min: 0, max: 2}} {
+		t.Run(fmt.Sprintf("pool%d", tc.pool), func(t *testing.T) {
+			fb := startFakeBackend(t, 64)
+			rl := startRelay(t, fb, tc.pool, func(c *config.Config) { c.EventLoops = "2" })
+			checkAffinity(t, rl, 10)
+			if m := rl.srv.engine.moves.Load(); m < tc.min || m > tc.max {
+				t.Fatalf("%d moves between loops, want %d to %d", m, tc.min, tc.max)
+			}
+			if err := fb.Err(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// checkAffinity runs rounds of one request of each of 6 clients, one at a
+// time, alternating between the two loops, and checks that each ran on a
+// server connection of the client's loop.
+func checkAffinity(t *testing.T, rl *relay, rounds int) {
+	const n = 8 // round robin: about half on each loop
+	all := dialBenches(t, rl.addr, n, simpleRequest)
+	e := rl.srv.engine
+	waitFor(t, 5*time.Second, "every client on a loop", func() bool { return e.clientCount() == n })
+	loopOf := map[string]*loop{}
+	for _, s := range rl.srv.sessionList() {
+		if it := s.item.Load(); it != nil {
+			loopOf[s.conn.RemoteAddr().String()] = it.l
+		}
+	}
+	var on [2][]*benchClient
+	for _, c := range all {
+		l := loopOf[c.conn.LocalAddr().String()]
+		if l == nil {
+			t.Fatal("a client's session is not on a loop")
+		}
+		on[l.idx] = append(on[l.idx], c)
+	}
+	var clients []*benchClient // alternating
+	for i := range min(3, len(on[0]), len(on[1])) {
+		clients = append(clients, on[0][i], on[1][i])
+	}
+	if len(clients) < 4 {
+		t.Fatalf("%d and %d clients on the two loops; the test wants at least two on each", len(on[0]), len(on[1]))
+	}
+	rl.srv.mu.Lock()
+	var dbp *dbPool
+	for _, p := range rl.srv.pools {
+		dbp = p
+	}
+	rl.srv.mu.Unlock()
+	for round := range rounds {
+		for i, c := range clients {
+			_ = c.conn.SetDeadline(time.Now().Add(10 * time.Second))
+			if err := c.roundTrip(); err != nil {
+				t.Fatal(err)
+			}
+			// The connection comes back to the pool (its most recently
+			// used idle one) just after the client has its answer, and
+			// its handler then returns (else it could not move).
+			var sc *serverConn
+			waitFor(t, 5*time.Second, "the server connection back in the pool", func() bool {
+				idle := dbp.pool.Idle()
+				if dbp.pool.Stats().Active != 0 || len(idle) == 0 {
+					return false
+				}
+				sc = idle[len(idle)-1]
+				return sc.item.Load().state.Load() == itemArmed
+			})
+			want := loopOf[c.conn.LocalAddr().String()]
+			if got := sc.item.Load().l; got != want {
+				t.Fatalf("round %d, client %d (loop %d): its request ran on a server connection of loop %d", round, i, want.idx, got.idx)
+			}
+			if sc.Entry.Share() != want.idx {
+				t.Fatalf("round %d, client %d: the connection is in loop %d but counts in the pool as loop %d's", round, i, want.idx, sc.Entry.Share())
+			}
+		}
+	}
+}

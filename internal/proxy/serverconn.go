@@ -201,10 +201,11 @@ type serverConn struct {
 
 	closeOnce sync.Once
 
-	// Set when the event loops read the connection (startReading),
-	// read-only after: item is its place in a loop, yieldFn item.yield.
-	// closing is set by Close before it shuts the socket down.
-	item    *loopItem
+	// Set when the event loops read the connection (startReading): item
+	// is its place in a loop, changed by the holder when it moves the
+	// connection to its own loop (nearLoop); yieldFn is yieldLoop, set
+	// once. closing is set by Close before it shuts the socket down.
+	item    atomic.Pointer[loopItem]
 	yieldFn func()
 	closing atomic.Bool
 }
@@ -230,7 +231,7 @@ func (sc *serverConn) Close() error {
 		// reader goroutine, which then finds the connection gone.
 		_ = sc.Conn.Conn.SetDeadline(time.Now().Add(finalWriteTimeout))
 		_, _ = sc.Conn.Write(wire.AppendTerminate(nil))
-		if sc.item != nil {
+		if sc.item.Load() != nil {
 			// The loop reads through its own descriptor, which keeps the
 			// socket open: shutting it down ends the stream there.
 			sc.closing.Store(true)
@@ -275,17 +276,43 @@ func newServerConn(dbp *dbPool, c *backend.Conn) *serverConn {
 // of its own (TLS, or no loops).
 func (sc *serverConn) startReading() {
 	if sc.io != nil && sc.io.Raw() {
-		place := func(it *loopItem) {
-			sc.item, sc.yieldFn = it, nil
-			if it != nil {
-				sc.yieldFn = it.yield
-			}
-		}
-		if sc.dbp.srv.engine.add(sc.io.Control, sc, false, place) {
+		sc.yieldFn = sc.yieldLoop
+		if sc.dbp.srv.engine.add(sc.io.Control, sc, false, sc.item.Store) {
+			sc.Entry.SetShare(sc.item.Load().share())
 			return
 		}
+		sc.yieldFn = nil
 	}
 	go sc.readLoop()
+}
+
+// yieldLoop is called by the connection's handler before it waits (a
+// client that does not read): its loop goes on without it.
+func (sc *serverConn) yieldLoop() { sc.item.Load().yield() }
+
+// nearLoop moves the connection, just checked out, to the event loop of its
+// new holder's handler (it, nil when the holder is not on a loop), so that
+// one loop reads both the client and the server of a transaction, and
+// marks it as that loop's in the pool (pool.TryGetNear). false: the
+// connection could be put in no loop (shutdown) and is broken.
+func (sc *serverConn) nearLoop(it *loopItem) bool {
+	cur := sc.item.Load()
+	if it == nil || cur == nil {
+		return true
+	}
+	moved := cur.moveNear(it)
+	if moved == cur {
+		return true
+	}
+	if moved == nil {
+		sc.mu.Lock()
+		sc.broken = true
+		sc.mu.Unlock()
+		return false
+	}
+	sc.item.Store(moved)
+	sc.Entry.SetShare(moved.share())
+	return true
 }
 
 // loopStale: a server connection ends through its stream (Close shuts it

@@ -1167,7 +1167,7 @@ func (s *session) attach(held *serverConn) error {
 		sc := held
 		if sc == nil {
 			var werr error
-			if sc, werr = s.dbp.checkout(s, s.srv.ctx.Done()); werr != nil {
+			if sc, werr = s.dbp.checkout(s, s.srv.ctx.Done(), s.item.Load()); werr != nil {
 				return werr
 			}
 		}

@@ -4,7 +4,8 @@
 # measured by pgbench -S in turn, ROUNDS rounds. Prints TPS, pooler CPU
 # seconds per 10,000 transactions and pooler context switches per
 # transaction (all threads, from /proc). Everything runs on 127.0.0.1 and is
-# stopped at the end. As root, PostgreSQL and PgBouncer run as postgres.
+# stopped at the end (ports 25432 and 26001-26003: below the ephemeral range,
+# so a test's lingering client sockets do not hold them). As root, PostgreSQL and PgBouncer run as postgres.
 #   usage: test/bench/scripts/loops-ab.sh [LOOPS] [ROUNDS] [SECS] [CLIENTS] [MODE]
 #   e.g.   test/bench/scripts/loops-ab.sh 1 3 8 16 simple
 set -eu
@@ -21,24 +22,24 @@ cleanup() {
 trap cleanup EXIT
 mkdir $W/pg; [ "$(id -u)" = 0 ] && chown postgres $W/pg
 as_pg initdb -D $W/pg -A trust -U postgres >/dev/null
-printf "listen_addresses='127.0.0.1'\nport=55432\nmax_connections=300\nfsync=off\nunix_socket_directories='$W'\n" >> $W/pg/postgresql.conf
+printf "listen_addresses='127.0.0.1'\nport=25432\nmax_connections=300\nfsync=off\nunix_socket_directories='$W'\n" >> $W/pg/postgresql.conf
 as_pg pg_ctl -D $W/pg -l $W/pg.log -w start >/dev/null
-psql -qh 127.0.0.1 -p 55432 -U postgres -c "create database app"
-pgbench -qh 127.0.0.1 -p 55432 -U postgres -i -s 10 app >/dev/null 2>&1
+psql -qh 127.0.0.1 -p 25432 -U postgres -c "create database app"
+pgbench -qh 127.0.0.1 -p 25432 -U postgres -i -s 10 app >/dev/null 2>&1
 pd() { # name port loops
-  POOLERD_EVENT_LOOPS=$3 POOLERD_MAX_CLIENT_CONN=2000 $BIN --upstream postgres://postgres@127.0.0.1:55432/app \
+  POOLERD_EVENT_LOOPS=$3 POOLERD_MAX_CLIENT_CONN=2000 $BIN --upstream postgres://postgres@127.0.0.1:25432/app \
     --listen 127.0.0.1:$2 --pool-mode transaction --pool-size 20 --auth-type trust --http-listen "" \
     --log-level warn >$W/$1.log 2>&1 &
   echo $! > $W/$1.pid
 }
-pd off 56001 off; pd loops 56002 $LOOPS
-targets="off:56001 loops:56002"
+pd off 26001 off; pd loops 26002 $LOOPS
+targets="off:26001 loops:26002"
 if command -v pgbouncer >/dev/null; then
-  printf '[databases]\napp = host=127.0.0.1 port=55432 dbname=app user=postgres\n[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = 56003\nauth_type = trust\nauth_file = %s/users.txt\npool_mode = transaction\ndefault_pool_size = 20\nmax_client_conn = 2000\nunix_socket_dir =\nlogfile = %s/pgb.log\npidfile = %s/pgbouncer.pid\n' $W $W $W > $W/pgb.ini
+  printf '[databases]\napp = host=127.0.0.1 port=25432 dbname=app user=postgres\n[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = 26003\nauth_type = trust\nauth_file = %s/users.txt\npool_mode = transaction\ndefault_pool_size = 20\nmax_client_conn = 2000\nunix_socket_dir =\nlogfile = %s/pgb.log\npidfile = %s/pgbouncer.pid\n' $W $W $W > $W/pgb.ini
   echo '"postgres" ""' > $W/users.txt
   [ "$(id -u)" = 0 ] && chown postgres $W/pgb.ini $W/users.txt
   as_pg pgbouncer -d $W/pgb.ini
-  targets="$targets pgbouncer:56003"
+  targets="$targets pgbouncer:26003"
 fi
 sleep 1
 cpu() { awk '{print $14+$15}' /proc/$1/stat; }
