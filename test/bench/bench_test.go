@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -149,6 +150,57 @@ func TestParseStatCPU(t *testing.T) {
 	}
 }
 
+// A /proc/PID/task/TID/status of a poolerd event loop thread (Linux 6.1),
+// shortened.
+const taskStatus = `Name:	poolerd
+Umask:	0022
+State:	S (sleeping)
+Tgid:	4242
+Pid:	4245
+PPid:	1
+Threads:	9
+VmRSS:	   11264 kB
+Cpus_allowed_list:	0-1
+voluntary_ctxt_switches:	150123
+nonvoluntary_ctxt_switches:	877
+`
+
+func TestParseCtxSwitches(t *testing.T) {
+	got, err := parseCtxSwitches([]byte(taskStatus))
+	if err != nil || got != 151000 {
+		t.Fatalf("parseCtxSwitches = %d, %v; want 151000", got, err)
+	}
+	// Without the fields the thread must not read as one that never ran.
+	noNonvol := strings.Replace(taskStatus, "nonvoluntary_ctxt_switches:\t877\n", "", 1)
+	if _, err := parseCtxSwitches([]byte(noNonvol)); err == nil {
+		t.Error("no error without nonvoluntary_ctxt_switches")
+	}
+	if _, err := parseCtxSwitches([]byte("Name:\tx\n")); err == nil {
+		t.Error("no error without either field")
+	}
+	bad := strings.Replace(taskStatus, "150123", "15x", 1)
+	if _, err := parseCtxSwitches([]byte(bad)); err == nil || !strings.Contains(err.Error(), "voluntary_ctxt_switches") {
+		t.Errorf("malformed count: error %v", err)
+	}
+}
+
+// TestCtxSwitchesSelf reads the test process's own threads from /proc.
+func TestCtxSwitchesSelf(t *testing.T) {
+	if _, err := os.Stat("/proc/self/task"); err != nil {
+		t.Skipf("no /proc: %v", err)
+	}
+	// Sleeping is a voluntary switch, so the count is above zero however
+	// little the process has run.
+	time.Sleep(time.Millisecond)
+	n, err := ctxSwitches(os.Getpid())
+	if err != nil || n <= 0 {
+		t.Fatalf("ctxSwitches(self) = %d, %v; want > 0", n, err)
+	}
+	if _, err := ctxSwitches(-1); err == nil {
+		t.Error("no error for a process that does not exist")
+	}
+}
+
 func TestCommas(t *testing.T) {
 	for in, want := range map[int64]string{0: "0", 999: "999", 1000: "1,000", 1234567: "1,234,567", -4500: "-4,500"} {
 		if got := commas(in); got != want {
@@ -167,7 +219,10 @@ func TestProgressWindow(t *testing.T) {
 	}
 
 	ticks := int64(0)
-	w := &progressWriter{sample: func() (int64, int64) { ticks += 10; return ticks, 2 * ticks }}
+	w := &progressWriter{sample: func() counters {
+		ticks += 10
+		return counters{pooler: ticks, ctxSw: 3 * ticks, mach: 2 * ticks}
+	}}
 	// Logins, then four reports written in awkward pieces.
 	for _, chunk := range []string{
 		"pgbench (15.18)\nprogress: 1.0 s, 10.0 tps, lat 9 ms stddev 1, 0 failed\n",
@@ -181,12 +236,12 @@ func TestProgressWindow(t *testing.T) {
 	}
 	// From 2 s: the report at 2.0 s opens the window: 1000×1 s + 2000×0.5 s.
 	win, ok := w.window(2)
-	if !ok || win.pooler != 20 || win.mach != 40 || win.txns != 2000 || win.seconds != 1.5 || win.latMs != 2.5 {
+	if !ok || win.pooler != 20 || win.ctxSw != 60 || win.mach != 40 || win.txns != 2000 || win.seconds != 1.5 || win.latMs != 2.5 {
 		t.Fatalf("window(2) = %+v, %v", win, ok)
 	}
 	// Too few reports after 3 s: the window opens at the first report.
 	win, ok = w.window(3)
-	if !ok || win.pooler != 30 || win.txns != 2100 || win.seconds != 2.5 {
+	if !ok || win.pooler != 30 || win.ctxSw != 90 || win.txns != 2100 || win.seconds != 2.5 {
 		t.Fatalf("window(3) = %+v, %v", win, ok)
 	}
 	if !strings.HasPrefix(w.String(), "pgbench (15.18)\nprogress: 1.0 s") {
@@ -386,4 +441,84 @@ func TestChurnReport(t *testing.T) {
 			t.Errorf("report lacks %q:\n%s", want, out[i:])
 		}
 	}
+}
+
+// tableAfter returns the lines of the first Markdown table after marker in
+// out, or nil if there is none.
+func tableAfter(out, marker string) []string {
+	i := strings.Index(out, marker)
+	if i < 0 {
+		return nil
+	}
+	var rows []string
+	for _, l := range strings.Split(out[i+len(marker):], "\n") {
+		if strings.HasPrefix(l, "|") {
+			rows = append(rows, l)
+		} else if len(rows) > 0 {
+			break
+		}
+	}
+	return rows
+}
+
+// TestCPUReport renders the CPU table and the context switches per
+// transaction beside it: per pooler, over the runs' windows, failed runs
+// left out, and no column for direct PostgreSQL.
+func TestCPUReport(t *testing.T) {
+	run := func(target string, round int, txns float64, cpu, ctx int64) *pgbenchRun {
+		return &pgbenchRun{Target: target, Mode: "simple", Clients: 16, Round: round, Hist: latHist{500: 1},
+			pgbenchSummary: pgbenchSummary{Txns: int64(txns), TPS: txns / 10, Found: true},
+			WinTPS:         txns / 10, WinTxns: txns, WinSeconds: 10, PoolerCPUTicks: cpu, PoolerCtxSwitches: ctx,
+			MachineTicks: 1000, Wall: 12 * time.Second}
+	}
+	bad := run(targetPoolerd, 3, 10000, 999, 999999)
+	bad.Err = "pooler process gone"
+	runs := []*pgbenchRun{
+		run(targetDirect, 1, 40000, 0, 0), run(targetDirect, 2, 40000, 0, 0),
+		// poolerd: 60 ticks and 30,000 switches over 30,000 transactions.
+		run(targetPoolerd, 1, 10000, 20, 12000), run(targetPoolerd, 2, 20000, 40, 18000), bad,
+		// PgBouncer: 80 ticks and 60,000 switches over 20,000 transactions.
+		run(targetPgbouncer, 1, 10000, 40, 30000), run(targetPgbouncer, 2, 10000, 40, 30000),
+	}
+	opts := options{rounds: 3, seconds: 10, jobs: 2, scale: 10, clients: []int{16}, modes: []string{"simple"}}
+	res := &results{
+		opts:    opts,
+		targets: []*target{{name: targetDirect}, {name: targetPoolerd}, {name: targetPgbouncer}},
+		runs:    runs,
+		ticks:   100,
+	}
+	out := renderReport(res)
+	checkTable := func(out, marker string, want []string) {
+		t.Helper()
+		rows := tableAfter(out, marker)
+		if len(rows) != len(want) {
+			t.Fatalf("table after %q: %d lines, want %d:\n%s", marker, len(rows), len(want), strings.Join(rows, "\n"))
+		}
+		for k, l := range rows {
+			if l != want[k] {
+				t.Errorf("table after %q, line %d:\n got %s\nwant %s", marker, k, l, want[k])
+			}
+		}
+	}
+	// CPU: poolerd 0.6 s / 30,000 tx, PgBouncer 0.8 s / 20,000 tx; each
+	// run's machine is busy 10 s.
+	checkTable(out, "## CPU seconds per 10,000 transactions", []string{
+		"| mode | clients | poolerd | PgBouncer | poolerd / PgBouncer | machine, direct | machine, poolerd | machine, pgbouncer |",
+		"|---|---|---|---|---|---|---|---|",
+		"| simple | 16 | 0.200 | 0.400 | 0.50× | 2.500 | 6.667 | 10.000 |",
+	})
+	checkTable(out, "Context switches per transaction of the pooler process", []string{
+		"| mode | clients | poolerd ctx switches / txn | PgBouncer ctx switches / txn | poolerd / PgBouncer |",
+		"|---|---|---|---|---|",
+		"| simple | 16 | 1.00 | 3.00 | 0.33× |",
+	})
+
+	// Without PgBouncer there is no PgBouncer column and no ratio.
+	res.targets, res.runs = res.targets[:2], runs[:5]
+	out = renderReport(res)
+	checkTable(out, "Context switches per transaction of the pooler process", []string{
+		"| mode | clients | poolerd ctx switches / txn |",
+		"|---|---|---|",
+		"| simple | 16 | 1.00 |",
+	})
 }

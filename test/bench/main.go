@@ -563,7 +563,8 @@ func run(ctx context.Context, o options, cl *cleaner) error {
 			status += fmt.Sprintf("  p50 %.0f µs  p99 %.0f µs", r.Hist.quantile(0.5), r.Hist.quantile(0.99))
 		}
 		if t.pid() > 0 && r.WinTxns > 0 {
-			status += fmt.Sprintf("  cpu %.3f s/10k", float64(r.PoolerCPUTicks)/float64(res.ticks)/r.WinTxns*1e4)
+			status += fmt.Sprintf("  cpu %.3f s/10k  ctx %.2f/txn", float64(r.PoolerCPUTicks)/float64(res.ticks)/r.WinTxns*1e4,
+				float64(r.PoolerCtxSwitches)/r.WinTxns)
 		}
 		if r.Failed > 0 {
 			status += fmt.Sprintf("  failed %d", r.Failed)

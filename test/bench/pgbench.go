@@ -239,15 +239,18 @@ type pgbenchRun struct {
 	// from measureFrom seconds into the run (after the logins) to the
 	// end; else the whole run. WinTPS and WinLatMs are the throughput and
 	// mean latency in the window; PoolerCPUTicks (the pooler process's
-	// utime+stime, 0 for direct) and MachineTicks (busy ticks of all
-	// CPUs) are sampled at its ends; WinTxns transactions ended in it.
-	WinTPS         float64
-	WinLatMs       float64
-	WinTxns        float64
-	WinSeconds     float64
-	WholeRun       bool
-	PoolerCPUTicks int64
-	MachineTicks   int64
+	// utime+stime, 0 for direct), PoolerCtxSwitches (the context switches
+	// of the pooler's threads, 0 for direct) and MachineTicks (busy ticks
+	// of all CPUs) are sampled at its ends; WinTxns transactions ended in
+	// it.
+	WinTPS            float64
+	WinLatMs          float64
+	WinTxns           float64
+	WinSeconds        float64
+	WholeRun          bool
+	PoolerCPUTicks    int64
+	PoolerCtxSwitches int64
+	MachineTicks      int64
 	// PgbenchCPU is pgbench's own user+system time.
 	PgbenchCPU time.Duration
 	// OtherTicks is the CPU that processes outside the benchmark used
@@ -338,12 +341,15 @@ func runPgbench(ctx context.Context, c pgbenchCmd, password string, poolerPid, p
 	var stdout bytes.Buffer
 	stderr := &progressWriter{}
 	if poolerPid > 0 {
-		stderr.sample = func() (int64, int64) {
+		stderr.sample = func() counters {
+			// A pooler that died reads as zeros here; the reads after
+			// the run notice it and fail the run.
 			t, _ := cpuTicks(poolerPid)
-			return t, machineBusyTicks()
+			sw, _ := ctxSwitches(poolerPid)
+			return counters{pooler: t, ctxSw: sw, mach: machineBusyTicks()}
 		}
 	} else {
-		stderr.sample = func() (int64, int64) { return 0, machineBusyTicks() }
+		stderr.sample = func() counters { return counters{mach: machineBusyTicks()} }
 	}
 	cmd.Stdout = &stdout
 	cmd.Stderr = stderr
@@ -351,9 +357,10 @@ func runPgbench(ctx context.Context, c pgbenchCmd, password string, poolerPid, p
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 5 * time.Second
 
-	var cpu0 int64
+	var cpu0, sw0 int64
 	if poolerPid > 0 {
 		cpu0, _ = cpuTicks(poolerPid)
+		sw0, _ = ctxSwitches(poolerPid)
 	}
 	pg0, self0 := clusterTicks(pmPid), selfTicks()
 	m0, p0 := machineTicks()
@@ -378,13 +385,18 @@ func runPgbench(ctx context.Context, c pgbenchCmd, password string, poolerPid, p
 			r.Err = "pooler process gone: " + err.Error()
 		}
 		r.PoolerCPUTicks = cpu1 - cpu0
+		sw1, err := ctxSwitches(poolerPid)
+		if err != nil && r.Err == "" {
+			r.Err = "pooler context switches: " + err.Error()
+		}
+		r.PoolerCtxSwitches = sw1 - sw0
 	}
 	r.OtherTicks = (p1 - p0) - r.PoolerCPUTicks - (clusterTicks(pmPid) - pg0) - (selfTicks() - self0) -
 		int64(r.PgbenchCPU.Seconds()*float64(ticksPerSecond))
 	r.WholeRun = true
 	if w, ok := stderr.window(float64(c.measureFrom)); ok {
 		r.WholeRun = false
-		r.PoolerCPUTicks, r.MachineTicks = w.pooler, w.mach
+		r.PoolerCPUTicks, r.PoolerCtxSwitches, r.MachineTicks = w.pooler, w.ctxSw, w.mach
 		r.WinTxns, r.WinSeconds, r.WinTPS, r.WinLatMs = w.txns, w.seconds, w.txns/w.seconds, w.latMs
 	} else {
 		fromUs = 0
@@ -439,19 +451,28 @@ func runPgbench(ctx context.Context, c pgbenchCmd, password string, poolerPid, p
 	return r, nil
 }
 
-// progressWriter collects pgbench's stderr and samples CPU counters when a
-// progress report ("progress: 3.0 s, 5321.9 tps, lat ...") arrives.
+// progressWriter collects pgbench's stderr and samples the pooler's and
+// the machine's counters when a progress report ("progress: 3.0 s, 5321.9
+// tps, lat ...") arrives.
 type progressWriter struct {
 	mu      sync.Mutex
 	buf     bytes.Buffer
 	partial []byte
-	sample  func() (pooler, machine int64)
+	sample  func() counters
 	samples []progressSample
+}
+
+// counters are the cumulative counters sampled at each progress report,
+// or, in a window, their growth over it.
+type counters struct {
+	pooler int64 // utime+stime of the pooler process, in ticks
+	ctxSw  int64 // context switches of the pooler's threads
+	mach   int64 // busy ticks of all CPUs
 }
 
 type progressSample struct {
 	at, tps, latMs float64
-	pooler, mach   int64
+	counters
 }
 
 func (w *progressWriter) Write(p []byte) (int, error) {
@@ -467,9 +488,7 @@ func (w *progressWriter) Write(p []byte) (int, error) {
 		line := string(w.partial[:i])
 		w.partial = w.partial[i+1:]
 		if at, tps, lat, ok := parseProgress(line); ok {
-			ps := progressSample{at: at, tps: tps, latMs: lat}
-			ps.pooler, ps.mach = w.sample()
-			w.samples = append(w.samples, ps)
+			w.samples = append(w.samples, progressSample{at: at, tps: tps, latMs: lat, counters: w.sample()})
 		}
 	}
 	return len(p), nil
@@ -482,14 +501,14 @@ func (w *progressWriter) String() string {
 }
 
 type window struct {
-	pooler, mach  int64
+	counters
 	txns, seconds float64
 	latMs         float64
 }
 
 // window sums the progress reports after the first one at or after from
-// seconds: that report opens the window and the CPU counters sampled with
-// it are the window's start. It needs at least two reports after the
+// seconds: that report opens the window and the counters sampled with it
+// are the window's start. It needs at least two reports after the
 // opening one; if there are too few after from, the window opens at the
 // first report.
 func (w *progressWriter) window(from float64) (window, bool) {
@@ -519,7 +538,11 @@ func (w *progressWriter) window(from float64) (window, bool) {
 	}
 	win.latMs = latSum / win.txns
 	last := s[len(s)-1]
-	win.pooler, win.mach = last.pooler-s[k].pooler, last.mach-s[k].mach
+	win.counters = counters{
+		pooler: last.pooler - s[k].pooler,
+		ctxSw:  last.ctxSw - s[k].ctxSw,
+		mach:   last.mach - s[k].mach,
+	}
 	return win, true
 }
 

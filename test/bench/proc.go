@@ -139,6 +139,68 @@ func parseStatCPU(data []byte) (int64, error) {
 	return st.utime + st.stime, err
 }
 
+// ctxSwitches returns the context switches of pid so far: the sum over its
+// threads of voluntary_ctxt_switches and nonvoluntary_ctxt_switches from
+// /proc/PID/task/TID/status. /proc/PID/status counts the main thread only,
+// which would miss poolerd's event loops. The switches of threads that
+// exited are lost, because /proc keeps no per-process total of them; that
+// is acceptable here, as poolerd's and PgBouncer's threads live as long as
+// the process.
+func ctxSwitches(pid int) (int64, error) {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, fmt.Errorf("context switches of %d: %w", pid, err)
+	}
+	var total int64
+	for _, t := range tasks {
+		data, err := os.ReadFile(filepath.Join(dir, t.Name(), "status"))
+		if err != nil {
+			// The thread exited after ReadDir listed it; its switches
+			// are lost like those of the threads that exited before.
+			continue
+		}
+		n, err := parseCtxSwitches(data)
+		if err != nil {
+			return 0, fmt.Errorf("%s/%s/status: %w", dir, t.Name(), err)
+		}
+		total += n
+	}
+	return total, nil
+}
+
+// parseCtxSwitches returns voluntary_ctxt_switches +
+// nonvoluntary_ctxt_switches of a /proc/PID/task/TID/status file. Both must
+// be there: a status without them (a kernel without the fields) would
+// otherwise read as a thread that never ran.
+func parseCtxSwitches(data []byte) (int64, error) {
+	var total int64
+	var vol, nonvol bool
+	for _, line := range strings.Split(string(data), "\n") {
+		key, val, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		switch key {
+		case "voluntary_ctxt_switches":
+			vol = true
+		case "nonvoluntary_ctxt_switches":
+			nonvol = true
+		default:
+			continue
+		}
+		n, err := strconv.ParseInt(strings.TrimSpace(val), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("malformed %s: %w", key, err)
+		}
+		total += n
+	}
+	if !vol || !nonvol {
+		return 0, errors.New("voluntary_ctxt_switches or nonvoluntary_ctxt_switches missing from /proc status")
+	}
+	return total, nil
+}
+
 type procStat struct {
 	ppid                         int
 	utime, stime, cutime, cstime int64

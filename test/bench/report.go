@@ -23,6 +23,7 @@ type agg struct {
 	cpuTxns   float64
 	failedTx  int64
 	cpuTicks  int64
+	ctxSw     int64 // the pooler's context switches, over the same windows as cpuTicks
 	machTicks int64
 	pgbench   time.Duration
 }
@@ -42,6 +43,7 @@ func aggregate(runs []*pgbenchRun) *agg {
 		a.txns += r.Txns
 		a.cpuTxns += r.WinTxns
 		a.cpuTicks += r.PoolerCPUTicks
+		a.ctxSw += r.PoolerCtxSwitches
 		a.machTicks += r.MachineTicks
 		a.pgbench += r.PgbenchCPU
 	}
@@ -63,6 +65,14 @@ func (a *agg) cpuPer10k(ticks int64) float64 {
 		return math.NaN()
 	}
 	return float64(a.cpuTicks) / float64(ticks) / a.cpuTxns * 1e4
+}
+
+// ctxPerTxn is the pooler's context switches per transaction.
+func (a *agg) ctxPerTxn() float64 {
+	if !a.has() || a.cpuTxns <= 0 {
+		return math.NaN()
+	}
+	return float64(a.ctxSw) / a.cpuTxns
 }
 
 func (a *agg) machPer10k(ticks int64) float64 {
@@ -203,6 +213,8 @@ func renderReport(res *results) string {
 		r.p("reports in between, and CPU is read from /proc when the window's first and last reports arrive (the whole run")
 		r.p("when there are fewer than 3 reports; the connection storm counts the whole run, logins included).")
 		r.p("CPU: utime+stime of the pooler process (/proc/PID/stat, %d ticks/s) per transaction in the window;", res.ticks)
+		r.p("context switches: voluntary_ctxt_switches + nonvoluntary_ctxt_switches summed over the pooler's threads")
+		r.p("(/proc/PID/task/*/status), read with the CPU, per transaction in the window (threads that exit are lost);")
 		r.p("\"machine\": the busy time of all CPUs (/proc/stat) over the same window.")
 		r.p("p50/p99: pgbench --log per-transaction latencies of the transactions that ended in the window, all")
 		r.p("rounds merged.")
@@ -695,6 +707,36 @@ func (r *report) cpuTable() {
 			}
 			for _, n := range r.names {
 				row += " " + fmtF(r.cell(mode, c, n).machPer10k(r.ticks), 3) + " |"
+			}
+			r.p("%s", row)
+		}
+	}
+	r.p("")
+	r.ctxTable()
+}
+
+// ctxTable prints the pooler's context switches per transaction, row for
+// row with the CPU table above it and over the same windows. It is a table
+// of its own because the CPU table is already wide.
+func (r *report) ctxTable() {
+	r.p("Context switches per transaction of the pooler process (voluntary and involuntary, all its threads),")
+	r.p("over the same measurement windows:")
+	r.p("")
+	head := "| mode | clients | poolerd ctx switches / txn |"
+	sep := "|---|---|---|"
+	if r.hasPB {
+		head += " PgBouncer ctx switches / txn | poolerd / PgBouncer |"
+		sep += "---|---|"
+	}
+	r.p("%s", head)
+	r.p("%s", sep)
+	for _, mode := range r.opts.modes {
+		for _, c := range r.opts.clients {
+			pd := r.cell(mode, c, targetPoolerd).ctxPerTxn()
+			row := fmt.Sprintf("| %s | %d | %s |", mode, c, fmtF(pd, 2))
+			if r.hasPB {
+				pb := r.cell(mode, c, targetPgbouncer).ctxPerTxn()
+				row += fmt.Sprintf(" %s | %s |", fmtF(pb, 2), fmtRatio(ratio(pd, pb)))
 			}
 			r.p("%s", row)
 		}
