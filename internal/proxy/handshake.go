@@ -79,7 +79,7 @@ func (srv *Server) serveConn(nc net.Conn) {
 	if len(rest) > 0 {
 		s.login = &loginState{pending: rest} // the relay reads it first
 	}
-	s.relayAfterLogin()
+	s.startRelay()
 }
 
 // useRoute sets what the session's pool and route decide.

@@ -18,13 +18,13 @@ import (
 // clients, and every client when event_loops is off, run on their own
 // goroutine (session.run).
 
-// startRelay starts relaying a session that has just logged in or was
-// handed over: on an event loop when there is one, on a goroutine of its
-// own otherwise. The session counts in sessWG until it ends.
+// startRelay starts relaying a session that has just logged in: on an event
+// loop when there is one, on a goroutine of its own otherwise. The session
+// counts in sessWG until it ends.
 func (s *session) startRelay() {
 	s.srv.sessWG.Add(1) // Done when the session ends
 	if s.login != nil { // what came with the login (serveConn)
-		go s.run(relayResume) // the relay handles what came with the login first
+		go s.run(false) // the relay handles what came with the login first
 		return
 	}
 	if s.joinLoop() {
@@ -33,28 +33,7 @@ func (s *session) startRelay() {
 	// The relay runs on a fresh goroutine: the login's deep stack (SCRAM,
 	// configuration lookups) is not kept by an idle client for its whole
 	// life.
-	go s.run(relayPark)
-}
-
-// relayAfterLogin relays a session that has just logged in, on the login's
-// own goroutine (serveConn's): a plain client without event loops waits
-// there for its first request for parkGrace, or handles at once
-// what it sent with its login, and parks once idle (the goroutine and the
-// login's deep stack then go). Event loops and TLS clients: startRelay.
-func (s *session) relayAfterLogin() {
-	if s.tls || s.srv.engine.enabled() {
-		s.startRelay()
-		return
-	}
-	s.srv.sessWG.Add(1) // Done when the session ends
-	// The parker's sweep parks the session once idle, though it did not
-	// park at login (a no-op once started).
-	_ = s.srv.parker.start()
-	first := relayResume
-	if s.login == nil && s.conn.SetReadDeadline(time.Now().Add(parkGrace)) == nil {
-		first = relayGrace
-	}
-	s.run(first)
+	go s.run(true)
 }
 
 // joinLoop puts the session on an event loop; false if it cannot go there.
@@ -152,7 +131,7 @@ func (s *session) loopDetach() bool {
 	s.item.Store(nil)
 	// The parker's sweep tells an idle relay to come back (tryPark).
 	_ = s.srv.parker.start()
-	go s.run(relayResume)
+	go s.run(false)
 	return true
 }
 

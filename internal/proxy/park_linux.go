@@ -25,10 +25,9 @@ const parkSweep = time.Second
 // epoll descriptor is itself watched by the runtime's poller, so waiting
 // for parked clients blocks no thread.
 //
-// Sessions park soon after login when they send nothing (parkGrace: many
-// pooled application connections sit idle for long, while a client that
-// connects for one transaction sends it within a round trip) and when a
-// sweep finds them idle. Parking and resuming cost a few
+// Sessions park right after login (most clients wait a round trip before
+// their first query, and many pooled application connections sit idle for
+// long) and when a sweep finds them idle. Parking and resuming cost a few
 // system calls each, never on the path of a session that is busy.
 type parker struct {
 	srv *Server

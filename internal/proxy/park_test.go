@@ -26,48 +26,8 @@ func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
 	}
 }
 
-// TestFirstRequestWithinGrace: a client that sends its first request soon
-// after login is answered by the login's goroutine without parking in
-// between (no epoll registration, no goroutine more), and parks once idle
-// for a sweep; a client that sends none parks once parkGrace has passed,
-// long before a sweep would find it.
-func TestFirstRequestWithinGrace(t *testing.T) {
-	fb := startFakeBackend(t, 16)
-	rl := startRelay(t, fb, 2, func(c *config.Config) { c.EventLoops = "off" })
-	quick := dialBench(t, rl.addr, simpleRequest)
-	_ = quick.conn.SetDeadline(time.Now().Add(10 * time.Second))
-	if err := quick.roundTrip(); err != nil {
-		t.Fatal(err)
-	}
-	sessions := rl.srv.sessionList()
-	if len(sessions) != 1 {
-		t.Fatalf("%d sessions, want 1", len(sessions))
-	}
-	p := rl.srv.parker
-	p.mu.Lock()
-	registered := sessions[0].epollReg
-	p.mu.Unlock()
-	if registered {
-		t.Fatal("a client that sent its first request right after login was parked before it")
-	}
-	// The parker sweeps though no client parked at login.
-	waitFor(t, 3*parkSweep+time.Second, "the client parked by a sweep", func() bool { return p.parkedCount() == 1 })
-	start := time.Now()
-	slow := dialBench(t, rl.addr, simpleRequest)
-	waitFor(t, 5*time.Second, "the client that sent nothing parked", func() bool { return p.parkedCount() == 2 })
-	if took := time.Since(start); took > parkSweep/2 {
-		t.Fatalf("a client that sent nothing parked %v after login: by a sweep, not after parkGrace", took)
-	}
-	for _, c := range []*benchClient{quick, slow} {
-		_ = c.conn.SetDeadline(time.Now().Add(10 * time.Second))
-		if err := c.roundTrip(); err != nil {
-			t.Fatalf("after parking: %v", err)
-		}
-	}
-}
-
-// TestIdleClientsPark: idle clients hold no goroutine. They park soon after
-// login (parkGrace), wake up for a query, park again after a sweep interval without
+// TestIdleClientsPark: idle clients hold no goroutine. They park right after
+// login, wake up for a query, park again after a sweep interval without
 // traffic, end when they hang up while parked, and get the shutdown error
 // while parked; the parker's goroutines stop with the server.
 func TestIdleClientsPark(t *testing.T) {

@@ -313,33 +313,14 @@ func (s *session) releaseWhenIdle() bool { return s.stateful && s.pinReason.Load
 // run relays client messages on the session's goroutine until the client
 // leaves (then it ends the session) or the session parks (then the
 // goroutine ends and the parker starts a new one, with resume, when the
-// client sends again). first says how the relay starts.
-func (s *session) run(first relayStart) {
-	if s.relay(first) {
+// client sends again). fresh is true right after login: the session parks
+// at once, before its first read.
+func (s *session) run(fresh bool) {
+	if s.relay(fresh) {
 		return
 	}
 	s.srv.sessWG.Done()
 }
-
-// relayStart is how a relay starts (run).
-type relayStart uint8
-
-const (
-	relayResume relayStart = iota // reads at once (a resumed or moved session)
-	relayPark                     // parks before its first read (tryPark)
-	// relayGrace: a read deadline of parkGrace is set (right after
-	// login, on the login's goroutine); the session parks when it passes
-	// before the first request, and the deadline is cleared when the
-	// request comes.
-	relayGrace
-)
-
-// parkGrace is how long a session that has just logged in keeps the
-// login's goroutine waiting for its first request before it parks: a client
-// that connects for one transaction (pgbench -C, a serverless function)
-// sends it one round trip after the welcome, and parking and resuming in
-// between cost two epoll_ctl and a goroutine more per connection.
-const parkGrace = 50 * time.Millisecond
 
 // ownParams makes s.params the session's own map before a change (pmu
 // held).
@@ -351,10 +332,10 @@ func (s *session) ownParams() {
 }
 
 // resume runs a parked session again.
-func (s *session) resume() { s.run(relayResume) }
+func (s *session) resume() { s.run(false) }
 
 // relay is run's loop; it returns true if the session parked.
-func (s *session) relay(first relayStart) (parked bool) {
+func (s *session) relay(fresh bool) (parked bool) {
 	s.wmu.Lock()
 	rd := s.cio
 	if rd == nil {
@@ -367,10 +348,9 @@ func (s *session) relay(first relayStart) (parked bool) {
 		s.cio = rd
 	}
 	s.wmu.Unlock()
-	if first == relayPark && s.tryPark() {
+	if fresh && s.tryPark() {
 		return true
 	}
-	grace := first == relayGrace
 	if l := s.login; l != nil {
 		// Sent right behind the login (read with it): handled first.
 		s.login = nil
@@ -401,7 +381,6 @@ func (s *session) relay(first relayStart) (parked bool) {
 				continue
 			}
 			if errors.Is(err, os.ErrDeadlineExceeded) {
-				grace = false // passed, or replaced by finishLocked's or the sweep's
 				if s.endErr.Load() != nil {
 					// Ended by another goroutine (finishLocked), or
 					// claimed for a hand-over (handover.go).
@@ -423,24 +402,10 @@ func (s *session) relay(first relayStart) (parked bool) {
 			s.end(err)
 			return false
 		}
-		if grace {
-			grace = false
-			s.clearReadDeadline()
-		}
 		if s.clientRead(bp, n) {
 			s.end(nil)
 			return false
 		}
-	}
-}
-
-// clearReadDeadline clears the client's read deadline, unless the session
-// was ended meanwhile: finishLocked's deadline, which wakes the relay to end
-// it, may be the one just cleared.
-func (s *session) clearReadDeadline() {
-	_ = s.conn.SetReadDeadline(time.Time{})
-	if s.endErr.Load() != nil {
-		_ = s.conn.SetReadDeadline(time.Now())
 	}
 }
 
@@ -483,7 +448,8 @@ func (s *session) tryPark() bool {
 		return true
 	}
 	if s.endErr.Load() != nil {
-		// Ended meanwhile (see clearReadDeadline).
+		// Ended meanwhile: finishLocked's read deadline, which wakes this
+		// goroutine to end the session, may be the one just cleared.
 		_ = s.conn.SetReadDeadline(time.Now())
 	}
 	return false
