@@ -68,6 +68,11 @@ func (srv *Server) HandOver(ctx context.Context, send func(f *os.File, state []b
 func (srv *Server) sessionList() []*session {
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
+	return srv.sessionListLocked()
+}
+
+// sessionListLocked is sessionList with srv.mu held.
+func (srv *Server) sessionListLocked() []*session {
 	out := make([]*session, 0, len(srv.sessions))
 	for _, s := range srv.sessions {
 		out = append(out, s)

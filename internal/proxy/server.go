@@ -548,11 +548,7 @@ func (srv *Server) stopAccepting(cutLogins bool) []*session {
 		// (loginFailed); one doing other work gets it when done.
 		_ = nc.SetReadDeadline(time.Now())
 	}
-	sessions := make([]*session, 0, len(srv.sessions))
-	for _, s := range srv.sessions {
-		sessions = append(sessions, s)
-	}
-	return sessions
+	return srv.sessionListLocked()
 }
 
 func (srv *Server) closePools() {
