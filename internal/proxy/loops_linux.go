@@ -406,15 +406,17 @@ func (it *loopItem) share() int32 {
 }
 
 // moveNear moves a socket no handler is running for to the loop of near,
-// so that its handler runs there from now on, and returns its item there (it
-// itself if it did not move: already there, or being handled). The old item is left
-// off for good: a batch of its old loop that still names it skips it. nil:
-// it could be put in neither loop (the engine is closing); the socket is
-// then read by no one and its connection must be closed.
-func (it *loopItem) moveNear(near *loopItem) *loopItem {
+// so that its handler runs there from now on. place is given its item there
+// before the new loop can run its handler (not called if it did not move:
+// already there, or being handled); the old item is left off for good, so
+// that a batch of its old loop that still names it skips it. place gets nil
+// if the socket could be put in neither loop (the engine is closing): it is
+// then read by no one and its connection must be closed. moveNear reports
+// whether place was called.
+func (it *loopItem) moveNear(near *loopItem, place func(*loopItem)) bool {
 	from, to := it.l, near.l
 	if from == to || !it.state.CompareAndSwap(itemArmed, itemHandling) {
-		return it
+		return false
 	}
 	_ = syscall.EpollCtl(from.epfd, syscall.EPOLL_CTL_DEL, it.fd, nil)
 	from.forget(it)
@@ -422,17 +424,19 @@ func (it *loopItem) moveNear(near *loopItem) *loopItem {
 	to.e.mu.Lock()
 	closed := to.e.closed
 	to.e.mu.Unlock()
-	moved := &loopItem{l: to, h: it.h, fd: it.fd, client: it.client}
-	if !closed && to.register(moved) {
-		to.e.moves.Add(1)
-		return moved
+	for _, l := range [2]*loop{to, from} {
+		moved := &loopItem{l: l, h: it.h, fd: it.fd, client: it.client}
+		place(moved)
+		if !closed && l.register(moved) {
+			if l == to {
+				to.e.moves.Add(1)
+			}
+			return true
+		}
 	}
-	back := &loopItem{l: from, h: it.h, fd: it.fd, client: it.client}
-	if !closed && from.register(back) {
-		return back
-	}
+	place(nil)
 	_ = syscall.Close(it.fd)
-	return nil
+	return true
 }
 
 // rearm puts back in epoll an item taken out for a handler that blocked.

@@ -13,7 +13,7 @@ func (*loopItem) yield() {}
 
 func (*loopItem) share() int32 { return -1 }
 
-func (it *loopItem) moveNear(*loopItem) *loopItem { return it }
+func (*loopItem) moveNear(*loopItem, func(*loopItem)) bool { return false }
 
 func newEngine(*Server, int) *engine { return &engine{} }
 

@@ -297,20 +297,16 @@ func (sc *serverConn) yieldLoop() { sc.item.Load().yield() }
 // connection could be put in no loop (shutdown) and is broken.
 func (sc *serverConn) nearLoop(it *loopItem) bool {
 	cur := sc.item.Load()
-	if it == nil || cur == nil {
+	if it == nil || cur == nil || !cur.moveNear(it, sc.item.Store) {
 		return true
 	}
-	moved := cur.moveNear(it)
-	if moved == cur {
-		return true
-	}
+	moved := sc.item.Load()
 	if moved == nil {
 		sc.mu.Lock()
 		sc.broken = true
 		sc.mu.Unlock()
 		return false
 	}
-	sc.item.Store(moved)
 	sc.Entry.SetShare(moved.share())
 	return true
 }
