@@ -7,7 +7,9 @@
 #   scripts/run.sh clean                stop it and delete its files (`make clean`)
 #
 # Environment:
-#   RUN_PG_PORT      PostgreSQL's TCP port (default 55432)
+#   RUN_PG_PORT      PostgreSQL's TCP port (default 15432: below the range the
+#                    kernel picks outgoing ports from, so a lingering outgoing
+#                    connection never holds it)
 #   RUN_LISTEN_PORT  poolerd's client port (default 6432)
 #   RUN_HTTP_PORT    poolerd's health/metrics port (default 9930)
 #
@@ -23,7 +25,7 @@ set -euo pipefail
 
 ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
 RUN_DIR=$ROOT/.run
-PG_PORT=${RUN_PG_PORT:-55432}
+PG_PORT=${RUN_PG_PORT:-15432}
 LISTEN_PORT=${RUN_LISTEN_PORT:-6432}
 HTTP_PORT=${RUN_HTTP_PORT:-9930}
 POOLERD=$ROOT/bin/poolerd
@@ -256,6 +258,9 @@ start_postgres() {
 	PG_MANAGED=1
 	if ! as_pg "$BINDIR/pg_ctl" -D "$PGDATA" -l "$PG_LOG" -w -t 60 -s start 9>&-; then
 		tail -n 20 "$PG_LOG" >&2 || true
+		if tail -n 20 "$PG_LOG" 2>/dev/null | grep -q 'Address already in use'; then
+			die "PostgreSQL could not listen on 127.0.0.1:$PG_PORT (in use; see ss -tan | grep $PG_PORT); pick another port with RUN_PG_PORT=..."
+		fi
 		die "PostgreSQL did not start (log tail above)"
 	fi
 }

@@ -30,7 +30,7 @@ func runBanner(t *testing.T) []pattern {
 	if !ok {
 		t.Fatal("scripts/run.sh: the banner's here-document does not end")
 	}
-	// Variables with a default (PG_PORT=${RUN_PG_PORT:-55432}) print it
+	// Variables with a default (PG_PORT=${RUN_PG_PORT:-15432}) print it
 	// when the environment does not set them, as the README assumes.
 	defaults := map[string]string{}
 	for _, m := range shellDefault.FindAllStringSubmatch(string(b), -1) {
