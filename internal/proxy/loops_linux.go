@@ -74,9 +74,6 @@ type loopItem struct {
 	fd     int          // the loop's duplicate descriptor; closed by remove
 	client bool         // a client session's socket (else a server's)
 	state  atomic.Int32 // itemOff, itemArmed, itemHandling
-	// full: the handler's read filled its buffer, so more may be waiting
-	// (readItem; owned by the goroutine running the handler).
-	full bool
 }
 
 // yield is called by a handler about to block (from any goroutine: a yield
@@ -112,7 +109,9 @@ type engine struct {
 type loop struct {
 	e    *engine
 	idx  int32 // its place in engine.loops: its share of the pools
-	epfd int   // closed by engine.close once every goroutine of the loop is gone
+	epfd int
+	file *os.File
+	rc   syscall.RawConn
 
 	// cur is the item whose handler the loop's goroutine is running (nil:
 	// none; &taken: handed over, the handler's goroutine no longer runs the
@@ -121,15 +120,11 @@ type loop struct {
 	taken loopItem
 	seq   atomic.Uint64
 
-	// mu guards items, indexed by the duplicate descriptor, and waiters,
-	// the descriptors through which the loop's goroutines wait (one each:
-	// newWaiter); stopped is set by engine.close, which closes them.
+	// mu guards items, indexed by the duplicate descriptor.
 	mu      sync.Mutex
 	items   []*loopItem
 	count   int // sockets
 	clients int // of which client sessions'
-	waiters map[*os.File]struct{}
-	stopped bool
 }
 
 // newEngine starts n loops; n <= 0 starts none (every connection then has
@@ -164,49 +159,13 @@ func newLoop(e *engine, idx int32) (*loop, error) {
 		_ = syscall.Close(fd)
 		return nil, err
 	}
-	l := &loop{e: e, idx: idx, epfd: fd, waiters: map[*os.File]struct{}{}}
+	l := &loop{e: e, idx: idx, epfd: fd, file: os.NewFile(uintptr(fd), "poolerd-event-loop")}
 	l.taken.l = l
-	return l, nil
-}
-
-// newWaiter gives a goroutine of the loop its own descriptor of the loop's
-// epoll instance (a duplicate), watched by the runtime's poller: the
-// goroutine runs the loop inside one read of it (run), and a goroutine the
-// loop is handed to (takeOver) must not wait for that read to end. false:
-// the engine is closing. A failed duplicate (out of descriptors) is tried
-// again every 10 ms: the loop's sockets have no other reader.
-func (l *loop) newWaiter() (*os.File, syscall.RawConn, bool) {
-	for {
-		if d, err := syscall.Dup(l.epfd); err == nil {
-			syscall.CloseOnExec(d)
-			f := os.NewFile(uintptr(d), "poolerd-event-loop")
-			if rc, err := f.SyscallConn(); err == nil {
-				l.mu.Lock()
-				stopped := l.stopped
-				if !stopped {
-					l.waiters[f] = struct{}{}
-				}
-				l.mu.Unlock()
-				if !stopped {
-					return f, rc, true
-				}
-			}
-			_ = f.Close()
-		}
-		select {
-		case <-l.e.stop:
-			return nil, nil, false
-		case <-time.After(10 * time.Millisecond):
-		}
+	if l.rc, err = l.file.SyscallConn(); err != nil {
+		_ = l.file.Close()
+		return nil, err
 	}
-}
-
-// dropWaiter closes a goroutine's waiter when it leaves the loop.
-func (l *loop) dropWaiter(f *os.File) {
-	l.mu.Lock()
-	delete(l.waiters, f)
-	l.mu.Unlock()
-	_ = f.Close()
+	return l, nil
 }
 
 // enabled reports whether there are loops.
@@ -303,96 +262,76 @@ func (l *loop) takeOver(it *loopItem) {
 	go l.run()
 }
 
-// run is the loop's goroutine: it runs the loop inside one read of its
-// waiter (newWaiter), so that the runtime poller waits for the epoll
-// descriptor to become readable whenever nothing is ready, and handles what
-// is ready until nothing is. After a batch whose every socket was drained
-// (epoll_wait returned less than a full batch, every read was short) it
-// waits without asking epoll again: data that arrives on any socket from
-// then on wakes the runtime poller (the sockets are level-triggered in the
-// loop's epoll, and each arrival notifies the descriptor), and the wait
-// starts from the readiness the poller saw since the read began, not from
-// a reset (a read starts with one: that is why the loop is one read).
+// run is the loop's goroutine: it waits through the runtime poller for the
+// epoll descriptor to become readable, then handles what is ready until
+// nothing is.
 func (l *loop) run() {
 	defer l.e.done.Done()
-	f, rc, ok := l.newWaiter()
-	if !ok {
-		return
-	}
-	defer l.dropWaiter(f)
 	var evs [loopBatch]syscall.EpollEvent
 	var ready [loopBatch]*loopItem
-	var handed *loopItem // handed over while its handler ran
-	var keep bool        // ... and its handler kept it
-	skip := false
-	_ = rc.Read(func(uintptr) bool {
+	n := 0
+	wait := func(fd uintptr) bool {
 		for {
-			if skip {
-				skip = false
-				return false // wait in the runtime poller
-			}
-			k, errno := epollPoll(l.epfd, evs[:])
+			k, errno := epollPoll(int(fd), evs[:])
 			if errno == syscall.EINTR {
 				continue
 			}
-			if k <= 0 {
-				return false // nothing ready (an error: wait too, not spin)
-			}
-			l.mu.Lock()
-			for i := range k {
-				fd := int(evs[i].Fd)
-				ready[i] = nil
-				if fd < len(l.items) {
-					ready[i] = l.items[fd]
-				}
-			}
-			l.mu.Unlock()
-			drained := k < loopBatch
-			for i := range k {
-				it := ready[i]
-				ready[i] = nil
-				if it == nil || !it.state.CompareAndSwap(itemArmed, itemHandling) {
-					continue
-				}
-				l.cur.Store(it)
-				l.seq.Add(1)
-				it.full = false
-				kept := it.h.loopReady(it)
-				if l.cur.CompareAndSwap(it, nil) {
-					drained = drained && !it.full
-					if kept {
-						it.state.Store(itemArmed)
-						if it.h.loopStale() {
-							l.e.wake(it)
-						}
-					} else {
-						l.remove(it, true)
-					}
-					continue
-				}
-				// Handed over while the handler ran: this goroutine is no
-				// longer the loop's. The rest of this batch is the new
-				// goroutine's to see again (epoll is level-triggered).
-				for j := i + 1; j < k; j++ {
-					ready[j] = nil
-				}
-				handed, keep = it, kept
-				return true
-			}
-			skip = drained
+			n = max(k, 0)
+			// Nothing ready: park in the runtime poller, which watches
+			// the epoll descriptor (edge-triggered: it was drained).
+			return n > 0 || errno != 0
 		}
-	})
-	if handed == nil {
-		return // closed
 	}
-	// The handed-over socket goes back in (or away).
-	switch {
-	case keep && handed.h.loopDetach():
-		l.remove(handed, false) // after loopDetach took it off its owner
-		l.e.detaches.Add(1)
-	case keep && l.rearm(handed):
-	default:
-		l.remove(handed, false)
+	for {
+		if err := l.rc.Read(wait); err != nil {
+			return // closed
+		}
+		l.mu.Lock()
+		for i := range n {
+			fd := int(evs[i].Fd)
+			ready[i] = nil
+			if fd < len(l.items) {
+				ready[i] = l.items[fd]
+			}
+		}
+		l.mu.Unlock()
+		for i := range n {
+			it := ready[i]
+			ready[i] = nil
+			if it == nil || !it.state.CompareAndSwap(itemArmed, itemHandling) {
+				continue
+			}
+			l.cur.Store(it)
+			l.seq.Add(1)
+			keep := it.h.loopReady(it)
+			if l.cur.CompareAndSwap(it, nil) {
+				if keep {
+					it.state.Store(itemArmed)
+					if it.h.loopStale() {
+						l.e.wake(it)
+					}
+				} else {
+					l.remove(it, true)
+				}
+				continue
+			}
+			// Handed over while the handler ran: this goroutine is no
+			// longer the loop's. The socket goes back in (or away), and
+			// the rest of this batch is the new goroutine's to see again
+			// (epoll is level-triggered).
+			for j := i + 1; j < n; j++ {
+				ready[j] = nil
+			}
+			switch {
+			case keep && it.h.loopDetach():
+				l.remove(it, false) // after loopDetach took it off its owner
+				l.e.detaches.Add(1)
+			case keep && l.rearm(it):
+			default:
+				l.remove(it, false)
+			}
+			return
+		}
 	}
 }
 
@@ -513,22 +452,10 @@ func (e *engine) close() {
 	e.mu.Unlock()
 	close(e.stop)
 	for _, l := range e.loops {
-		l.mu.Lock()
-		l.stopped = true
-		waiters := make([]*os.File, 0, len(l.waiters))
-		for f := range l.waiters {
-			waiters = append(waiters, f)
-		}
-		l.mu.Unlock()
-		// Each ends the read its goroutine runs the loop in; Close waits
-		// for that read to return, so not under l.mu, which the loop takes.
-		for _, f := range waiters {
-			_ = f.Close()
-		}
+		_ = l.file.Close()
 	}
 	e.done.Wait()
 	for _, l := range e.loops {
-		_ = syscall.Close(l.epfd)
 		l.mu.Lock()
 		items := l.items
 		l.items, l.count, l.clients = nil, 0, 0
@@ -614,7 +541,6 @@ func readItem(it *loopItem, p []byte) (int, error) {
 		case n == 0:
 			return 0, io.EOF
 		}
-		it.full = n == len(p)
 		return n, nil
 	}
 }
