@@ -96,7 +96,7 @@ type engine struct {
 	// wait (loopDetach), for tests.
 	detaches atomic.Uint64
 	// moves counts server connections moved to their client's loop at a
-	// checkout (loopItem.moveTo), for tests.
+	// checkout (loopItem.moveNear), for tests.
 	moves atomic.Uint64
 
 	mu     sync.Mutex
