@@ -264,9 +264,8 @@ func TestLoopAffinity(t *testing.T) {
 }
 
 // checkAffinity runs rounds of one request of each of up to 6 clients (of 8
-// logged in), one at a
-// time, alternating between the two loops, and checks that each ran on a
-// server connection of the client's loop.
+// logged in), one at a time, alternating between the two loops, and checks
+// that each ran on a server connection of the client's loop.
 func checkAffinity(t *testing.T, rl *relay, rounds int) {
 	const n = 8 // round robin: about half on each loop
 	all := dialBenches(t, rl.addr, n, simpleRequest)
