@@ -205,7 +205,7 @@ func (s *session) handOverState() ([]byte, string) {
 	s.stmu.Lock()
 	for name, d := range s.stmts {
 		st.Statements = append(st.Statements, handOverStmt{Name: name, Key: []byte(d.key),
-			Settings: d.settings.Load(), Calls: d.calls.Load(), Commits: d.commits.Load()})
+			Settings: d.eff.settings, Calls: d.eff.calls, Commits: d.eff.commits})
 	}
 	s.stmu.Unlock()
 	b, err := json.Marshal(&st)
@@ -308,16 +308,9 @@ func (s *session) adopt(st *handOver, cfg *config.Config) *wire.Error {
 			if !ok {
 				continue
 			}
+			// The definition's effects come from its text (acquire), as
+			// in the process that handed it over.
 			d := s.srv.stmts.acquire(sp, []byte(rest))
-			if h.Settings {
-				d.settings.Store(true)
-			}
-			if h.Calls {
-				d.calls.Store(true)
-			}
-			if h.Commits {
-				d.commits.Store(true)
-			}
 			s.stmu.Lock()
 			if old := s.stmts[h.Name]; old != nil {
 				s.srv.stmts.release(old)

@@ -200,11 +200,25 @@ func paramsKey(params map[string]string) string {
 	return b.String()
 }
 
+// syncStmt is one statement of a parameter sync: its SQL, and the
+// unreported parameter it sets ("" for a RESET and for a reported
+// parameter, which ParameterStatus keeps exact). set_config answers with
+// the value as the server keeps it ('16MB' for '16384kB'), which becomes
+// the connection's applied value.
+type syncStmt struct{ sql, name string }
+
 // paramSyncSQL returns the statements that give server connection sc the
-// session parameters of a client, or "" if it has them already. want holds
+// session parameters of a client, none if it has them already. want holds
 // the client's values; a parameter poolerd applied for an earlier client and
 // this one did not ask for is reset. It records what it applies in sc.
-func paramSyncSQL(want map[string]string, sc *serverConn) string {
+//
+// Each statement is sent as a Query of its own: a multi-statement text is
+// one implicit transaction, and one statement that fails (temp_buffers
+// cannot change once the backend used a temporary table) would skip the
+// rest and roll back what ran, a RESET "role" of the previous client's
+// startup role among them. A failed sync statement closes the connection
+// after the request it went ahead of (serverConn.swallowed).
+func paramSyncSQL(want map[string]string, sc *serverConn) []syncStmt {
 	var sets []paramKey
 	for name, value := range want {
 		if have, reported := sc.params[name]; reported {
@@ -226,16 +240,20 @@ func paramSyncSQL(want map[string]string, sc *serverConn) string {
 		}
 	}
 	if len(sets) == 0 && len(resets) == 0 {
-		return ""
+		return nil
 	}
 	sort.Slice(sets, func(i, j int) bool { return sets[i].name < sets[j].name })
 	sort.Strings(resets)
-	var stmts []string
-	if len(sets) > 0 {
-		stmts = append(stmts, setConfigSQL(sets))
+	stmts := make([]syncStmt, 0, len(sets)+len(resets))
+	for _, p := range sets {
+		name := p.name
+		if _, reported := sc.params[name]; reported {
+			name = ""
+		}
+		stmts = append(stmts, syncStmt{sql: setConfigSQL([]paramKey{p}), name: name})
 	}
 	for _, name := range resets {
-		stmts = append(stmts, "RESET "+quoteIdent(name))
+		stmts = append(stmts, syncStmt{sql: "RESET " + quoteIdent(name)})
 	}
-	return strings.Join(stmts, "; ")
+	return stmts
 }

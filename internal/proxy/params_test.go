@@ -70,21 +70,27 @@ func TestParamSyncSQL(t *testing.T) {
 	}
 	want := map[string]string{"application_name": "app", "DateStyle": "ISO, MDY", "extra_float_digits": "3"}
 	got := paramSyncSQL(want, sc)
-	exp := "SELECT pg_catalog.set_config(E'application_name', E'app', false), pg_catalog.set_config(E'extra_float_digits', E'3', false); RESET \"work_mem\""
-	if got != exp {
-		t.Fatalf("got  %s\nwant %s", got, exp)
+	exp := []syncStmt{
+		{sql: "SELECT pg_catalog.set_config(E'application_name', E'app', false)"},
+		{sql: "SELECT pg_catalog.set_config(E'extra_float_digits', E'3', false)", name: "extra_float_digits"},
+		{sql: "RESET \"work_mem\""},
+	}
+	if !reflect.DeepEqual(got, exp) {
+		t.Fatalf("got  %q\nwant %q", got, exp)
 	}
 	if !reflect.DeepEqual(sc.applied, map[string]string{"extra_float_digits": "3"}) {
 		t.Fatalf("applied %v", sc.applied)
 	}
 	// The server reports the new application_name; nothing left to do.
 	sc.params["application_name"] = "app"
-	if got := paramSyncSQL(want, sc); got != "" {
+	if got := paramSyncSQL(want, sc); got != nil {
 		t.Fatalf("second sync: %q", got)
 	}
 	// A reported parameter that is not per client is never set.
-	if got := paramSyncSQL(map[string]string{"server_version": "16"}, sc); strings.Contains(got, "server_version") {
-		t.Fatalf("tried to set server_version: %s", got)
+	for _, st := range paramSyncSQL(map[string]string{"server_version": "16"}, sc) {
+		if strings.Contains(st.sql, "server_version") {
+			t.Fatalf("tried to set server_version: %s", st.sql)
+		}
 	}
 }
 
@@ -100,7 +106,7 @@ func TestSyncParamsRemembersMatchingKey(t *testing.T) {
 		return &session{params: map[string]string{"application_name": "app", "TimeZone": "UTC", "work_mem": "8MB"}}
 	}
 	a, b := newSession(), newSession()
-	if q := a.syncParams(sc); q != nil {
+	if q, _ := a.syncParams(sc); q != nil {
 		t.Fatalf("in line, but got %q", q)
 	}
 	if sc.syncedKey == "" || sc.syncedKey != a.pkey {
@@ -109,12 +115,12 @@ func TestSyncParamsRemembersMatchingKey(t *testing.T) {
 	// Same parameters: no comparison. Prove it by changing the server's
 	// map behind the generation's back: the fast path must not see it.
 	sc.params["TimeZone"] = "hidden"
-	if q := b.syncParams(sc); q != nil {
+	if q, _ := b.syncParams(sc); q != nil {
 		t.Fatalf("same key, but compared: %q", q)
 	}
 	// A ParameterStatus bumps the generation: compared again.
 	sc.paramGen++
-	if q := b.syncParams(sc); q == nil || !strings.Contains(string(q), "TimeZone") {
+	if q, _ := b.syncParams(sc); q == nil || !strings.Contains(string(q), "TimeZone") {
 		t.Fatalf("after a change: %q", q)
 	}
 	// The sync itself changed the connection: the next client is compared.
@@ -122,7 +128,7 @@ func TestSyncParamsRemembersMatchingKey(t *testing.T) {
 	sc.paramGen++
 	c := newSession()
 	c.params["application_name"] = "other"
-	if q := c.syncParams(sc); q == nil || !strings.Contains(string(q), "other") {
+	if q, _ := c.syncParams(sc); q == nil || !strings.Contains(string(q), "other") {
 		t.Fatalf("different key: %q", q)
 	}
 	// A client's own change (noteParameter) drops its key.

@@ -1,16 +1,17 @@
 package proxy
 
 import (
+	"bytes"
 	"container/list"
 	"encoding/binary"
 	"fmt"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 
 	"go.uber.org/zap"
 
+	"github.com/poolerd/poolerd/internal/sqlscan"
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
@@ -55,10 +56,64 @@ type stmtDef struct {
 	// unused is its place in the registry's list of definitions no client
 	// maps (nil while mapped).
 	unused *list.Element
-	// settings: the statement may change session settings (set_config);
-	// calls: it calls a function that may set the role (sqlscan Calls);
-	// commits: it may commit (sqlscan Commits).
-	settings, calls, commits atomic.Bool
+	// eff is what running the statement does to a session, read from its
+	// text when the definition is made (never changed after); custom
+	// lists the customized options (a.b) the text names, when it may
+	// change settings. Every Bind of the statement applies them again.
+	eff    stmtEffects
+	custom []string
+}
+
+// stmtEffects is what running a statement does to the session, from its
+// text (sqlscan.Scan): the pin it creates and the pinned state it may undo,
+// whether it may change settings, call a function that may set the role,
+// or commit. Effects belong to a statement, not to its first Parse: every
+// execution (each Bind of a named or the unnamed statement) applies them
+// again, so that a prepared SET ROLE run again after RESET ROLE unpinned
+// its client pins it again.
+type stmtEffects struct {
+	pin, undo                sqlscan.Kinds
+	settings, calls, commits bool
+}
+
+// effectsOf keeps what of e a statement's execution repeats.
+func effectsOf(e sqlscan.Effects) stmtEffects {
+	var r stmtEffects
+	r.pin.Add(e.Pin)
+	r.undo = e.Undo
+	r.settings, r.calls, r.commits = e.Settings, e.Calls, e.Commits
+	return r
+}
+
+// effects is e as the scanner's result, for stateEffects.
+func (e stmtEffects) effects() sqlscan.Effects {
+	r := sqlscan.Effects{Undo: e.undo, Settings: e.settings, Calls: e.calls, Commits: e.commits}
+	for k := range e.pin.All() {
+		r.Pin = k
+		break
+	}
+	return r
+}
+
+// textEffects scans a statement's text (a Parse body after its name: the
+// query, NUL, parameter types) as scanEffects does.
+func textEffects(rest []byte) (sqlscan.Effects, []string) {
+	if i := bytes.IndexByte(rest, 0); i >= 0 {
+		rest = rest[:i]
+	}
+	truncated := len(rest) > maxScan
+	if truncated {
+		rest = rest[:maxScan]
+	}
+	e := sqlscan.Scan(string(rest))
+	if truncated {
+		e.Settings, e.Commits = true, true
+	}
+	var custom []string
+	if e.Settings && bytes.IndexByte(rest, '.') >= 0 {
+		custom = sqlscan.CustomOptions(string(rest))
+	}
+	return e, custom
 }
 
 // maxUnusedStmts is how many definitions no client maps the registry keeps,
@@ -104,6 +159,8 @@ func (r *stmtRegistry) acquire(searchPath string, rest []byte) *stmtDef {
 	frame = append(append(append(frame, name...), 0), rest...)
 	binary.BigEndian.PutUint32(frame[1:], uint32(len(frame)-1))
 	d := &stmtDef{name: name, key: string(key), parse: frame, refs: 1}
+	eff, custom := textEffects(rest)
+	d.eff, d.custom = effectsOf(eff), custom
 	r.byKey[d.key] = d
 	return d
 }

@@ -199,6 +199,17 @@ type serverConn struct {
 	resetZ                int64
 	authOff               atomic.Bool
 
+	// The parameter sync (params.go). syncNames: the parameter each
+	// statement of the sync being assembled sets (owner, at attach);
+	// syncQ: the response groups of those sent, whose set_config answer
+	// the reader keeps as the applied value (mu). mayFailQ: swallowed
+	// groups whose failure leaves nothing behind (a DEALLOCATE's Parse
+	// first); any other swallowed group that fails closes the connection
+	// (mu).
+	syncNames []string
+	syncQ     []syncValue
+	mayFailQ  []int64
+
 	closeOnce sync.Once
 
 	// Set when the event loops read the connection (startReading): item
@@ -453,7 +464,7 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 					sc.drop = true
 				}
 			case 'D':
-				if sc.drop && (sc.snapZ.Load() == sc.zRecv || sc.checkZ.Load() == sc.zRecv) {
+				if sc.drop && (sc.snapZ.Load() == sc.zRecv || sc.checkZ.Load() == sc.zRecv || sc.syncAt(sc.zRecv)) {
 					sc.cur.Capture(maxCapture)
 				}
 			case 'E':
@@ -517,6 +528,8 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 					sc.snapRow(sc.cur.Body())
 				case sc.checkZ.Load() == sc.zRecv:
 					sc.checkRow = append(sc.checkRow[:0], sc.cur.Body()...)
+				case sc.syncAt(sc.zRecv):
+					sc.syncRow(sc.cur.Body())
 				}
 			case 'C':
 				if !sc.drop && sc.nqundo.Load() > 0 {
@@ -883,6 +896,9 @@ func (sc *serverConn) exec(ctx context.Context, sql string) error {
 	sc.pending++
 	sc.unnamedBy = nil // a simple query drops the unnamed statement
 	sc.swallowGroupLocked(sc.zSent)
+	// Its error goes to the caller, who closes the connection or knows
+	// the statement left nothing behind (swallowed).
+	sc.mayFailQ = append(sc.mayFailQ, sc.zSent)
 	sc.zSent++
 	sc.mu.Unlock()
 	if _, err := sc.Conn.Write(wire.AppendQuery(nil, sql)); err != nil {
@@ -926,11 +942,79 @@ func (sc *serverConn) swallowGroupLocked(z int64) {
 	}
 }
 
+// syncValue is a response group of the parameter sync that sets the
+// unreported parameter name.
+type syncValue struct {
+	z    int64
+	name string
+}
+
+// syncAt reports whether response group z sets a parameter of the sync.
+// Reader goroutine (syncQ's head moves only there).
+func (sc *serverConn) syncAt(z int64) bool {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	return len(sc.syncQ) > 0 && sc.syncQ[0].z == z
+}
+
+// syncRow keeps the value a sync's set_config answered (the server's own
+// spelling of it) as the parameter's applied value. Reader goroutine.
+func (sc *serverConn) syncRow(body []byte) {
+	cols, ok := dataRow(body, 1)
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	if !ok || len(sc.syncQ) == 0 || cols[0] == nil {
+		return
+	}
+	name := sc.syncQ[0].name
+	if _, set := sc.applied[name]; set {
+		sc.applied[name] = string(cols[0])
+	}
+}
+
+// popGroupLocked drops the entries of response group z from q (a queue of
+// increasing groups) and reports whether it had one.
+func popGroupLocked(q *[]int64, z int64) bool {
+	found := false
+	for len(*q) > 0 && (*q)[0] <= z {
+		found = found || (*q)[0] == z
+		*q = (*q)[1:]
+	}
+	if len(*q) == 0 {
+		*q = nil
+	}
+	return found
+}
+
 // swallowed ends a swallowed response group (its ReadyForQuery with
 // transaction status status): the next one becomes the head, and a settings
 // snapshot is handed to the owner. Reader goroutine.
+//
+// poolerd's own queries either succeed or the connection is closed: a
+// parameter sync, RESET ROLE, a settings snapshot or DEALLOCATE ALL that
+// failed leaves the connection in a state poolerd does not know, which must
+// never reach another client. Only the pin check (the client stays pinned),
+// the failed block (its error is the point), a DEALLOCATE's Parse first and
+// exec's queries, whose caller gets the error (mayFailQ), may fail.
 func (sc *serverConn) swallowed(own *session, status byte) {
 	sc.mu.Lock()
+	z := sc.zRecv
+	for len(sc.syncQ) > 0 && sc.syncQ[0].z <= z {
+		sc.syncQ = sc.syncQ[1:]
+	}
+	if len(sc.syncQ) == 0 {
+		sc.syncQ = nil
+	}
+	mayFail := popGroupLocked(&sc.mayFailQ, z) || sc.checkZ.Load() == z || sc.failZ == z
+	if sc.opErr != nil && !mayFail && !sc.broken && sc.resetZ != z {
+		sc.broken = true
+		var who []zap.Field
+		if own != nil {
+			who = []zap.Field{zap.Uint64("client_id", own.id), zap.String("user", own.user), zap.String("database", own.database)}
+		}
+		sc.log.Warn("a query poolerd sent on a server connection failed; closing the connection at its next idle point",
+			append(who, zap.Uint64("conn_id", sc.ID()), zap.Error(sc.opErr))...)
+	}
 	if len(sc.swallowQ) > 0 {
 		sc.swallowQ = sc.swallowQ[1:]
 	}

@@ -104,12 +104,14 @@ type session struct {
 	holdRead, reads uint64
 	// unnamed is the client's latest unnamed Parse (frame), unnamedGen
 	// counts them.
-	unnamed         []byte
-	unnamedGen      uint64
-	unnamedSettings bool            // the unnamed statement may change settings
-	unnamedCalls    bool            // ... or calls a function that may set the role
-	unnamedCommits  bool            // ... or commit (sqlscan Commits)
-	eff             sqlscan.Effects // of the Query or Parse being handled
+	unnamed    []byte
+	unnamedGen uint64
+	unnamedEff stmtEffects     // what running the unnamed statement does
+	eff        sqlscan.Effects // of the Query, Parse or Bind being handled
+	// rawEff: with max_prepared_statements 0 (names passed through), the
+	// effects of the client's named statements that have any, by name,
+	// so that their Binds are held and apply them again.
+	rawEff map[string]stmtEffects
 	// portalCommits: a portal bound since the session attached its server
 	// may commit when executed (see keep.go).
 	portalCommits bool
@@ -118,17 +120,19 @@ type session struct {
 	// hitDef is the first statement of the batch answered from the cache,
 	// hitZB its place (ReadyForQuery-producing messages before it);
 	// replayOn says the batch's bytes from replayAt on follow its scratch
-	// Close (retry.go).
+	// Close (retry.go). groupRan: the request being read ran a statement
+	// (noteRuns), groupMsgs: it has this many messages so far. hitStart:
+	// the retry would start at the frame that set hitDef, the first use of
+	// a statement an earlier request got from the cache (cacheHits, client
+	// name to definition; retry.go). (The bools share a word with the two
+	// above.)
+	replayOn  bool
+	groupRan  bool
+	hitStart  bool
 	hitDef    *stmtDef
 	hitZB     int
-	replayOn  bool
 	replayAt  int
-	groupRan  bool // the request being read ran a statement (noteRuns)
-	groupMsgs int  // ... and has this many messages so far
-	// hitStart: the retry would start at the frame that set hitDef, the
-	// first use of a statement an earlier request got from the cache
-	// (cacheHits, client name to definition; retry.go).
-	hitStart  bool
+	groupMsgs int
 	cacheHits map[string]*stmtDef
 	// waiter is this session's reusable place in its pool's queue (made on
 	// its first wait), cancelWait withdraws it; waiterPool is the pool it
@@ -936,6 +940,7 @@ func (s *session) abortTx(sc *serverConn) {
 	sc.pending++
 	sc.unnamedBy = nil
 	sc.swallowGroupLocked(sc.zSent)
+	sc.failZ = sc.zSent // its error is the point (swallowed)
 	sc.zSent++
 	sc.mu.Unlock()
 	s.yieldLoop()
@@ -1034,6 +1039,20 @@ func (s *session) flush(data []byte, b batch) bool {
 	for i := range syncReqs {
 		sc.swallowGroupLocked(sc.zSent + int64(i))
 	}
+	if len(sc.syncNames) > 0 {
+		// The parameter sync's groups follow the RESET ROLE, if any: the
+		// reader keeps each set_config's answer as the applied value.
+		first := sc.zSent
+		if reset {
+			first++
+		}
+		for i, name := range sc.syncNames {
+			if name != "" {
+				sc.syncQ = append(sc.syncQ, syncValue{z: first + int64(i), name: name})
+			}
+		}
+		sc.syncNames = sc.syncNames[:0]
+	}
 	if reset {
 		sc.resetZ, sc.opErr, sc.roleBy = sc.zSent, nil, 0
 	}
@@ -1056,7 +1075,10 @@ func (s *session) flush(data []byte, b batch) bool {
 	}
 	sc.nqundo.Add(int32(len(s.bundo)))
 	for _, g := range s.bgroups {
+		// A DEALLOCATE's Parse first: it may fail as the client's own
+		// statement would (the schema changed); nothing is left behind.
 		sc.swallowGroupLocked(base + int64(g))
+		sc.mayFailQ = append(sc.mayFailQ, base+int64(g))
 	}
 	s.keepReplayLocked(sc, data, b, base)
 	sc.zSent = base + int64(b.reqs)
@@ -1213,10 +1235,8 @@ func (s *session) attach(held *serverConn) error {
 		sc.mu.Unlock()
 		s.server.Store(sc)
 		s.attachMu.Unlock()
-		s.syncQuery, s.syncReqs, s.syncReset = s.syncParams(sc), 0, reset
-		if s.syncQuery != nil {
-			s.syncReqs = 1
-		}
+		s.syncQuery, s.syncReqs = s.syncParams(sc)
+		s.syncReset = reset
 		if reset {
 			s.syncQuery = append(resetRoleQuery[:len(resetRoleQuery):len(resetRoleQuery)], s.syncQuery...)
 			s.syncReqs++
@@ -1274,7 +1294,12 @@ func (s *session) dequeued() {
 // connection remembers the parameter key of the last client it was found in
 // line with, and a client with that key, if the connection's parameters have
 // not changed since, needs no comparison.
-func (s *session) syncParams(sc *serverConn) []byte {
+//
+// It returns the Query frames and how many there are (one per statement,
+// see paramSyncSQL); sc.syncNames gets the parameter each sets, for the
+// reader to keep the value the server answers.
+func (s *session) syncParams(sc *serverConn) ([]byte, int) {
+	sc.syncNames = sc.syncNames[:0]
 	s.pmu.Lock()
 	if s.pkey == "" {
 		s.pkey = paramsKey(s.params)
@@ -1282,16 +1307,21 @@ func (s *session) syncParams(sc *serverConn) []byte {
 	key := s.pkey
 	if sc.syncedGen == sc.paramGen && sc.syncedKey == key {
 		s.pmu.Unlock()
-		return nil
+		return nil, 0
 	}
-	sql := paramSyncSQL(s.params, sc)
+	stmts := paramSyncSQL(s.params, sc)
 	s.pmu.Unlock()
-	if sql == "" {
+	if len(stmts) == 0 {
 		sc.syncedKey, sc.syncedGen = key, sc.paramGen
-		return nil
+		return nil, 0
 	}
 	sc.paramGen++
-	return wire.AppendQuery(nil, sql)
+	var q []byte
+	for _, st := range stmts {
+		q = wire.AppendQuery(q, st.sql)
+		sc.syncNames = append(sc.syncNames, st.name)
+	}
+	return q, len(stmts)
 }
 
 // noteParameter is called by the server's reader for a ParameterStatus that

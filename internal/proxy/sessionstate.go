@@ -60,8 +60,10 @@ const (
 // heldFrame reports whether a frame of type t is held until complete.
 func (s *session) heldFrame(t byte, n int) bool {
 	switch t {
-	case 'P', 'B', 'D', 'C':
+	case 'P', 'D', 'C':
 		return s.tracked
+	case 'B':
+		return s.tracked || s.stateful && len(s.rawEff) > 0
 	case 'Q':
 		return s.stateful && n <= maxHeldQuery
 	}
@@ -120,7 +122,7 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 			m.serverParses.Add(1)
 			s.unnamedGen++
 			s.unnamed = appendFrame(s.unnamed[:0], 'P', body)
-			s.unnamedSettings, s.unnamedCalls, s.unnamedCommits = s.eff.Settings, s.eff.Calls, s.eff.Commits
+			s.unnamedEff = effectsOf(s.eff)
 			sc.mu.Lock()
 			sc.unnamedBy, sc.unnamedGen = s, s.unnamedGen
 			sc.mu.Unlock()
@@ -139,15 +141,6 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 			return
 		}
 		def := s.srv.stmts.acquire(s.searchPath(), rest)
-		if s.eff.Settings {
-			def.settings.Store(true)
-		}
-		if s.eff.Calls {
-			def.calls.Store(true)
-		}
-		if s.eff.Commits {
-			def.commits.Store(true)
-		}
 		s.stmu.Lock()
 		s.stmtSet(name, def)
 		s.stmu.Unlock()
@@ -180,11 +173,7 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 		portal, r1, ok1 := cstring(body)
 		name, r2, ok2 := cstring(r1)
 		if ok1 && ok2 && name == "" {
-			if s.unnamedSettings {
-				s.markSettings()
-			}
-			s.calls = s.calls || s.unnamedCalls
-			s.portalCommits = s.portalCommits || s.unnamedCommits
+			// Its effects were applied by bindEffects.
 			if s.ensureUnnamed(sc, zb) {
 				s.emitFrame(t, body)
 			}
@@ -197,11 +186,6 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 		if def == nil {
 			return // unknown: PostgreSQL says 26000
 		}
-		if def.settings.Load() {
-			s.markSettings() // SELECT set_config(...) prepared, run again
-		}
-		s.calls = s.calls || def.calls.Load()
-		s.portalCommits = s.portalCommits || def.commits.Load()
 		s.noteFirstUse(sc, name, def, zb)
 		s.ensurePrepared(sc, def, zb)
 		s.noteBound(def.name, name)
@@ -481,12 +465,20 @@ func (s *session) searchPath() string {
 // scanEffects reads the SQL of a client's Query or Parse for session state
 // (see stateEffects). Its effects are kept for queryFrame.
 func (s *session) scanEffects(t byte, body []byte, canRefuse bool) error {
-	if t == 'P' {
-		_, rest, ok := cstring(body)
+	var name string
+	switch t {
+	case 'B':
+		return s.bindEffects(body, canRefuse)
+	case 'D', 'C':
+		s.eff = sqlscan.Effects{}
+		return nil
+	case 'P':
+		n, rest, ok := cstring(body)
 		if !ok {
+			s.eff = sqlscan.Effects{}
 			return nil
 		}
-		body = rest
+		name, body = n, rest
 	}
 	if i := bytes.IndexByte(body, 0); i >= 0 {
 		body = body[:i]
@@ -501,6 +493,48 @@ func (s *session) scanEffects(t byte, body []byte, canRefuse bool) error {
 	if s.eff.Settings {
 		s.noteCustom(body)
 	}
+	if t == 'P' && name != "" && !s.tracked {
+		// Names pass through: remember what the statement does, so that
+		// its Binds are held and apply it again (bindEffects).
+		if e := effectsOf(s.eff); e != (stmtEffects{}) {
+			if s.rawEff == nil {
+				s.rawEff = map[string]stmtEffects{}
+			}
+			s.rawEff[name] = e
+		} else {
+			delete(s.rawEff, name)
+		}
+	}
+	return s.stateEffects(s.eff, canRefuse)
+}
+
+// bindEffects applies again, at each Bind, what running the bound
+// statement does to the session (its pin, the pinned state it may undo,
+// settings, role-setting calls, commits): effects belong to the statement,
+// not to its first Parse. A prepared SET ROLE, LISTEN or pg_advisory_lock
+// run again after its pin was let go pins again; a prepared set_config
+// marks the settings for a snapshot each time.
+func (s *session) bindEffects(body []byte, canRefuse bool) error {
+	var e stmtEffects
+	_, r1, ok1 := cstring(body)
+	name, _, ok2 := cstring(r1)
+	switch {
+	case !ok1 || !ok2:
+	case name == "":
+		e = s.unnamedEff
+	case s.tracked:
+		if def := s.statement(name); def != nil {
+			e = def.eff
+			if e.settings && len(def.custom) > 0 {
+				s.noteCustomNames(def.custom) // prepared by another client
+			}
+		}
+	default:
+		e = s.rawEff[name]
+	}
+	s.eff = e.effects()
+	s.calls = s.calls || e.calls
+	s.portalCommits = s.portalCommits || e.commits
 	return s.stateEffects(s.eff, canRefuse)
 }
 
@@ -530,13 +564,14 @@ func (s *session) queryFrame(sc *serverConn, body []byte, b *batch, zb int) {
 		if eff.Unpin {
 			tag = "DISCARD ALL"
 		}
+		// DISCARD ALL does not unpin at its answer: what the client sent
+		// after it (LISTEN, a lock, a temp table, in the same text or
+		// pipelined behind it) may have created state again. Its Undo
+		// has the pin check run once everything is answered.
 		s.pushUndo(qUndo{tag: tag,
 			commit: func() {
 				for _, def := range before {
 					s.srv.stmts.release(def)
-				}
-				if eff.Unpin {
-					s.unpin()
 				}
 			},
 			undo: func(sc *serverConn) {
@@ -553,8 +588,6 @@ func (s *session) queryFrame(sc *serverConn, body []byte, b *batch, zb int) {
 					sc.stmts.add(name)
 				}
 			}}, zb)
-	case eff.Unpin:
-		s.pushUndo(qUndo{tag: "DISCARD ALL", commit: s.unpin}, zb)
 	}
 }
 
@@ -707,7 +740,11 @@ func (s *session) noteCustom(sql []byte) {
 	if bytes.IndexByte(sql, '.') < 0 {
 		return
 	}
-	names := sqlscan.CustomOptions(string(sql))
+	s.noteCustomNames(sqlscan.CustomOptions(string(sql)))
+}
+
+// noteCustomNames remembers customized options a statement touches.
+func (s *session) noteCustomNames(names []string) {
 	if len(names) == 0 {
 		return
 	}
@@ -850,6 +887,10 @@ func (s *session) pinChecked(row []byte, failed bool, gen uint64) {
 		s.log.Debug("client unpinned: its session state is gone", zap.String("reason", *cur))
 		s.dbp.ctr.unpinned(*cur)
 		s.unpin()
+		// What ran while pinned (an SQL EXECUTE of a prepared set_config,
+		// say) may have changed settings unseen: read them before the
+		// connection goes back to the pool.
+		s.markSettings()
 	case left != *cur && s.pinReason.CompareAndSwap(cur, &left):
 		s.dbp.ctr.repinned(*cur, left)
 	}

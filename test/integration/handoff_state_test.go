@@ -1,0 +1,257 @@
+package integration
+
+// Tests of issue 31 (no client's state reaches another), items 1, 2 and 4:
+// a prepared statement that changes session state applies its effects at
+// every execution, not only at its first Parse; a parameter sync that fails
+// never leaves the previous client's role in place; DISCARD ALL unpins only
+// once what was sent after it has been answered.
+//
+// Every case runs on a pool of ONE server connection: client A does the
+// step and stays connected, idle; client B asks who it is. B either gets
+// the connection and must see a clean session, or is refused with 53300
+// because A is rightly pinned to it.
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/test/pgtest"
+)
+
+// hsWho runs sql (one text column) on c through the simple protocol;
+// refused is set when poolerd refused the request for want of a server
+// connection (53300: the one connection is pinned to another client).
+func hsWho(t *testing.T, c *pgx.Conn, sql string) (got string, refused bool) {
+	t.Helper()
+	err := c.QueryRow(ctxTimeout(t, 15*time.Second), sql, pgx.QueryExecModeSimpleProtocol).Scan(&got)
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "53300" {
+		return "", true
+	}
+	if err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return got, false
+}
+
+// TestHandOffPreparedRunAgain: a statement that changes session state,
+// prepared once and executed again (Bind/Execute only) after the state
+// was undone and the client unpinned, pins the client again. pgx's
+// statement cache, JDBC after prepareThreshold and psycopg's prepare=True
+// all do this.
+func TestHandOffPreparedRunAgain(t *testing.T) {
+	fx := roleSetup(t)
+	type form struct {
+		name   string
+		set    string // runs through mode (prepared), twice
+		undo   string // simple protocol, between the two runs
+		lookAt string // what B reads: must be clean
+		clean  string
+	}
+	forms := []form{
+		{"set_role", "SET ROLE {r}", "RESET ROLE", "SELECT current_user::text", pgtest.RoleApp},
+		{"set_config_role", "SELECT set_config('role', '{r}', false)", "RESET ROLE", "SELECT current_user::text", pgtest.RoleApp},
+		{"listen", "LISTEN hs_chan", "UNLISTEN hs_chan", "SELECT pg_catalog.count(*)::text FROM pg_catalog.pg_listening_channels()", "0"},
+		{"advisory_lock", "SELECT pg_advisory_lock(4242)", "SELECT pg_advisory_unlock(4242)",
+			"SELECT pg_catalog.count(*)::text FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND pid = pg_catalog.pg_backend_pid()", "0"},
+	}
+	modes := []struct {
+		name string
+		mode pgx.QueryExecMode
+	}{
+		{"cache_statement", pgx.QueryExecModeCacheStatement},
+		{"cache_describe", pgx.QueryExecModeCacheDescribe},
+	}
+	for _, f := range forms {
+		for _, m := range modes {
+			t.Run(f.name+"/"+m.name, func(t *testing.T) {
+				p := roleStart(t, config.PoolTransaction, nil)
+				ctx := ctxTimeout(t, 30*time.Second)
+				a := connectDSN(t, p.appDSN())
+				run := func(sql string, mode pgx.QueryExecMode) {
+					t.Helper()
+					rows, err := a.Query(ctx, fx.sql(sql), mode)
+					if err == nil {
+						rows.Close()
+						err = rows.Err()
+					}
+					if err != nil {
+						t.Fatalf("A: %s: %v", sql, err)
+					}
+				}
+				run(f.set, m.mode)
+				run(f.undo, pgx.QueryExecModeSimpleProtocol)
+				// Undone: A is unpinned once the check has run; B gets
+				// the connection.
+				b := connectDSN(t, p.appDSN())
+				if got, refused := hsWho(t, b, f.lookAt); refused || got != f.clean {
+					t.Fatalf("B after A undid %s: %q (refused %v), want %q", f.name, got, refused, f.clean)
+				}
+				run(f.set, m.mode) // Bind/Execute of the cached statement
+				if got, refused := hsWho(t, b, f.lookAt); !refused && got != f.clean {
+					t.Errorf("B after A ran its prepared %s again: %q, want %q (or 53300: A pinned)", f.name, got, f.clean)
+				}
+			})
+		}
+	}
+}
+
+// TestHandOffUnnamedRunAgain: the unnamed statement, bound again in a
+// later request without a new Parse (lib/pq, pgx's describe-exec), applies
+// its effects again too.
+func TestHandOffUnnamedRunAgain(t *testing.T) {
+	fx := roleSetup(t)
+	p := roleStart(t, config.PoolTransaction, nil)
+	a := dialFE(t, p.addr)
+	a.login(pgtest.RoleApp, pgtest.Password)
+	setRole := fx.sql("SET ROLE {r}")
+	a.send(&pgproto3.Parse{Query: setRole}, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{})
+	hsReadUntilReady(t, a)
+	// RESET ROLE as a named statement: the unnamed one stays.
+	a.send(&pgproto3.Parse{Name: "r", Query: "RESET ROLE"}, &pgproto3.Bind{PreparedStatement: "r"}, &pgproto3.Execute{}, &pgproto3.Sync{})
+	hsReadUntilReady(t, a)
+	b := connectDSN(t, p.appDSN())
+	if got, refused := hsWho(t, b, "SELECT current_user::text"); refused || got != pgtest.RoleApp {
+		t.Fatalf("B after A's RESET ROLE: %q (refused %v), want %s", got, refused, pgtest.RoleApp)
+	}
+	a.send(&pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}) // SET ROLE again
+	hsReadUntilReady(t, a)
+	if got, refused := hsWho(t, b, "SELECT current_user::text"); !refused && got != pgtest.RoleApp {
+		t.Errorf("B after A bound its unnamed SET ROLE again: %q, want %s (or 53300)", got, pgtest.RoleApp)
+	}
+}
+
+// hsReadUntilReady reads c's messages up to ReadyForQuery; an error fails
+// the test.
+func hsReadUntilReady(t *testing.T, c *feConn) {
+	t.Helper()
+	for {
+		switch m := c.recv().(type) {
+		case *pgproto3.ReadyForQuery:
+			return
+		case *pgproto3.ErrorResponse:
+			t.Fatalf("server error: %s %s", m.Code, m.Message)
+		}
+	}
+}
+
+// TestHandOffDiscardAllPipelined: DISCARD ALL followed, in one write, by
+// a statement that creates session state leaves the client pinned, whether
+// it was pinned before or not: the state is A's, B never gets it.
+func TestHandOffDiscardAllPipelined(t *testing.T) {
+	forms := []struct {
+		name, after, lookAt, clean string
+	}{
+		{"listen", "LISTEN hs_discard", "SELECT pg_catalog.count(*)::text FROM pg_catalog.pg_listening_channels()", "0"},
+		{"advisory_lock", "SELECT pg_advisory_lock(4343)",
+			"SELECT pg_catalog.count(*)::text FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND pid = pg_catalog.pg_backend_pid()", "0"},
+		{"temp_table", "CREATE TEMP TABLE hs_discard_t (x int)",
+			"SELECT pg_catalog.count(*)::text FROM pg_catalog.pg_class WHERE relnamespace = pg_catalog.pg_my_temp_schema()", "0"},
+	}
+	for _, f := range forms {
+		for _, shape := range []string{"unpinned", "pinned"} {
+			t.Run(f.name+"/"+shape, func(t *testing.T) {
+				p := roleStart(t, config.PoolTransaction, nil)
+				a := dialFE(t, p.addr)
+				a.login(pgtest.RoleApp, pgtest.Password)
+				if shape == "pinned" {
+					// Pinned first, so that DISCARD ALL has a pin to let go.
+					a.mustQuery("LISTEN hs_first")
+				}
+				// One write; in one text DISCARD ALL would run in the
+				// text's implicit transaction block and fail.
+				a.send(&pgproto3.Query{String: "DISCARD ALL"}, &pgproto3.Query{String: f.after})
+				hsReadUntilReady(t, a)
+				hsReadUntilReady(t, a)
+				b := connectDSN(t, p.appDSN())
+				if got, refused := hsWho(t, b, f.lookAt); !refused && got != f.clean {
+					t.Errorf("B after A's DISCARD ALL and %s: %q, want %q (or 53300: A pinned)", f.after, got, f.clean)
+				}
+			})
+		}
+	}
+}
+
+// TestHandOffFailedParamSync: a parameter sync that fails (temp_buffers
+// cannot change once the backend used a temporary table) neither leaves
+// the previous client's role in place nor returns the connection to the
+// pool: B runs as its login role, and the connection is closed.
+func TestHandOffFailedParamSync(t *testing.T) {
+	fx := roleSetup(t)
+	p := roleStart(t, config.PoolTransaction, nil)
+	ctx := ctxTimeout(t, 30*time.Second)
+	// B first, so that its startup parameter is one poolerd must apply.
+	b := connectDSN(t, p.appDSN("options=-c temp_buffers=16MB"))
+	if got, _ := hsWho(t, b, "SELECT current_setting('temp_buffers')"); got != "16MB" {
+		t.Fatalf("B's temp_buffers: %q, want 16MB", got)
+	}
+	a := connectDSN(t, p.appDSN("options=-c role="+fx.role))
+	if got, _ := hsWho(t, a, "SELECT current_user::text"); got != fx.role {
+		t.Fatalf("A's current_user: %q, want %s", got, fx.role)
+	}
+	for _, q := range []string{"BEGIN", "CREATE TEMP TABLE hs_t ON COMMIT DROP AS SELECT 1", "COMMIT"} {
+		if _, err := a.Exec(ctx, q, pgx.QueryExecModeSimpleProtocol); err != nil {
+			t.Fatalf("A: %s: %v", q, err)
+		}
+	}
+	before := hsBackendPIDs(t)
+	if got, refused := hsWho(t, b, "SELECT current_user::text || '|' || pg_catalog.pg_backend_pid()"); refused || !strings.HasPrefix(got, pgtest.RoleApp+"|") {
+		t.Fatalf("B after A (role %s, a temp table): %q (refused %v), want %s", fx.role, got, refused, pgtest.RoleApp)
+	}
+	// That connection is not pooled: B's next request, and C's, run on
+	// another backend, as their own role.
+	c := connectDSN(t, p.appDSN())
+	for i := 0; ; i++ {
+		got, refused := hsWho(t, c, "SELECT current_user::text || '|' || pg_catalog.pg_backend_pid()")
+		if refused {
+			t.Fatal("C refused")
+		}
+		who, pid, _ := strings.Cut(got, "|")
+		if who != pgtest.RoleApp {
+			t.Fatalf("C: %q, want %s", got, pgtest.RoleApp)
+		}
+		if !before[pid] {
+			break
+		}
+		if i > 50 {
+			t.Fatalf("C still on backend %s, whose parameter sync failed", pid)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if got, _ := hsWho(t, b, "SELECT current_setting('temp_buffers') || '|' || current_user"); got != "16MB|"+pgtest.RoleApp {
+		t.Errorf("B on a fresh connection: %q, want 16MB|%s", got, pgtest.RoleApp)
+	}
+}
+
+// hsBackendPIDs lists the pids of app's backends now.
+func hsBackendPIDs(t *testing.T) map[string]bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, pg.SuperDSN("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	rows, err := c.Query(ctx, "SELECT pid::text FROM pg_stat_activity WHERE usename = $1", pgtest.RoleApp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pids := map[string]bool{}
+	for rows.Next() {
+		var pid string
+		if err := rows.Scan(&pid); err != nil {
+			t.Fatal(err)
+		}
+		pids[pid] = true
+	}
+	return pids
+}
