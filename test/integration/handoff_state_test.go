@@ -64,16 +64,24 @@ func TestHandOffPreparedRunAgain(t *testing.T) {
 			"SELECT pg_catalog.count(*)::text FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND pid = pg_catalog.pg_backend_pid()", "0"},
 	}
 	modes := []struct {
-		name string
-		mode pgx.QueryExecMode
+		name    string
+		mode    pgx.QueryExecMode
+		maxPrep int // max_prepared_statements; -1: the default
 	}{
-		{"cache_statement", pgx.QueryExecModeCacheStatement},
-		{"cache_describe", pgx.QueryExecModeCacheDescribe},
+		{"cache_statement", pgx.QueryExecModeCacheStatement, -1},
+		{"cache_describe", pgx.QueryExecModeCacheDescribe, -1},
+		// Names passed through: the statement stays on the one server
+		// connection, and its Bind must still pin.
+		{"cache_statement_names_passed_through", pgx.QueryExecModeCacheStatement, 0},
 	}
 	for _, f := range forms {
 		for _, m := range modes {
 			t.Run(f.name+"/"+m.name, func(t *testing.T) {
-				p := roleStart(t, config.PoolTransaction, nil)
+				p := roleStart(t, config.PoolTransaction, func(c *config.Config) {
+					if m.maxPrep >= 0 {
+						c.MaxPreparedStatements = m.maxPrep
+					}
+				})
 				ctx := ctxTimeout(t, 30*time.Second)
 				a := connectDSN(t, p.appDSN())
 				run := func(sql string, mode pgx.QueryExecMode) {
