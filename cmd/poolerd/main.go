@@ -282,7 +282,7 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 			// and open transactions roll back with their server
 			// connections.
 			log.Info("SIGQUIT: immediate shutdown; every client is ended now, open transactions roll back")
-			srv.Close()
+			closeNow(srv)
 			stopHTTP(hs)
 			log.Info("poolerd stopped")
 			return nil
@@ -299,7 +299,7 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 		switch mode {
 		case "":
 			log.Warn("SHUTDOWN on the admin console: exiting at once")
-			srv.Close()
+			closeNow(srv)
 			stopHTTP(hs)
 			log.Info("poolerd stopped")
 			return nil
@@ -343,11 +343,28 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 		}
 	case sig := <-sigs:
 		log.Warn("second signal: exiting at once", zap.String("signal", sig.String()))
-		srv.Close()
+		closeNow(srv)
 	}
 	stopHTTP(hs)
 	log.Info("poolerd stopped")
 	return nil
+}
+
+// closeWait bounds how long closeNow waits for the client connections to
+// close: each session ends as soon as it is told to, and a connection ended
+// with a final message closes once its client has closed it too, or after a
+// second (the lingering close, internal/proxy).
+const closeWait = 2 * time.Second
+
+// closeNow ends every client at once and waits, at most closeWait, until
+// their connections are closed: an exit closes the sockets still open, and
+// a socket closed with input from the client unread is reset, which throws
+// away the final message if the client has not taken it yet.
+func closeNow(srv *proxy.Server) {
+	srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), closeWait)
+	defer cancel()
+	_ = srv.WaitClosed(ctx)
 }
 
 func stopHTTP(hs []*health.Server) {

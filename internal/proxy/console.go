@@ -150,7 +150,7 @@ func (c *ConsoleConn) Close() {
 	case !c.finished.Load():
 		_ = c.Conn.Close()
 	case registered:
-		go drainClose(c.Conn)
+		srv.closeLingering(c.Conn)
 	default:
 		drainClose(c.Conn) // a refused login, on the login's goroutine
 	}

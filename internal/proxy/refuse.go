@@ -60,6 +60,24 @@ func lingerClose(nc net.Conn) {
 	_ = nc.Close()
 }
 
+// closeLingering is drainClose on a goroutine of its own that counts in
+// sessWG, for a connection that has sent FIN after its final message:
+// Shutdown, Drain and WaitClosed, and so the process's exit, wait for it. A
+// process that exits while a linger is on closes the socket at once, and
+// if the client has sent anything since (its next request), that close is
+// a reset, which also throws away what the client's kernel had not taken
+// yet: the final message, or the end of the answer before it, when the
+// client had not been reading (issue #31, hole 7). The caller holds a
+// count in sessWG (a session or login not yet over), so the count never
+// rises from zero while Shutdown waits.
+func (srv *Server) closeLingering(nc net.Conn) {
+	srv.sessWG.Add(1)
+	go func() {
+		defer srv.sessWG.Done()
+		drainClose(nc)
+	}()
+}
+
 // drainClose is the second half of lingerClose, for a connection that has
 // sent FIN already.
 func drainClose(nc net.Conn) {

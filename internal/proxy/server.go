@@ -108,7 +108,9 @@ type Server struct {
 	loginTimeouts, authFailures atomic.Uint64
 	connIDs                     atomic.Uint64 // numbers server connections and sessions alike
 
-	sessWG sync.WaitGroup // one per client session, from login to its end
+	// sessWG counts one per client session, from login to its end, and
+	// one per lingering close of a client connection (closeLingering).
+	sessWG sync.WaitGroup
 
 	// mu guards the rest.
 	mu        sync.Mutex
@@ -385,7 +387,8 @@ func isTemporary(err error) bool {
 // request and transaction in flight finish and deliver its result (a request
 // already read from a client but not yet forwarded included), ends each of
 // those clients with 57P01 at its next idle point, and when ctx ends closes
-// whatever remains with the same message.
+// whatever remains with the same message. It returns once every client
+// connection is closed (see WaitClosed).
 func (srv *Server) Shutdown(ctx context.Context) error {
 	finish := srv.loginsFinish()
 	sessions := srv.stopAccepting(!finish)
@@ -462,6 +465,22 @@ func (srv *Server) sessionsEnded() <-chan struct{} {
 	done := make(chan struct{})
 	go func() { srv.sessWG.Wait(); close(done) }()
 	return done
+}
+
+// WaitClosed waits until every client session has ended and every client
+// connection is closed, or ctx is done. A connection ended with a final
+// message closes only once the client has closed it too or lingerTime has
+// passed (closeLingering): call WaitClosed after Close before the process
+// exits, so that an exit does not reset connections whose clients have not
+// read their final message yet. Shutdown and Drain wait for the same
+// themselves.
+func (srv *Server) WaitClosed(ctx context.Context) error {
+	select {
+	case <-srv.sessionsEnded():
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // closeAndWait closes every client connection and waits, at most

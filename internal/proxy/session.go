@@ -1507,7 +1507,7 @@ func (s *session) end(err error) {
 		if linger {
 			// The client was sent a final message: let it read that
 			// rather than a reset (finishLocked).
-			go drainClose(s.conn)
+			s.srv.closeLingering(s.conn)
 		}
 		s.srv.forget(s)
 		s.releaseClientSlot()

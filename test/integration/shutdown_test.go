@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -352,3 +355,129 @@ func TestShutdownWaitForClients(t *testing.T) {
 
 // The signals of the real binary are tested in pgbouncer_test.go
 // (TestSignalsLikePgBouncer).
+
+// TestShutdownExitDeliversFinalMessage runs the poolerd binary and stops it
+// with SIGINT, SIGTERM and SIGQUIT, with and without event loops, while a
+// client has not read the end of its answers yet (a small receive buffer,
+// not reading) and sends its next request once poolerd's sessions have
+// ended. The client must then read every answer poolerd sent, and 57P01 as
+// the last message. The exit used to close the client sockets while their
+// lingering close still ran: the client's next request found its socket
+// closed, the kernel reset the connection and threw away what the client
+// had not taken yet (the end of the answer, the ReadyForQuery, the FATAL),
+// and the client read a reset instead (issue #31, hole 7).
+func TestShutdownExitDeliversFinalMessage(t *testing.T) {
+	t.Parallel()
+	bin := lcBuildBinary(t)
+	for _, loops := range []string{"off", "2"} {
+		for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGQUIT} {
+			t.Run(fmt.Sprintf("event_loops=%s/%s", loops, signalNames[sig]), func(t *testing.T) {
+				exitFinalMessage(t, bin, loops, sig)
+			})
+		}
+	}
+}
+
+var signalNames = map[syscall.Signal]string{syscall.SIGINT: "SIGINT", syscall.SIGTERM: "SIGTERM", syscall.SIGQUIT: "SIGQUIT"}
+
+// exitFinalMessage is one case of TestShutdownExitDeliversFinalMessage.
+func exitFinalMessage(t *testing.T, bin, loops string, sig syscall.Signal) {
+	conf := filepath.Join(t.TempDir(), "poolerd.yaml")
+	if err := os.WriteFile(conf, []byte("event_loops: \""+loops+"\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	listen := lcFreeAddr(t)
+	proc := lcStartBinary(t, bin, "--config", conf, "--listen", listen, "--http-listen=",
+		"--upstream", pg.DSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp), "--pool-mode", "transaction")
+	// A receive buffer of a few KB: most of the first answer stays in
+	// poolerd's send buffer until the client reads.
+	d := net.Dialer{Timeout: 5 * time.Second, Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	var nc net.Conn
+	eventually(t, 10*time.Second, "poolerd to accept connections", func() bool {
+		select {
+		case <-proc.done:
+			t.Fatalf("poolerd exited: %v\n%s", proc.err, proc.stderr.String())
+		default:
+		}
+		var err error
+		nc, err = d.Dial("tcp", listen)
+		return err == nil
+	})
+	t.Cleanup(func() { _ = nc.Close() })
+	_ = nc.SetDeadline(time.Now().Add(30 * time.Second))
+	c := &feConn{t: t, nc: nc, fe: pgproto3.NewFrontend(nc, nc)}
+	c.login(pgtest.RoleApp, pgtest.Password)
+
+	// A 100 kB answer the client does not read, then a request in flight
+	// when the signal comes: SIGINT and SIGTERM let it finish and end the
+	// client after its answer, SIGQUIT ends the client at once.
+	sleep := "1" // long enough to be seen running
+	if sig == syscall.SIGQUIT {
+		sleep = "30"
+	}
+	tag := fmt.Sprintf("exit_final_%d", time.Now().UnixNano())
+	c.send(&pgproto3.Query{String: "SELECT repeat('x', 100000)"},
+		&pgproto3.Query{String: fmt.Sprintf("SELECT pg_sleep(%s) /* %s */", sleep, tag)})
+	eventually(t, 10*time.Second, "the second request to run", func() bool {
+		return countBackends(t, "state = 'active' AND query LIKE '%/* "+tag+" */%' AND pid <> pg_backend_pid()") == 1
+	})
+	if err := proc.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+	// The client is busy elsewhere until poolerd has ended its session
+	// (logged) or exited, then sends its next request; if poolerd exits
+	// meanwhile, the request follows the exit.
+	eventually(t, 10*time.Second, "the session to end", func() bool {
+		select {
+		case <-proc.done:
+			return true
+		default:
+		}
+		return strings.Contains(proc.stderr.String(), "client disconnected")
+	})
+	select {
+	case <-proc.done:
+	case <-time.After(300 * time.Millisecond):
+	}
+	c.send(&pgproto3.Query{String: "SELECT 1"})
+
+	var got []string
+	var last pgproto3.BackendMessage
+	var err error
+	for {
+		var m pgproto3.BackendMessage
+		if m, err = c.fe.Receive(); err != nil {
+			break
+		}
+		last = m
+		got = append(got, fmt.Sprintf("%T", m)[len("*pgproto3."):])
+	}
+	rfq := 0
+	for _, g := range got {
+		if g == "ReadyForQuery" {
+			rfq++
+		}
+	}
+	want := 2 // both answers
+	if sig == syscall.SIGQUIT {
+		want = 1 // the first; the second request was cut
+	}
+	e, ok := last.(*pgproto3.ErrorResponse)
+	if rfq != want || !ok || e.Code != "57P01" || e.Severity != "FATAL" || errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("the client read %d answers (want %d), then %T %v, and the stream ended with %v; messages: %v",
+			rfq, want, last, e, err, got)
+	}
+	_ = nc.Close()
+	code, _ := proc.wait(t, 10*time.Second)
+	if code != 0 {
+		t.Errorf("exit code %d; output:\n%s", code, proc.stderr.String())
+	}
+}
