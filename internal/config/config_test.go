@@ -292,6 +292,34 @@ func TestAuthFile(t *testing.T) {
 	}
 }
 
+// A database entry's user without a password logs in with that user's
+// password from auth_file, as in PgBouncer; the entry's own password
+// comes first.
+func TestForcedUserSecretFromAuthFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "userlist.txt")
+	if err := os.WriteFile(path, []byte("\"carol\" \"pw\"\n\"dave\" \"\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := load(t, "auth_file: "+path+"\ndatabases:\n"+
+		"  - {name: forced, host: db, user: carol}\n"+
+		"  - {name: own, host: db, user: carol, password: other}\n"+
+		"  - {name: unlisted, host: db, user: erin}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ db, want string }{{"forced", "pw"}, {"own", "other"}, {"unlisted", ""}} {
+		r, err := c.Route(tc.db, "dave")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := r.ServerSecret.Plain()
+		if !r.ForcedUser || r.ServerUser == "dave" || got != tc.want {
+			t.Errorf("%s: server user %q, secret %q, want %q", tc.db, r.ServerUser, got, tc.want)
+		}
+	}
+}
+
 func TestSetValueAndFormat(t *testing.T) {
 	c, err := load(t, "upstream: postgres://app:hunter2@db/app\n")
 	if err != nil {

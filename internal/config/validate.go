@@ -595,8 +595,10 @@ type Route struct {
 	DBName string
 	// ServerUser is the role poolerd logs in as.
 	ServerUser string
-	// ServerSecret is ServerUser's secret; the zero Secret means none is
-	// known (trust, or SCRAM pass-through with the client's proof).
+	// ServerSecret is ServerUser's secret (a forced user's: the entry's
+	// password, or else the user's own from auth_file, users or
+	// upstream); the zero Secret means none is known (trust, or SCRAM
+	// pass-through with the client's proof).
 	ServerSecret auth.Secret
 	// ForcedUser is true when the database entry names the server user, so
 	// all clients share one pool.
@@ -670,6 +672,10 @@ func (c *Config) Route(database, user string) (Route, error) {
 		r.ForcedUser = true
 		if d.Password != "" {
 			r.ServerSecret, _ = auth.ParseSecret(d.Password) // validated
+		} else {
+			// As PgBouncer: a forced user without a password logs in
+			// with its own (auth_file's, or users' or upstream's).
+			r.ServerSecret = c.secrets[d.User].secret
 		}
 	} else {
 		r.ServerUser = user

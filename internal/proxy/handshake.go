@@ -424,7 +424,13 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 		return false
 	}
 	s.useRoute(dbp, route, cfg)
-	dbp.setClientKey(s.clientKey)
+	if s.user == route.ServerUser {
+		// SCRAM pass-through logs in as the client's own role: the key
+		// of a client of a forced user's pool that logged in as another
+		// user would not open that role's connections (and would
+		// replace a key that does).
+		dbp.setClientKey(s.clientKey)
+	}
 	dbp.setQuerySecret(queried)
 	s.login.out, _ = (&pgproto3.AuthenticationOk{}).Encode(s.login.out)
 	ctx, cancel := context.WithCancel(s.srv.ctx)
