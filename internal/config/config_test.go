@@ -320,6 +320,36 @@ func TestForcedUserSecretFromAuthFile(t *testing.T) {
 	}
 }
 
+// trust admits only listed users once auth_file or auth_user is set;
+// any admits every user name.
+func TestTrustListsUsers(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "userlist.txt")
+	if err := os.WriteFile(path, []byte("\"carol\" \"\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		yaml string
+		want bool
+	}{
+		{"auth_type: trust\n", false},
+		{"auth_type: trust\nauth_file: " + path + "\n", true},
+		{"auth_type: trust\nauth_user: carol\n", true},
+		{"auth_type: any\nauth_file: " + path + "\n", true}, // any ignores it
+	} {
+		c, err := load(t, "upstream: postgres://app:secret@db/app\n"+tc.yaml)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.yaml, err)
+		}
+		if got := c.TrustListsUsers(); got != tc.want {
+			t.Errorf("%q: TrustListsUsers %v, want %v", tc.yaml, got, tc.want)
+		}
+	}
+	if _, err := load(t, "upstream: postgres://app:secret@db/app\nauth_type: anyone\n"); err == nil || !strings.Contains(err.Error(), "trust, any, hba") {
+		t.Errorf("bad auth_type: %v", err)
+	}
+}
+
 func TestSetValueAndFormat(t *testing.T) {
 	c, err := load(t, "upstream: postgres://app:hunter2@db/app\n")
 	if err != nil {

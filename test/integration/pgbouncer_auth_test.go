@@ -1,8 +1,9 @@
 package integration
 
 // Authentication from a pgbouncer.ini as PgBouncer does it (issue #31,
-// hole 9): a [databases] entry's user without a password logs in with
-// that user's password from auth_file.
+// hole 9): trust admits only users of auth_file, and a [databases] entry's
+// user without a password logs in with that user's password from
+// auth_file.
 
 import (
 	"context"
@@ -61,6 +62,64 @@ func currentUser(t *testing.T, dsn string) string {
 	return scalarText(t, c, "SELECT current_user")
 }
 
+// TestPgbouncerIniTrust: with auth_type trust, a user absent from auth_file
+// is refused (28000, where PgBouncer says "trust" authentication failed),
+// one listed there is admitted (an empty password will do), and a
+// database entry's user without a password logs in to PostgreSQL
+// (scram-sha-256 for that role) with its password from auth_file.
+// auth_type any admits every user name.
+func TestPgbouncerIniTrust(t *testing.T) {
+	t.Parallel()
+	ini := fmt.Sprintf(`[databases]
+appdb = host=%[1]s port=%[2]d dbname=%[3]s
+forced = host=%[1]s port=%[2]d dbname=%[3]s user=%[4]s
+forcedpw = host=%[1]s port=%[2]d dbname=%[3]s user=%[5]s password=%[6]s
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = 6432
+auth_type = trust
+auth_file = userlist.txt
+pool_mode = transaction
+`, pg.Host, pg.Port, pgtest.DBApp, pgtest.RoleSCRAM, pgtest.RoleClear, pgtest.Password)
+	p := startFromIni(t, ini,
+		pgtest.RoleApp, pgtest.Password,
+		pgtest.RoleSCRAM, pgtest.Password,
+		pgtest.RoleMD5, "")
+
+	for _, tc := range []struct{ name, user, db, want string }{
+		{"listed user", pgtest.RoleApp, "appdb", pgtest.RoleApp},
+		{"listed user with an empty password, forced user", pgtest.RoleMD5, "forcedpw", pgtest.RoleClear},
+		{"forced user without password takes auth_file's", pgtest.RoleApp, "forced", pgtest.RoleSCRAM},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := currentUser(t, p.dsn(tc.user, "", tc.db)); got != tc.want {
+				t.Fatalf("current_user %q, want %q", got, tc.want)
+			}
+		})
+	}
+	for _, tc := range []struct{ name, user, db string }{
+		{"unlisted user, PostgreSQL would trust it", pgtest.RoleTrust, "appdb"},
+		{"unlisted user of a forced user's entry", "nobody", "forcedpw"},
+		{"unlisted user, admin console", "nobody", "pgbouncer"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pe := loginPgError(t, p.dsn(tc.user, "", tc.db))
+			if pe.Code != "28000" || !strings.Contains(pe.Message, `"trust" authentication failed`) || !strings.Contains(pe.Hint, "auth_file") {
+				t.Fatalf("got %s %q (hint %q), want 28000 \"trust\" authentication failed with a hint naming auth_file", pe.Code, pe.Message, pe.Hint)
+			}
+		})
+	}
+
+	// auth_type any admits the users trust refuses.
+	t.Run("any", func(t *testing.T) {
+		p := startFromIni(t, strings.Replace(ini, "auth_type = trust", "auth_type = any", 1), pgtest.RoleApp, pgtest.Password)
+		if got := currentUser(t, p.dsn("nobody", "", "forcedpw")); got != pgtest.RoleClear {
+			t.Fatalf("current_user %q, want %q", got, pgtest.RoleClear)
+		}
+	})
+}
+
 // TestPgbouncerIniForcedUserSecrets: a database entry's user without a
 // password logs in with its auth_file secret of any kind where PostgreSQL's
 // method allows it: an md5 hash for an md5 role; a SCRAM secret only by
@@ -113,5 +172,27 @@ auth_file = userlist.txt
 	// scram_user's.
 	if got := currentUser(t, p.dsn(pgtest.RoleClear, pgtest.Password, "forcedscram")); got != pgtest.RoleSCRAM {
 		t.Fatalf("second client: current_user %q, want %q", got, pgtest.RoleSCRAM)
+	}
+}
+
+// TestTrustAuthQuery: with auth_type trust and auth_user (no auth_file), a
+// user auth_query finds is admitted, with the secret it found for the
+// server login (here PostgreSQL trusts the role); one it does not find is
+// refused, as in PgBouncer.
+func TestTrustAuthQuery(t *testing.T) {
+	t.Parallel()
+	const authPW = "aqt-auth-pw"
+	authQueryRoles(ctxTimeout(t, 30*time.Second), t, "aqt_auth", authPW, "")
+	p := startPoolerd(t, func(c *config.Config) {
+		c.AuthType = config.AuthTrust
+		c.AuthUser = "aqt_auth"
+		c.Users = []config.User{{Name: "aqt_auth", Password: authPW}}
+	})
+	if got := currentUser(t, p.dsn(pgtest.RoleTrust, "", pgtest.DBApp)); got != pgtest.RoleTrust {
+		t.Fatalf("current_user %q, want %q", got, pgtest.RoleTrust)
+	}
+	pe := loginPgError(t, p.dsn("aqt_nobody", "", pgtest.DBApp))
+	if pe.Code != "28000" || !strings.Contains(pe.Message, `"trust" authentication failed`) || !strings.Contains(pe.Detail, "auth_query") {
+		t.Fatalf("got %s %q (detail %q), want 28000 \"trust\" authentication failed, naming auth_query", pe.Code, pe.Message, pe.Detail)
 	}
 }
