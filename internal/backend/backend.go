@@ -233,6 +233,9 @@ func authenticate(nc net.Conn, creds Credentials) error {
 			return nil
 		case pgproto3.AuthTypeCleartextPassword:
 			pw, ok := creds.Secret.Plain()
+			if !ok && creds.Secret.Kind() == 0 {
+				return fmt.Errorf("server asks user %q for a password, and poolerd has none for it: configure its plain password", creds.User)
+			}
 			if !ok {
 				return fmt.Errorf("server asks user %q for a cleartext password, and poolerd knows only a %s: configure the plain password", creds.User, creds.Secret)
 			}
@@ -242,6 +245,9 @@ func authenticate(nc net.Conn, creds Credentials) error {
 				return errors.New("short md5 salt from server")
 			}
 			hash, ok := creds.Secret.MD5(creds.User)
+			if !ok && creds.Secret.Kind() == 0 {
+				return fmt.Errorf("server asks user %q for an md5 password, and poolerd has none for it: configure its plain or md5 password", creds.User)
+			}
 			if !ok {
 				return fmt.Errorf("server asks user %q for md5 authentication, and poolerd knows only a %s: configure the plain or md5 password", creds.User, creds.Secret)
 			}

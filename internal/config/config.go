@@ -41,6 +41,10 @@ const (
 	AuthSCRAM = "scram-sha-256"
 	AuthMD5   = "md5"
 	AuthTrust = "trust"
+	// AuthAny admits every user name without a password, listed or not
+	// (PgBouncer's auth_type any; trust with auth_file admits only the
+	// users it lists).
+	AuthAny = "any"
 	// AuthHBA picks the method per client from the access rules
 	// (auth_hba_file or auth_hba_rules), as PgBouncer's auth_type hba.
 	AuthHBA = "hba"
@@ -85,7 +89,7 @@ type Config struct {
 	// must present.
 	Upstream string `mapstructure:"upstream"`
 
-	// AuthType is how clients authenticate: scram-sha-256, md5, trust or
+	// AuthType is how clients authenticate: scram-sha-256, md5, trust, any or
 	// hba (the access rules decide).
 	AuthType string `mapstructure:"auth_type"`
 	// AuthFile is a PgBouncer-format userlist file ("user" "secret" per line).

@@ -292,6 +292,64 @@ func TestAuthFile(t *testing.T) {
 	}
 }
 
+// A database entry's user without a password logs in with that user's
+// password from auth_file, as in PgBouncer; the entry's own password
+// comes first.
+func TestForcedUserSecretFromAuthFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "userlist.txt")
+	if err := os.WriteFile(path, []byte("\"carol\" \"pw\"\n\"dave\" \"\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := load(t, "auth_file: "+path+"\ndatabases:\n"+
+		"  - {name: forced, host: db, user: carol}\n"+
+		"  - {name: own, host: db, user: carol, password: other}\n"+
+		"  - {name: unlisted, host: db, user: erin}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ db, want string }{{"forced", "pw"}, {"own", "other"}, {"unlisted", ""}} {
+		r, err := c.Route(tc.db, "dave")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := r.ServerSecret.Plain()
+		if !r.ForcedUser || r.ServerUser == "dave" || got != tc.want {
+			t.Errorf("%s: server user %q, secret %q, want %q", tc.db, r.ServerUser, got, tc.want)
+		}
+	}
+}
+
+// trust admits only listed users once auth_file or auth_user is set;
+// any admits every user name.
+func TestTrustListsUsers(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "userlist.txt")
+	if err := os.WriteFile(path, []byte("\"carol\" \"\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		yaml string
+		want bool
+	}{
+		{"auth_type: trust\n", false},
+		{"auth_type: trust\nauth_file: " + path + "\n", true},
+		{"auth_type: trust\nauth_user: carol\n", true},
+		{"auth_type: any\nauth_file: " + path + "\n", true}, // any ignores it
+	} {
+		c, err := load(t, "upstream: postgres://app:secret@db/app\n"+tc.yaml)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.yaml, err)
+		}
+		if got := c.TrustListsUsers(); got != tc.want {
+			t.Errorf("%q: TrustListsUsers %v, want %v", tc.yaml, got, tc.want)
+		}
+	}
+	if _, err := load(t, "upstream: postgres://app:secret@db/app\nauth_type: anyone\n"); err == nil || !strings.Contains(err.Error(), "trust, any, hba") {
+		t.Errorf("bad auth_type: %v", err)
+	}
+}
+
 func TestSetValueAndFormat(t *testing.T) {
 	c, err := load(t, "upstream: postgres://app:hunter2@db/app\n")
 	if err != nil {

@@ -181,9 +181,9 @@ func (c *Config) Validate() error {
 		}
 	}
 	switch c.AuthType {
-	case AuthSCRAM, AuthMD5, AuthTrust, AuthHBA:
+	case AuthSCRAM, AuthMD5, AuthTrust, AuthAny, AuthHBA:
 	default:
-		bad("auth_type %q is not one of scram-sha-256, md5, trust, hba (POOLERD_AUTH_TYPE / --auth-type)", c.AuthType)
+		bad("auth_type %q is not one of scram-sha-256, md5, trust, any, hba (POOLERD_AUTH_TYPE / --auth-type)", c.AuthType)
 	}
 	c.validateHBA(bad)
 	c.validateAuthQuery(bad)
@@ -398,7 +398,7 @@ func (c *Config) Warnings() []string {
 	if c.ServesNoDatabase() {
 		w = append(w, "no databases: every client but the admin console's is refused (3D000 no such database); set upstream (e.g. --upstream postgres://user:password@127.0.0.1:5432/db) or list entries under databases ([databases] in a pgbouncer.ini)")
 	}
-	if c.AuthType != AuthTrust && c.AuthType != AuthHBA && c.AuthUser == "" && len(c.secrets) == 0 {
+	if c.AuthType != AuthTrust && c.AuthType != AuthAny && c.AuthType != AuthHBA && c.AuthUser == "" && len(c.secrets) == 0 {
 		w = append(w, fmt.Sprintf("auth_type %s needs client passwords, and none are configured: no client can log in, the admin console's included; put the password in upstream, in users[].password or in auth_file, set auth_user to look them up in PostgreSQL (or set auth_type trust on a trusted network)", c.AuthType))
 	}
 	return w
@@ -579,6 +579,17 @@ func (p PoolSettings) validate(where string, bad func(string, ...any)) {
 // UpstreamInfo returns the parsed upstream URL, or nil without one.
 func (c *Config) UpstreamInfo() *UpstreamURL { return c.upstream }
 
+// TrustListsUsers reports whether trust (auth_type trust, or an access
+// rule's) admits only the users the configuration lists, as PgBouncer's
+// trust does ("the user name must still exist in auth_file"): a user with
+// an entry in auth_file (an empty password will do), users[].password or
+// upstream, or one auth_query finds. That is so once auth_file or
+// auth_user is set; without either, trust admits every user name, and
+// auth_type any always does.
+func (c *Config) TrustListsUsers() bool {
+	return c.AuthFile != "" || c.AuthUser != ""
+}
+
 // ClientSecret returns the secret a client logging in as user must prove.
 func (c *Config) ClientSecret(user string) (auth.Secret, bool) {
 	s, ok := c.secrets[user]
@@ -595,8 +606,10 @@ type Route struct {
 	DBName string
 	// ServerUser is the role poolerd logs in as.
 	ServerUser string
-	// ServerSecret is ServerUser's secret; the zero Secret means none is
-	// known (trust, or SCRAM pass-through with the client's proof).
+	// ServerSecret is ServerUser's secret (a forced user's: the entry's
+	// password, or else the user's own from auth_file, users or
+	// upstream); the zero Secret means none is known (trust, or SCRAM
+	// pass-through with the client's proof).
 	ServerSecret auth.Secret
 	// ForcedUser is true when the database entry names the server user, so
 	// all clients share one pool.
@@ -670,6 +683,10 @@ func (c *Config) Route(database, user string) (Route, error) {
 		r.ForcedUser = true
 		if d.Password != "" {
 			r.ServerSecret, _ = auth.ParseSecret(d.Password) // validated
+		} else {
+			// As PgBouncer: a forced user without a password logs in
+			// with its own (auth_file's, or users' or upstream's).
+			r.ServerSecret = c.secrets[d.User].secret
 		}
 	} else {
 		r.ServerUser = user

@@ -85,7 +85,7 @@ func Rules() []Rule {
 		{Section: "pgbouncer", Key: "unix_socket_dir", Note: adviceTCPOnly},
 		{Section: "pgbouncer", Key: "unix_socket_mode", Note: adviceTCPOnly},
 		{Section: "pgbouncer", Key: "unix_socket_group", Note: adviceTCPOnly},
-		{Section: "pgbouncer", Key: "auth_type", To: "auth_type", kind: kindSpecial, Default: "md5", Note: "`md5`, `scram-sha-256`, `trust` and `hba` as in PgBouncer; `plain` becomes `md5` and `any` becomes `trust` (both reported); `cert`, `pam` and `ldap` are reported and `md5` is used (`cert` works as an hba rule)"},
+		{Section: "pgbouncer", Key: "auth_type", To: "auth_type", kind: kindSpecial, Default: "md5", Note: "`md5`, `scram-sha-256`, `trust`, `any` and `hba` as in PgBouncer (`trust` admits only users of `auth_file` or `auth_query`; `any` every user name, reported: poolerd does not ignore it); `plain` becomes `md5` (reported); `cert`, `pam` and `ldap` are reported and `md5` is used (`cert` works as an hba rule)"},
 		{Section: "pgbouncer", Key: "auth_file", To: "auth_file", kind: kindPath, Note: "same format (userlist.txt)"},
 		{Section: "pgbouncer", Key: "auth_hba_file", To: "auth_hba_file", kind: kindPath, ifKey: true, Note: adviceHBA},
 		{Section: "pgbouncer", Key: "auth_query", To: "auth_query", kind: kindString, ifKey: true, Note: adviceAuthQuery},
@@ -403,12 +403,19 @@ func (res *Result) setPgbouncer(r Rule, e entry, set map[string]entry, ignore fu
 		switch v := strings.ToLower(e.value); v {
 		case config.AuthMD5, config.AuthSCRAM, config.AuthTrust, config.AuthHBA:
 			res.Tree["auth_type"] = v
+			_, file := set["auth_file"]
+			_, user := set["auth_user"]
+			if v == config.AuthTrust && !file && !user {
+				// PgBouncer's trust admits only users of auth_file (or
+				// auth_query's): with neither, no one.
+				ignore("auth_type trust without auth_file", e, "PgBouncer admits no one (a user must exist in auth_file), poolerd every user name: set auth_file to admit only its users")
+			}
 		case "plain":
 			res.Tree["auth_type"] = config.AuthMD5
 			ignore("auth_type plain", e, "poolerd does not ask for cleartext passwords: md5 is used (plain passwords in auth_file still work)")
-		case "any":
-			res.Tree["auth_type"] = config.AuthTrust
-			ignore("auth_type any", e, "trust is used: any user name is accepted without a password, as with any")
+		case config.AuthAny:
+			res.Tree["auth_type"] = config.AuthAny
+			ignore("auth_type any", e, "any user name is accepted without a password, as with any, but poolerd logs in to PostgreSQL as the client's user where a database entry sets no user")
 		default:
 			res.Tree["auth_type"] = config.AuthMD5
 			ignore("auth_type "+v, e, "not supported: md5 is used (every client needs its password in auth_file)")

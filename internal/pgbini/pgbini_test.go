@@ -110,6 +110,38 @@ func TestDebianSample(t *testing.T) {
 	}
 }
 
+// auth_type any stays any; trust without auth_file (or auth_user) is
+// reported: PgBouncer admits no one with it.
+func TestAuthTypeTrustAndAny(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		text, want, report string
+	}{
+		{"auth_type = any\n", config.AuthAny, "auth_type any"},
+		{"auth_type = trust\n", config.AuthTrust, "auth_type trust without auth_file"},
+		{"auth_type = trust\nauth_file = users.txt\n", config.AuthTrust, ""},
+		{"auth_type = trust\nauth_user = pgbouncer\n", config.AuthTrust, ""},
+	} {
+		writeFile(t, filepath.Join(dir, "p.ini"), "[pgbouncer]\n"+tc.text)
+		res, err := Load(filepath.Join(dir, "p.ini"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := res.Tree["auth_type"]; got != tc.want {
+			t.Errorf("%q: auth_type %v, want %s", tc.text, got, tc.want)
+		}
+		var got []string
+		for _, s := range settings(res) {
+			if strings.HasPrefix(s, "auth_type") {
+				got = append(got, s)
+			}
+		}
+		if want := []string{tc.report}; tc.report == "" && len(got) != 0 || tc.report != "" && !reflect.DeepEqual(got, want) {
+			t.Errorf("%q: reported %q, want %q", tc.text, got, tc.report)
+		}
+	}
+}
+
 func writeFile(t *testing.T, path, text string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {

@@ -435,8 +435,14 @@ func (d *dbPool) connectError(err error) *wire.Error {
 	}
 	var ae *backend.AuthError
 	if errors.As(err, &ae) {
-		return &wire.Error{Severity: "ERROR", Code: "28000", Message: "server login failed: " + ae.Error(),
-			Hint: fmt.Sprintf("poolerd could not log in to PostgreSQL as %q with its configured secret; fix the secret for that user in the poolerd configuration", d.route().ServerUser)}
+		hint := fmt.Sprintf("poolerd could not log in to PostgreSQL as %q with its configured secret; fix the secret for that user in the poolerd configuration", d.route().ServerUser)
+		if r := d.route(); r.ForcedUser {
+			// The secret is the entry's password, or else the user's
+			// own (auth_file's), as in PgBouncer.
+			hint = fmt.Sprintf("poolerd logs in to PostgreSQL as %q, the user of database entry %q: give the entry a password, or that user its plain password in auth_file (an md5 hash there works only with PostgreSQL's md5 method, a SCRAM secret only once a client has logged in as %q with SCRAM)",
+				r.ServerUser, r.Database, r.ServerUser)
+		}
+		return &wire.Error{Severity: "ERROR", Code: "28000", Message: "server login failed: " + ae.Error(), Hint: hint}
 	}
 	return errServerUnavailable(err)
 }

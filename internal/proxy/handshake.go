@@ -424,7 +424,13 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 		return false
 	}
 	s.useRoute(dbp, route, cfg)
-	dbp.setClientKey(s.clientKey)
+	if s.user == route.ServerUser {
+		// SCRAM pass-through logs in as the client's own role: the key
+		// of a client of a forced user's pool that logged in as another
+		// user would not open that role's connections (and would
+		// replace a key that does).
+		dbp.setClientKey(s.clientKey)
+	}
 	dbp.setQuerySecret(queried)
 	s.login.out, _ = (&pgproto3.AuthenticationOk{}).Encode(s.login.out)
 	ctx, cancel := context.WithCancel(s.srv.ctx)
@@ -564,8 +570,10 @@ func (s *session) authenticate(cfg *config.Config) (bool, auth.Secret) {
 		return false, auth.Secret{}
 	}
 	switch method {
-	case config.AuthTrust:
+	case config.AuthAny:
 		return true, auth.Secret{}
+	case config.AuthTrust:
+		return s.authTrust(cfg)
 	case hba.Cert:
 		if err := s.certOK(); err != nil {
 			s.srv.authFailures.Add(1)
@@ -577,14 +585,8 @@ func (s *session) authenticate(cfg *config.Config) (bool, auth.Secret) {
 	secret, known := cfg.ClientSecret(s.user)
 	var queried auth.Secret
 	if !known && cfg.AuthUser != "" && !IsConsoleDatabase(s.database) {
-		ctx := s.srv.ctx
-		if !s.login.deadline.IsZero() {
-			var cancel context.CancelFunc
-			ctx, cancel = context.WithDeadline(ctx, s.login.deadline)
-			defer cancel()
-		}
 		var werr *wire.Error
-		secret, known, werr = s.srv.lookupSecret(ctx, cfg, s.database, s.user)
+		secret, known, werr = s.querySecret(cfg)
 		if werr != nil {
 			s.refuseLogin(werr)
 			return false, auth.Secret{}
@@ -626,6 +628,65 @@ func (s *session) authenticate(cfg *config.Config) (bool, auth.Secret) {
 	}
 	s.srv.authDelays.succeeded(s.conn.RemoteAddr())
 	return true, queried
+}
+
+// querySecret runs auth_query for the client's user (under the login
+// deadline): its secret, and whether it found the user.
+func (s *session) querySecret(cfg *config.Config) (auth.Secret, bool, *wire.Error) {
+	ctx := s.srv.ctx
+	if !s.login.deadline.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, s.login.deadline)
+		defer cancel()
+	}
+	return s.srv.lookupSecret(ctx, cfg, s.database, s.user)
+}
+
+// authTrust admits a client without a password. As PgBouncer's trust
+// ("the user name must still exist in auth_file"), once auth_file or
+// auth_user is set only a user the configuration lists (auth_file, users
+// with a password, upstream) or auth_query finds is admitted; the others
+// get 28000 (PgBouncer closes with '"trust" authentication failed').
+// Without either, every user name is admitted (Config.TrustListsUsers).
+// It returns the secret auth_query found, if it ran: the server login
+// uses it.
+func (s *session) authTrust(cfg *config.Config) (bool, auth.Secret) {
+	if !cfg.TrustListsUsers() {
+		return true, auth.Secret{}
+	}
+	if _, known := cfg.ClientSecret(s.user); known {
+		return true, auth.Secret{}
+	}
+	queried := cfg.AuthUser != "" && !IsConsoleDatabase(s.database)
+	if queried {
+		secret, found, werr := s.querySecret(cfg)
+		if werr != nil {
+			s.refuseLogin(werr)
+			return false, auth.Secret{}
+		}
+		if found {
+			return true, secret
+		}
+	}
+	s.srv.authFailures.Add(1)
+	s.refuseLogin(errTrustUnlisted(s.user, cfg.AuthFile != "", queried))
+	return false, auth.Secret{}
+}
+
+// errTrustUnlisted refuses a user trust does not admit: one that is not in
+// auth_file (withFile) and that auth_query did not find (queried).
+func errTrustUnlisted(user string, withFile, queried bool) *wire.Error {
+	detail := fmt.Sprintf("user %q has no password entry in poolerd's configuration (auth_file, users, upstream)", user)
+	if queried {
+		detail += " and auth_query did not find it"
+	}
+	hint := "with auth_type trust, as in PgBouncer, the user name must exist in auth_file: add a line for it (\"name\" \"\" will do) and RELOAD"
+	if !withFile {
+		hint = "with auth_type trust and auth_user set, only users auth_query finds may log in, as in PgBouncer: create the role in PostgreSQL, or set auth_file and give the user a line there"
+	}
+	return &wire.Error{Severity: "FATAL", Code: "28000",
+		Message: fmt.Sprintf("\"trust\" authentication failed for user %q", user),
+		Detail:  detail, Hint: hint}
 }
 
 // authSCRAM runs SCRAM-SHA-256. An unknown user, or one whose secret SCRAM
