@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"sort"
+	"strings"
 	"unsafe"
 
 	"go.uber.org/zap"
@@ -747,13 +748,21 @@ func (s *session) noteCustom(sql []byte) {
 	s.pmu.Unlock()
 }
 
-// customOptions lists the customized options the client touched.
+// customOptions lists the customized options the client touched, and
+// those it has a value of (from its startup packet, or carried by a
+// takeover), which a snapshot must read by name too: otherwise it would
+// take them for reset while they stay set on the connection.
 func (s *session) customOptions() []string {
 	s.pmu.Lock()
 	defer s.pmu.Unlock()
 	out := make([]string, 0, len(s.custom))
 	for n := range s.custom {
 		out = append(out, n)
+	}
+	for n := range s.params {
+		if strings.IndexByte(n, '.') >= 0 && !s.custom[n] {
+			out = append(out, n)
+		}
 	}
 	sort.Strings(out)
 	return out

@@ -206,3 +206,35 @@ CREATE TABLE {r}_d (x int); INSERT INTO {r}_d VALUES (5); GRANT ALL ON {r}_d TO 
 		})
 	}
 }
+
+// TestScanHandOverCustomOption: a client's customized option goes with it
+// to the new poolerd of a takeover, and there, as before, never reaches
+// another client.
+func TestScanHandOverCustomOption(t *testing.T) {
+	one := func(c *config.Config) {
+		c.MaxSize = 1
+		c.MinSize = 0
+		c.CheckoutTimeout = time.Second
+	}
+	oldP := startPoolerd(t, one)
+	newP := startPoolerd(t, one)
+	ctx := ctxTimeout(t, 30*time.Second)
+	a := oldP.connect(t, "default_query_exec_mode=simple_protocol")
+	scanRun(t, a, "SET myapp.tenant = 'tenant_a'", nil)
+	_, done := handOver(ctx, oldP, newP)
+	if err := <-done; err != nil {
+		t.Fatalf("HandOver: %v", err)
+	}
+	if got, _ := scanAsk(t, a, scanTenantProbe); got != "tenant_a" {
+		t.Fatalf("A through the new poolerd: myapp.tenant = %q, want tenant_a", got)
+	}
+	// Another setting: the snapshot after it must still read A's option.
+	scanRun(t, a, "SET work_mem = '8MB'", nil)
+	if got, _ := scanAsk(t, a, scanTenantProbe); got != "tenant_a" {
+		t.Errorf("A after SET work_mem: myapp.tenant = %q, want tenant_a", got)
+	}
+	b := newP.connect(t, "default_query_exec_mode=simple_protocol")
+	if got, refused := scanAsk(t, b, scanTenantProbe); refused || got != "" {
+		t.Errorf("B on the new poolerd: myapp.tenant = %q (refused %v), want empty", got, refused)
+	}
+}
