@@ -175,6 +175,9 @@ type handOver struct {
 	// poolerd does not know (auth_query, pass-through). It crosses only
 	// takeover_socket, between two poolerd processes.
 	ClientKey []byte `json:"client_key,omitempty"`
+	// Custom names the customized options (myapp.tenant) the client set
+	// or reset, which each settings snapshot reads by name.
+	Custom []string `json:"custom,omitempty"`
 }
 
 // handOverStmt is one of the client's prepared statements: its name and
@@ -202,6 +205,7 @@ func (s *session) handOverState() ([]byte, string) {
 	s.pmu.Lock()
 	st.Params = maps.Clone(s.params)
 	s.pmu.Unlock()
+	st.Custom = s.customOptions()
 	s.stmu.Lock()
 	for name, d := range s.stmts {
 		st.Statements = append(st.Statements, handOverStmt{Name: name, Key: []byte(d.key),
@@ -297,6 +301,12 @@ func (s *session) adopt(st *handOver, cfg *config.Config) *wire.Error {
 	s.params = st.Params
 	if s.params == nil {
 		s.params = map[string]string{}
+	}
+	for _, n := range st.Custom {
+		if s.custom == nil {
+			s.custom = map[string]bool{}
+		}
+		s.custom[n] = true
 	}
 	s.pkey = paramsKey(s.params)
 	if set, ok := dbp.shareParams(s.pkey, s.params); ok {

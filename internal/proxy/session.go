@@ -76,8 +76,8 @@ type session struct {
 	syncsSinceOther int
 	// syncQuery is what a just-attached server gets ahead of the
 	// client's first bytes, syncReqs Query frames whose answers are
-	// swallowed: RESET ROLE first when syncReset (see roleCheck), then the
-	// parameter sync.
+	// swallowed: RESET ROLE and RESET ALL first when syncReset (see
+	// roleCheck), then the parameter sync.
 	syncQuery []byte
 	syncReqs  int
 	syncReset bool
@@ -1225,20 +1225,18 @@ func (s *session) attach(held *serverConn) error {
 		sc.owner.Store(s)
 		sc.busy = true
 		sc.unsynced = false
-		reset := sc.roleBy != 0 && sc.roleBy != s.id
-		if reset {
-			if _, ok := sc.applied["role"]; ok {
-				delete(sc.applied, "role") // a startup role: set again after the reset
-				sc.paramGen++
-			}
+		var resetQ []byte
+		if sc.roleBy != 0 && sc.roleBy != s.id {
+			resetQ = resetQueryLocked(sc) // a startup role is set again after it
 		}
+		reset := resetQ != nil
 		sc.mu.Unlock()
 		s.server.Store(sc)
 		s.attachMu.Unlock()
 		s.syncQuery, s.syncReqs = s.syncParams(sc)
 		s.syncReset = reset
 		if reset {
-			s.syncQuery = append(resetRoleQuery[:len(resetRoleQuery):len(resetRoleQuery)], s.syncQuery...)
+			s.syncQuery = append(resetQ, s.syncQuery...)
 			s.syncReqs++
 		}
 		s.portalCommits = false

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"sort"
+	"strings"
 	"unsafe"
 
 	"go.uber.org/zap"
@@ -33,21 +34,47 @@ import (
 //     pins it too; a connection whose session_authorization is not the
 //     login's is never handed out (authOff).
 //   - A function the text calls by name (other than common built-ins,
-//     sqlscan Calls) or by OID (FunctionCall) may run SET ROLE: the server
-//     connection remembers the client (serverConn.roleBy), and the next
-//     other client to get it has RESET ROLE sent ahead of its first
-//     request, in the same write, the answer swallowed: no round trip, one
-//     small statement on the server, and only after such calls. The
-//     client that called the function is not pinned: it may lose that
-//     role at its next transaction, but no one else gets it.
+//     sqlscan Calls) or by OID (FunctionCall), a DO block, or set_config
+//     with a name the text does not show may run SET ROLE or set a
+//     customized option (myapp.tenant) that no query can list and so no
+//     snapshot can read: the server connection remembers the client
+//     (serverConn.roleBy), and the next other client to get it has RESET
+//     ROLE and RESET ALL (resetQueryLocked) sent ahead of its first
+//     request, in the same write, the answer swallowed: no round trip, and
+//     only after such calls. The client that called the function is not
+//     pinned: it may lose that role or option at its next transaction,
+//     but no one else gets it.
 //
 // Not tracked: a role set by code a statement runs without naming it (a
 // trigger, a rule, a view's or a policy's function, a column default, a
 // user-defined operator or cast), or by a function that shadows a
 // built-in's name.
 //
-// resetRoleQuery is that RESET ROLE (never written to).
-var resetRoleQuery = wire.AppendQuery(nil, "RESET ROLE")
+// resetQueryLocked returns that reset, one Query: RESET ROLE; RESET ALL
+// (PostgreSQL lists no customized option that a function set under a name
+// no text shows, so only RESET ALL clears them), then the reported
+// parameters set back to the values sc.params holds, so that sc.params
+// stays true; sc.applied is forgotten, so that the parameter sync that
+// follows sets the next client's settings again. Called with sc.mu held.
+func resetQueryLocked(sc *serverConn) []byte {
+	q := resetSQL
+	var keep []paramKey
+	for name, value := range sc.params {
+		if syncedParam(name) {
+			keep = append(keep, paramKey{name, value})
+		}
+	}
+	if len(keep) > 0 {
+		sort.Slice(keep, func(i, j int) bool { return keep[i].name < keep[j].name })
+		q += "; " + setConfigSQL(keep)
+	}
+	clear(sc.applied)
+	sc.paramGen++
+	return wire.AppendQuery(nil, q)
+}
+
+// resetSQL starts every reset query.
+const resetSQL = "RESET ROLE; RESET ALL"
 
 // maxHeldQuery is the largest Query poolerd holds until complete in
 // transaction and statement mode, so that it can rewrite or refuse it;
@@ -758,13 +785,21 @@ func (s *session) noteCustomNames(names []string) {
 	s.pmu.Unlock()
 }
 
-// customOptions lists the customized options the client touched.
+// customOptions lists the customized options the client touched, and
+// those it has a value of (from its startup packet, or carried by a
+// takeover), which a snapshot must read by name too: otherwise it would
+// take them for reset while they stay set on the connection.
 func (s *session) customOptions() []string {
 	s.pmu.Lock()
 	defer s.pmu.Unlock()
 	out := make([]string, 0, len(s.custom))
 	for n := range s.custom {
 		out = append(out, n)
+	}
+	for n := range s.params {
+		if strings.IndexByte(n, '.') >= 0 && !s.custom[n] {
+			out = append(out, n)
+		}
 	}
 	sort.Strings(out)
 	return out

@@ -13,10 +13,59 @@
 // No statement or name inside a string is read: neither the body of a
 // function (CREATE FUNCTION ... AS $$ ... $$) nor that of a DO block counts.
 //
+// The model is total: wherever the scanner cannot be sure what a statement
+// does to the session, it errs to the safe side (Pin; Settings, so that
+// the pooler reads the session back after the transaction; Calls, so that
+// the next client gets RESET ROLE and RESET ALL), never to nothing. The
+// rules, for words outside strings, comments and function bodies, any
+// case, anywhere in the statement unless a position is given:
+//
+//	statement holds                            reports
+//	-----------------------------------------  ------------------------------
+//	TEMP, TEMPORARY or pg_temp[_N] (schema,    Pin temp_table (a table named
+//	  quoted or not) with CREATE, or with        temp too: safe side); not
+//	  INTO not right after INSERT or MERGE       with ON COMMIT DROP
+//	  (SELECT ... INTO, WITH ... SELECT ...
+//	  INTO, EXPLAIN ANALYZE CREATE ...)
+//	PREPARE name (first word)                  Pin sql_prepare
+//	LISTEN (first word)                        Pin listen
+//	pg_advisory_lock, pg_try_advisory_lock     Pin advisory_lock
+//	  and their _shared forms, by name
+//	DECLARE ... WITH HOLD, any options         Pin cursor_with_hold
+//	  between
+//	session-level SET of role or session       Pin set_role
+//	  authorization; set_config('role' |
+//	  'session_authorization', x, not true)
+//	SET (not LOCAL, TRANSACTION,               Settings
+//	  CONSTRAINTS), RESET, set_config,
+//	  DISCARD ALL
+//	DO, CALL                                   Settings, Commits, Calls
+//	set_config whose name is not a string      Calls (and Settings)
+//	  constant CustomOptions reads ($1, a
+//	  computed name, an E'' string with a
+//	  backslash) and whose is_local is not
+//	  the constant true
+//	word( not provably syntax or a built-in   Calls
+//
+// A word before '(' is syntax only where it cannot name a function: a
+// reserved key word or one that cannot name a function (IN, VALUES,
+// varchar(10), CAST, COALESCE); a name after INTO, TABLE, WITH, AS,
+// FUNCTION, ... (a relation or routine named, not called); ::type(n); and
+// key words that can name a function only in their own syntax: RANGE,
+// LIST, HASH, CUBE, ROLLUP after BY; OVER, FILTER, INCLUDE after ')';
+// JOIN, LIKE, IS, SET after an operand. In the head of a CREATE or ALTER
+// (before any SELECT), ON t (cols) and USING method (cols) name a relation
+// and a method, and table-definition key words (PRIMARY KEY (, PARTITION
+// BY RANGE (, ...) are syntax; elsewhere JOIN t ON f(x), USING f(), a[1:f(x)],
+// hash(x) and range(1, 2) are calls.
+//
+// Not seen (documented in docs/transaction-mode.md): state a function, a
+// DO block or a procedure creates inside its body (a temp table, LISTEN, a
+// session advisory lock); a trigger's, rule's or policy's code.
+//
 // What pins (Effects.Pin, the first kind in the text):
 //
-//   - PinTempTable: CREATE ... TEMP | TEMPORARY TABLE, VIEW or SEQUENCE (not a
-//     table ON COMMIT DROP), SELECT ... INTO TEMP.
+//   - PinTempTable: see the table above.
 //   - PinPrepare: PREPARE name (not PREPARE TRANSACTION).
 //   - PinListen: LISTEN.
 //   - PinAdvisoryLock: the name of a session-level advisory lock function
@@ -35,7 +84,8 @@
 // the constant true. What text cannot show (a DO block, CALL, set_config
 // with computed arguments) is reported as Settings: the pooler checks the
 // session after it ran. A call of any other function that is not a common
-// built-in is reported as Calls: the function may set the role.
+// built-in is reported as Calls: the function may set the role, or a
+// customized option under a name no text shows.
 //
 // What may undo pinned state (Effects.Undo, every kind in the text):
 //
@@ -172,8 +222,12 @@ type Effects struct {
 	// Deallocations).
 	Deallocates int
 	// Calls: the text calls a function by name that is not one of the
-	// common built-ins (see builtin), which may change the role (a
-	// function that runs SET ROLE or set_config('role', ...)).
+	// common built-ins (see builtin), runs a DO block or CALL, or calls
+	// set_config with a name it cannot read: this may change the role (a
+	// function that runs SET ROLE or set_config('role', ...)) or set a
+	// customized option under a name no text shows, so a pooler resets
+	// both (RESET ROLE, RESET ALL) before another client uses the
+	// connection.
 	Calls bool
 	// Commits: the text may commit a transaction: COMMIT, END, COMMIT AND
 	// CHAIN, PREPARE TRANSACTION, COMMIT PREPARED, ROLLBACK PREPARED, or
@@ -195,9 +249,25 @@ type token struct {
 	pos    int    // where the token starts and ends in the text
 	end    int
 	str    bool // a string constant (only from a lexer with strs set)
+	esc    bool // an escape string constant E'...' (str; word as written, backslashes kept)
 	quoted bool
 	punct  byte // non-zero for punctuation
 }
+
+// stmtFlags is what Scan notes of a whole statement, past its leading
+// words.
+type stmtFlags struct {
+	temp         bool // TEMP, TEMPORARY or a pg_temp schema name
+	create       bool // CREATE anywhere (EXPLAIN ANALYZE CREATE ... too)
+	into         bool // INTO, not right after INSERT or MERGE (SELECT ... INTO)
+	withHold     bool // WITH HOLD
+	onCommitDrop bool // ON COMMIT DROP
+	selected     bool // SELECT seen: the head of a DDL statement is over
+}
+
+// ringSize is how many of a statement's latest tokens Scan keeps (a power
+// of two).
+const ringSize = 8
 
 // Scan reads sql and reports its effects.
 func Scan(sql string) Effects {
@@ -205,19 +275,20 @@ func Scan(sql string) Effects {
 	var words []token
 	var buf [maxWords]token
 	words = buf[:0]
-	inStmt, onCommitDrop := false, false
-	// The statement's last tokens: the newest at ring[n&3], the one before
-	// at ring[(n-1)&3], ...
-	var ring [4]token
+	inStmt := false
+	var f stmtFlags
+	// The statement's last tokens: the newest at ring[n%ringSize], the one
+	// before at ring[(n-1)%ringSize], ...
+	var ring [ringSize]token
 	n := 0
 	endStmt := func() {
 		if inStmt {
 			e.Statements++
-			statement(&e, sql, words, onCommitDrop)
+			statement(&e, sql, words, f)
 		}
 		words = buf[:0]
-		inStmt, onCommitDrop = false, false
-		ring = [4]token{}
+		inStmt, f = false, stmtFlags{}
+		ring = [ringSize]token{}
 	}
 	l := lexer{s: sql}
 	for {
@@ -233,20 +304,52 @@ func Scan(sql string) Effects {
 		if len(words) < maxWords {
 			words = append(words, t)
 		}
-		if t.is("drop") && ring[n&3].is("commit") && ring[(n-1)&3].is("on") {
-			onCommitDrop = true
+		prev := &ring[n&(ringSize-1)]
+		if t.punct == 0 && !t.quoted && len(t.word) >= len("into") && len(t.word) <= len("temporary") {
+			var lb [len("temporary")]byte
+			switch lowerASCII(lb[:], t.word) {
+			case "temp", "temporary":
+				f.temp = true
+			case "create":
+				f.create = true
+			case "into":
+				f.into = f.into || !prev.is("insert") && !prev.is("merge")
+			case "hold":
+				f.withHold = f.withHold || prev.is("with")
+			case "select":
+				f.selected = true
+			case "drop":
+				if prev.is("commit") && ring[(n-1)&(ringSize-1)].is("on") {
+					f.onCommitDrop = true
+				}
+			}
 		}
-		if t.punct == '(' && ring[n&3].word != "" && !e.Calls && call(&ring[n&3], &ring[(n-1)&3], &ring[(n-2)&3], &ring[(n-3)&3]) {
-			e.Calls = true
+		if t.punct == 0 && tempSchema(t.word) {
+			f.temp = true
+		}
+		if t.punct == '(' && prev.word != "" && !e.Calls {
+			w0 := word(words, 0)
+			ddlHead := (w0.is("create") || w0.is("alter")) && !f.selected
+			if call(&ring, n, ddlHead) {
+				e.Calls = true
+			}
 		}
 		n++
-		ring[n&3] = t
+		ring[n&(ringSize-1)] = t
 		if t.punct == 0 && len(t.word) >= len("set_config") && (t.word[0]|0x20 == 'p' || t.word[0]|0x20 == 's') {
 			function(&e, t, sql)
 		}
 	}
 	endStmt()
 	return e
+}
+
+// tempSchema reports whether w names the temporary schema: pg_temp, or a
+// backend's own pg_temp_N (any case: a quoted name in another case is
+// another schema, but counting it errs to the safe side).
+func tempSchema(w string) bool {
+	return len(w) >= len("pg_temp") && (w[0] == 'p' || w[0] == 'P') && strings.EqualFold(w[:len("pg_temp")], "pg_temp") &&
+		(len(w) == len("pg_temp") || w[len("pg_temp")] == '_')
 }
 
 // Name is a statement name in SQL text: Name as PostgreSQL reads it, at
@@ -333,48 +436,79 @@ func function(e *Effects, t token, sql string) {
 // settings, and it pins when it is a call that sets the role or the session
 // authorization for the session (set_config('role', ..., false)). A call
 // whose name or is_local argument is not a constant is left to the
-// pooler's check of the session after it ran (Settings).
+// pooler's check of the session after it ran (Settings); one whose name is
+// not a string constant that CustomOptions reads, and whose is_local is
+// not the constant true, also counts as Calls: it may set a customized
+// option that a pooler cannot ask for by name.
 func setConfig(e *Effects, sql string, at int) {
 	e.Settings = true
-	if e.Pin == "" && setsRoleConfig(sql, at) {
+	a, ok := setConfigArgs(sql, at)
+	if !ok {
+		return // not a call: set_config as a column's name
+	}
+	if e.Pin == "" && a.named && (strings.EqualFold(a.name, "role") || strings.EqualFold(a.name, "session_authorization")) &&
+		a.args == 3 && !a.local {
 		e.Pin = PinRole
+	}
+	if !a.named && !a.local {
+		e.Calls = true
 	}
 }
 
-// setsRoleConfig reads the arguments of a call set_config(name, value,
-// is_local) starting at sql[at:] (after the function name): it reports
-// whether name is the string constant 'role' or 'session_authorization'
-// (possibly cast) and is_local is not the constant true.
-func setsRoleConfig(sql string, at int) bool {
+// configArgs is what setConfigArgs reads of a call set_config(name, value,
+// is_local).
+type configArgs struct {
+	name  string // the name, when named
+	named bool   // name is a string constant, possibly cast, alone
+	args  int    // the number of arguments read (3 for a whole call)
+	local bool   // is_local is the constant true
+}
+
+// setConfigArgs reads the arguments of a call set_config(name, value,
+// is_local) starting at sql[at:] (after the function name); ok is false if
+// no '(' follows.
+func setConfigArgs(sql string, at int) (a configArgs, ok bool) {
 	l := lexer{s: sql, i: at, strs: true}
 	if t, _ := l.next(); t.punct != '(' {
-		return false
+		return a, false
 	}
 	name, _ := l.next()
-	if !name.str || !strings.EqualFold(name.word, "role") && !strings.EqualFold(name.word, "session_authorization") {
-		return false // most calls stop here: set_config('app.tenant', ...)
+	if name.str && !(name.esc && strings.IndexByte(name.word, '\\') >= 0) {
+		t, _ := l.next()
+		if t.punct == ':' { // 'myapp.tenant'::text
+			if t, _ = l.next(); t.punct == ':' {
+				if t, _ = l.next(); t.punct == 0 && !t.str {
+					t, _ = l.next()
+				}
+			}
+		}
+		if t.punct == ',' {
+			a.name, a.named, a.args = name.word, true, 1
+		}
 	}
-	if t, _ := l.next(); t.punct == ':' { // 'role'::text
-		if t, _ = l.next(); t.punct != ':' {
-			return false
+	if !a.named {
+		// 'ro' || 'le', $1, a column, E'\x72ole': skip to the comma at
+		// this depth.
+		if name.punct == '(' || name.punct == '[' {
+			if skipArg(&l, 1) != ',' {
+				return a, true
+			}
+		} else if name.punct == ')' || name.punct == ',' || skipArg(&l, 0) != ',' {
+			return a, true
 		}
-		if t, _ = l.next(); t.punct != 0 || t.str {
-			return false
-		}
-		t, _ = l.next()
-		if t.punct != ',' {
-			return false
-		}
-	} else if t.punct != ',' {
-		return false // 'ro' || 'le', 'ro' 'le', ...
+		a.args = 1
 	}
 	// Skip the value, up to the comma at this depth; read is_local.
-	arg, depth, n := 1, 1, 0
+	if skipArg(&l, 0) != ',' {
+		return a, true
+	}
+	a.args = 2
 	var third token
-	for depth > 0 {
+	n := 0
+	for depth := 1; depth > 0; {
 		t, more := l.next()
 		if !more || t.punct == ';' {
-			return false
+			return a, true
 		}
 		switch {
 		case t.punct == '(' || t.punct == '[':
@@ -385,15 +519,34 @@ func setsRoleConfig(sql string, at int) bool {
 				continue
 			}
 		case t.punct == ',' && depth == 1:
-			arg++
-			continue
+			return a, true // a fourth argument: not the built-in
 		}
-		if arg == 2 {
-			third = t
-			n++
+		third = t
+		n++
+	}
+	a.args = 3
+	a.local = n == 1 && isTrue(third)
+	return a, true
+}
+
+// skipArg skips the rest of an argument, depth parentheses deep already
+// (relative to the argument list), and returns the punctuation that ends
+// it: ',' or ')' at the list's depth, or 0 at the end of the statement.
+func skipArg(l *lexer, depth int) byte {
+	for {
+		t, more := l.next()
+		if !more || t.punct == ';' {
+			return 0
+		}
+		switch {
+		case t.punct == '(' || t.punct == '[':
+			depth++
+		case (t.punct == ')' || t.punct == ']') && depth > 0:
+			depth--
+		case t.punct == ')' || t.punct == ',' && depth == 0:
+			return t.punct
 		}
 	}
-	return arg == 2 && !(n == 1 && isTrue(third))
 }
 
 // isTrue reports whether t is a constant that PostgreSQL reads as boolean
@@ -411,22 +564,32 @@ func isTrue(t token) bool {
 	return false
 }
 
-// call reports whether name, followed by '(', is a call of a function that
-// may run code the scanner cannot see: not SQL syntax (IN (, VALUES (,
-// varchar(10), INSERT INTO t (cols), CREATE FUNCTION f(args)), not a
-// built-in (unqualified or in pg_catalog). p1, p2 and p3 are the tokens
-// before name, nearest first.
-func call(name, p1, p2, p3 *token) bool {
-	ctx, schema := p1, &token{}
+// call reports whether the token at ring[n], followed by '(', is a call of
+// a function that may run code the scanner cannot see: not SQL syntax (IN
+// (, VALUES (, varchar(10), INSERT INTO t (cols), PARTITION BY RANGE (a)),
+// not a built-in (unqualified or in pg_catalog). ring holds the tokens
+// before it, ring[n-1] the nearest. ddlHead: the statement is a CREATE or
+// ALTER and no SELECT has come yet, where ON t (cols) and USING method
+// (cols) name a relation and an index method. What is not provably syntax
+// or a built-in is a call.
+func call(ring *[ringSize]token, n int, ddlHead bool) bool {
+	at := func(i int) *token { return &ring[(n-i)&(ringSize-1)] }
+	name, ctx, before, schema := at(0), at(1), at(2), &token{}
 	if ctx.punct == '.' {
-		schema, ctx = p2, p3
+		schema, ctx, before = at(2), at(3), at(4)
 	}
-	if name.str || ctx.punct == ':' || !ctx.quoted && ctx.punct == 0 && notCallAfter(ctx.word) {
-		return false // ::type(n), a relation's column list, a declaration
+	if name.str || ctx.punct == ':' && before.punct == ':' {
+		return false // ::type(n)
+	}
+	if !ctx.quoted && ctx.punct == 0 && notCallAfter(ctx.word, ddlHead) {
+		return false // a relation's column list, a declaration
 	}
 	var b [32]byte
-	if !name.quoted && syntax(lowerASCII(b[:], name.word)) {
-		return false
+	if !name.quoted && schema.word == "" {
+		w := lowerASCII(b[:], name.word)
+		if syntax(w) || ddlHead && ddlSyntax(w) || keywordSyntax(w, ctx, ctx.punct == 0 && ctx.word == "" && !ctx.quoted) {
+			return false
+		}
 	}
 	if schema.word != "" && !(schema.quoted && schema.word == "pg_catalog" || schema.is("pg_catalog")) {
 		return true
@@ -454,35 +617,100 @@ func lowerASCII(b []byte, w string) string {
 
 // notCallAfter reports whether a name after keyword w (any case) is a
 // relation, type or routine being named, not called: INSERT INTO t (cols),
-// CREATE FUNCTION f(args), CREATE INDEX ON t (cols), USING btree (cols).
-func notCallAfter(w string) bool {
+// CREATE FUNCTION f(args), WITH q (cols) AS; with rel, also CREATE INDEX
+// ON t (cols) and USING btree (cols) (elsewhere JOIN t ON f(x) and USING
+// f(x) call f).
+func notCallAfter(w string, rel bool) bool {
 	var b [16]byte
 	switch lowerASCII(b[:], w) {
-	case "into", "table", "copy", "references", "on", "using", "function", "procedure", "routine",
-		"aggregate", "view", "type", "with", "as", "prepare", "domain", "trigger", "sequence", "index",
+	case "into", "table", "copy", "references", "function", "procedure", "routine",
+		"aggregate", "view", "type", "with", "recursive", "as", "prepare", "domain", "trigger", "sequence", "index",
 		"exists":
+		return true
+	case "on", "using":
+		return rel
+	}
+	return false
+}
+
+// syntax reports whether a lower-case word before '(' is SQL syntax that
+// can never be a function's name: PostgreSQL's reserved key words and
+// those that cannot name a function (types with a modifier, CAST,
+// COALESCE, ...).
+func syntax(w string) bool {
+	switch w {
+	case "in", "exists", "values", "any", "all", "some", "and", "or", "not", "as", "on", "using", "group",
+		"row", "array", "lateral", "where", "when", "then", "else", "case", "select", "from", "having",
+		"returning", "into", "between", "limit", "offset", "distinct", "unique", "check", "default",
+		"with", "window", "only", "analyze", "analyse", "table", "union", "intersect", "except", "to", "for",
+		"placing", "grouping", "char", "character", "varchar", "nchar", "national", "numeric", "decimal",
+		"dec", "float", "bit", "time", "timestamp", "interval", "coalesce", "nullif", "greatest", "least",
+		"cast", "extract", "position", "substring", "trim", "overlay", "treat", "normalize", "xmlelement",
+		"xmlforest", "xmlconcat", "xmlparse", "xmlpi", "xmlroot", "xmlserialize", "xmlexists",
+		"xmlattributes", "xmlnamespaces", "xmltable", "current_timestamp", "current_time", "localtime",
+		"localtimestamp":
 		return true
 	}
 	return false
 }
 
-// syntax reports whether a lower-case word before '(' is SQL syntax or a
-// type with a modifier rather than a function.
-func syntax(w string) bool {
+// ddlSyntax reports whether a lower-case key word before '(' is syntax in
+// the head of a CREATE or ALTER statement (a table's or index's
+// definition), though it may name a function elsewhere.
+func ddlSyntax(w string) bool {
 	switch w {
-	case "in", "exists", "values", "any", "all", "some", "and", "or", "not", "as", "on", "using", "over",
-		"filter", "group", "row", "array", "lateral", "where", "when", "then", "else", "case", "select",
-		"from", "join", "by", "having", "returning", "set", "into", "is", "between", "like", "ilike",
-		"limit", "offset", "distinct", "conflict", "key", "unique", "check", "default", "include",
-		"partition", "range", "list", "hash", "with", "tablesample", "repeatable", "window", "rows",
-		"groups", "grouping", "sets", "cube", "rollup", "only", "recursive", "analyze", "explain",
-		"vacuum", "reindex", "copy", "options", "table", "return", "exclude", "ordinality",
-		"union", "intersect", "except", "identity", "to",
-		"char", "character", "varchar", "varying", "nchar", "national", "numeric", "decimal", "dec",
-		"float", "bit", "time", "timestamp", "interval", "coalesce", "nullif", "greatest", "least",
-		"cast", "extract", "position", "substring", "trim", "overlay", "treat", "normalize", "collation",
-		"xmlelement", "xmlforest", "xmlconcat", "xmlparse", "xmlpi", "xmlroot", "xmlserialize",
-		"xmlexists", "xmlattributes", "current_timestamp", "current_time", "localtime", "localtimestamp":
+	case "key", "include", "partition", "range", "list", "hash", "options", "exclude", "identity",
+		"set", "return", "varying", "over", "filter", "conflict", "collation", "tablesample", "repeatable":
+		return true
+	}
+	return false
+}
+
+// keywordSyntax reports whether w, a lower-case key word that may also
+// name a function (PostgreSQL's unreserved ones and those that can name a
+// function or type), is syntax where it stands: after ctx, the token
+// before it (start: w begins the statement). Elsewhere it is a call:
+// hash(x), range(1, 2), over(y).
+func keywordSyntax(w string, ctx *token, start bool) bool {
+	switch w {
+	case "over", "filter", "include", "repeatable":
+		return ctx.punct == ')' // count(*) OVER (...), FILTER (WHERE ...)
+	case "by":
+		return ctx.is("group") || ctx.is("order") || ctx.is("partition")
+	case "range", "list", "hash", "cube", "rollup":
+		return ctx.is("by") // PARTITION BY RANGE (a), GROUP BY CUBE (a)
+	case "sets":
+		return ctx.is("grouping")
+	case "key":
+		return ctx.is("primary") || ctx.is("foreign")
+	case "varying":
+		return ctx.is("character") || ctx.is("bit")
+	case "conflict":
+		return ctx.is("on")
+	case "first", "next":
+		return ctx.is("fetch") // FETCH FIRST (n) ROWS ONLY
+	case "explain", "vacuum", "reindex", "copy", "cluster":
+		return start // EXPLAIN (ANALYZE) ..., COPY (SELECT ...) TO
+	case "join", "is", "like", "ilike", "similar", "overlaps", "tablesample", "set":
+		// Infix: a JOIN (subquery), x LIKE (pattern), UPDATE t SET (a, b)
+		// = ...; after a key word that starts an expression it is a call.
+		return ctx.punct == ')' || ctx.punct == 0 && ctx.word != "" && !ctx.str && !exprStart(ctx)
+	}
+	return false
+}
+
+// exprStart reports whether t is a key word after which an expression (and
+// so a function call) starts.
+func exprStart(t *token) bool {
+	if t.quoted {
+		return false
+	}
+	var b [16]byte
+	switch lowerASCII(b[:], t.word) {
+	case "select", "where", "and", "or", "not", "when", "then", "else", "on", "having", "by", "returning",
+		"in", "values", "return", "using", "from", "distinct", "all", "any", "some", "case", "between",
+		"is", "like", "ilike", "limit", "offset", "call", "perform", "do", "execute", "array", "row", "as",
+		"join", "lateral", "set":
 		return true
 	}
 	return false
@@ -545,13 +773,19 @@ func word(ws []token, i int) token {
 
 // statement applies the rules for one statement's leading words ws, words
 // of sql.
-func statement(e *Effects, sql string, ws []token, onCommitDrop bool) {
+func statement(e *Effects, sql string, ws []token, f stmtFlags) {
 	pin := func(reason string) {
 		if e.Pin == "" {
 			e.Pin = reason
 		}
 	}
-	// A leading parenthesis or WITH does not hide SELECT ... INTO TEMP.
+	// Wherever it stands (past any number of words, after WITH, in
+	// parentheses, in EXPLAIN ANALYZE), TEMP, TEMPORARY or pg_temp in a
+	// statement that creates something pins; a table ON COMMIT DROP is
+	// gone at the end of its transaction.
+	if f.temp && (f.create || f.into) && !f.onCommitDrop {
+		pin(PinTempTable)
+	}
 	w0 := word(ws, 0)
 	switch {
 	case w0.is("set"):
@@ -578,8 +812,8 @@ func statement(e *Effects, sql string, ws []token, onCommitDrop bool) {
 		}
 	case w0.is("do"), w0.is("call"):
 		// DO and CALL run code that may change settings or the role, and
-		// commit.
-		e.Settings, e.Commits = true, true
+		// commit; what they set may be a customized option no text names.
+		e.Settings, e.Commits, e.Calls = true, true, true
 	case w0.is("discard"):
 		switch w1 := word(ws, 1); {
 		case w1.is("all"):
@@ -602,24 +836,6 @@ func statement(e *Effects, sql string, ws []token, onCommitDrop bool) {
 		if w1 := word(ws, 1); w1.punct == 0 || w1.punct == '*' {
 			e.Undo |= kindListen
 		}
-	case w0.is("create"):
-		for i := 1; i < len(ws) && i < 5; i++ {
-			if ws[i].is("temp") || ws[i].is("temporary") {
-				if !onCommitDrop { // gone at the end of its transaction
-					pin(PinTempTable)
-				}
-				break
-			}
-			if ws[i].is("table") || ws[i].is("view") || ws[i].is("sequence") {
-				break
-			}
-		}
-	case w0.is("select"):
-		for i := 1; i+1 < len(ws); i++ {
-			if ws[i].is("into") && (ws[i+1].is("temp") || ws[i+1].is("temporary")) {
-				pin(PinTempTable)
-			}
-		}
 	case w0.is("prepare"):
 		if word(ws, 1).is("transaction") {
 			e.Commits = true // the transaction outlives the session
@@ -629,10 +845,8 @@ func statement(e *Effects, sql string, ws []token, onCommitDrop bool) {
 	case w0.is("listen"):
 		pin(PinListen)
 	case w0.is("declare"):
-		for i := 1; i+1 < len(ws); i++ {
-			if ws[i].is("with") && ws[i+1].is("hold") {
-				pin(PinCursorOnHold)
-			}
+		if f.withHold { // whatever the options between: BINARY INSENSITIVE NO SCROLL CURSOR WITH HOLD
+			pin(PinCursorOnHold)
 		}
 	case w0.is("begin"), w0.is("start") && word(ws, 1).is("transaction"):
 		e.BeginTx = true
@@ -734,8 +948,13 @@ func (l *lexer) next() (token, bool) {
 				return token{word: strings.ReplaceAll(w, "''", "'"), str: true, pos: start, end: l.i}, true
 			}
 		case (c == 'e' || c == 'E') && l.i+1 < len(s) && s[l.i+1] == '\'':
+			start := l.i
 			l.i += 2
 			l.quoted('\'', true)
+			if l.strs {
+				w := l.s[start+2 : max(start+2, l.i-1)]
+				return token{word: strings.ReplaceAll(w, "''", "'"), str: true, esc: true, pos: start, end: l.i}, true
+			}
 		case c == '"':
 			start := l.i + 1
 			l.i++
@@ -829,8 +1048,14 @@ func (l *lexer) dollar() bool {
 }
 
 // CustomOptions returns the customized options (names with a dot, such as
-// myapp.tenant) that SQL text sets or resets: PostgreSQL does not list them
-// in pg_settings, so a pooler must ask for them by name.
+// myapp.tenant) that SQL text sets or resets, in lower case: PostgreSQL
+// does not list them in pg_settings, so a pooler must ask for them by name.
+// It reads SET [SESSION] a.b[.c...], RESET a.b[.c...] (names quoted or
+// not) and set_config('a.b', ...) (also "set_config", pg_catalog.set_config,
+// E'a.b' without backslashes, 'a.b'::text). A name it cannot read (a
+// computed one, $1, an E'...' string with escapes) is for Scan to report as
+// Calls; a name set in a DO block, a procedure or a function is not read
+// either.
 func CustomOptions(sql string) []string {
 	var out []string
 	add := func(name string) {
@@ -846,34 +1071,64 @@ func CustomOptions(sql string) []string {
 		out = append(out, name)
 	}
 	l := lexer{s: sql, strs: true}
-	var prev []token // the statement so far, up to a few tokens
+	var stmt [16]token // the statement's first tokens
+	k := 0             // how many of them
+	var p1, p2 token   // the two tokens before the current one
+	flush := func() {
+		if name, ok := setName(stmt[:k]); ok {
+			add(name)
+		}
+		k = 0
+		p1, p2 = token{}, token{}
+	}
 	for {
 		t, ok := l.next()
 		if !ok {
 			break
 		}
 		if t.punct == ';' {
-			prev = prev[:0]
+			flush()
 			continue
 		}
 		// set_config('name', ...)
-		if t.str && len(prev) >= 2 && prev[len(prev)-1].punct == '(' && prev[len(prev)-2].is("set_config") {
+		if t.str && p1.punct == '(' && (p2.is("set_config") || p2.quoted && p2.word == "set_config") &&
+			!(t.esc && strings.IndexByte(t.word, '\\') >= 0) {
 			add(t.word)
 		}
-		prev = append(prev, t)
-		// SET [SESSION] a.b / RESET a.b: a word, a dot and a word after the keyword.
-		if n := len(prev); n >= 3 && prev[n-2].punct == '.' && prev[n-1].punct == 0 && !prev[n-1].str {
-			k := 0
-			if prev[0].is("set") || prev[0].is("reset") {
-				k = 1
-				if prev[0].is("set") && word(prev, 1).is("session") {
-					k = 2
-				}
-			}
-			if k > 0 && n == k+3 {
-				add(prev[k].word + "." + prev[k+2].word)
-			}
+		if k < len(stmt) {
+			stmt[k] = t
+			k++
 		}
+		p2, p1 = p1, t
 	}
+	flush()
 	return out
+}
+
+// setName reads the name of a session-level SET [SESSION] or RESET of a
+// dotted name from a statement's first tokens ws.
+func setName(ws []token) (string, bool) {
+	i := 1
+	switch {
+	case word(ws, 0).is("set"):
+		if word(ws, 1).is("session") {
+			i = 2
+		}
+	case word(ws, 0).is("reset"):
+	default:
+		return "", false
+	}
+	var b strings.Builder
+	for ; ; i += 2 {
+		w := word(ws, i)
+		if w.punct != 0 || w.str {
+			return "", false
+		}
+		b.WriteString(w.word)
+		if word(ws, i+1).punct != '.' {
+			break
+		}
+		b.WriteByte('.')
+	}
+	return b.String(), true
 }

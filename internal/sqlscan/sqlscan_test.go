@@ -27,7 +27,8 @@ func TestScan(t *testing.T) {
 		{"CREATE TEMP TABLE t (a int)", Effects{Statements: 1, Pin: PinTempTable}},
 		{"create global temporary table t (a int)", Effects{Statements: 1, Pin: PinTempTable}},
 		{"CREATE OR REPLACE TEMP VIEW v AS SELECT 1", Effects{Statements: 1, Pin: PinTempTable}},
-		{"CREATE TABLE temp (a int)", Effects{Statements: 1}},
+		{"CREATE TABLE temp (a int)", Effects{Statements: 1, Pin: PinTempTable}}, // any TEMP in a CREATE: errs to the safe side
+		{`CREATE TABLE "temp" (a int)`, Effects{Statements: 1}},
 		{"CREATE TEMP TABLE t (x int) ON COMMIT DROP", Effects{Statements: 1}},
 		{"CREATE TEMP TABLE t (x int) ON COMMIT DELETE ROWS", Effects{Statements: 1, Pin: PinTempTable}},
 		{"SELECT * INTO TEMP t FROM x", Effects{Statements: 1, Pin: PinTempTable}},
@@ -68,7 +69,7 @@ func TestScan(t *testing.T) {
 		{"SELECT E'\\'; LISTEN x'", Effects{Statements: 1}},
 		{"SELECT 'it''s; LISTEN x'", Effects{Statements: 1}},
 		{"SET a.b = 1; LISTEN x", Effects{Statements: 2, Settings: true, Pin: PinListen}},
-		{"DO $$ BEGIN EXECUTE 'SET ROLE x'; END $$", Effects{Statements: 1, Settings: true, Commits: true}},
+		{"DO $$ BEGIN EXECUTE 'SET ROLE x'; END $$", Effects{Statements: 1, Settings: true, Commits: true, Calls: true}},
 		{"CALL p()", Effects{Statements: 1, Settings: true, Calls: true, Commits: true}},
 	}
 	for _, c := range cases {
@@ -620,4 +621,120 @@ func FuzzRoleDetection(f *testing.F) {
 			t.Fatalf("Scan(%q) pins nothing", "SELECT "+clean+";"+sql)
 		}
 	})
+}
+
+// TestScanIssue31 reads the spellings of issue 31's holes 5 and 6 and the
+// ones around them: wherever the scanner cannot be sure, it errs to the
+// safe side (Pin, Settings, Calls), never to nothing.
+func TestScanIssue31(t *testing.T) {
+	cases := []struct {
+		sql   string
+		pin   string
+		calls bool
+	}{
+		// Temporary relations, past any number of words.
+		{"SELECT 1 AS a, 2 AS b, 3 AS c, 4 AS d INTO TEMP t", PinTempTable, false},
+		{"SELECT 1 AS a, 2 AS b, 3 AS c, 4 AS d INTO TEMPORARY TABLE t", PinTempTable, false},
+		{"WITH q AS (SELECT 1 AS x) SELECT * INTO TEMP t FROM q", PinTempTable, false},
+		{"(SELECT 1 AS x INTO TEMP t)", PinTempTable, false},
+		{"CREATE TABLE pg_temp.t (x int)", PinTempTable, false},
+		{`CREATE TABLE "pg_temp".t (x int)`, PinTempTable, false},
+		{"create table PG_TEMP_3.t (x int)", PinTempTable, false},
+		{"CREATE VIEW pg_temp.v AS SELECT 1", PinTempTable, false},
+		{"CREATE SEQUENCE pg_temp.s", PinTempTable, false},
+		{"CREATE UNLOGGED TABLE pg_temp.t AS SELECT 1", PinTempTable, false},
+		{"SELECT 1 INTO pg_temp.t", PinTempTable, false},
+		{"EXPLAIN ANALYZE CREATE TEMP TABLE t AS SELECT 1", PinTempTable, false},
+		{"CREATE /* c */ OR REPLACE -- c\n TEMPORARY RECURSIVE VIEW v (n) AS SELECT 1", PinTempTable, false},
+		{"CREATE TEMP TABLE t (x int) ON COMMIT DROP", "", false},
+		{"CREATE TABLE pg_temp.t (x int) ON COMMIT DROP", "", false},
+		{"CREATE TEMP TABLE t ON COMMIT DROP AS SELECT 1", "", false},
+		{"INSERT INTO temp VALUES (1)", "", false},
+		{"WITH q AS (SELECT 1) INSERT INTO temp SELECT * FROM q", "", false},
+		{"SELECT * FROM temp", "", false},
+		{"SELECT 'INTO TEMP t'", "", false},
+		{"SELECT 1 INTO \"temp\"", "", false},
+		{"DROP TABLE pg_temp.t", "", false},
+		// Cursors WITH HOLD, whatever the options between.
+		{"DECLARE c BINARY INSENSITIVE NO SCROLL CURSOR WITH HOLD FOR SELECT 1", PinCursorOnHold, false},
+		{"DECLARE c ASENSITIVE SCROLL CURSOR /* x */ WITH -- y\n HOLD FOR SELECT 1", PinCursorOnHold, false},
+		{"DECLARE c BINARY INSENSITIVE NO SCROLL CURSOR WITHOUT HOLD FOR SELECT 1", "", false},
+		{"DECLARE c CURSOR FOR SELECT 'WITH HOLD'", "", false},
+		// Calls after ON and USING, in an array slice, keyword names.
+		{"SELECT * FROM a JOIN b ON f(a.x) = b.x", "", true},
+		{"SELECT * FROM a JOIN b USING (x) WHERE g(a.y)", "", true},
+		{"DELETE FROM a USING f() AS x WHERE a.id = x.id", "", true},
+		{"MERGE INTO t USING f() AS s ON t.id = s.id WHEN MATCHED THEN DELETE", "", true},
+		{"SELECT (ARRAY[1,2,3])[1:f(2)]", "", true},
+		{"SELECT a[f(1)] FROM t", "", true},
+		{"SELECT hash(1)", "", true},
+		{"SELECT range(1, 2)", "", true},
+		{"SELECT list(1)", "", true},
+		{"SELECT over(1)", "", true},
+		{"SELECT x FROM t WHERE key(x)", "", true},
+		{"SELECT 1 WHERE join(1) AND set(2)", "", true},
+		{"CREATE TABLE t AS SELECT * FROM a JOIN b ON f(a.x)", "", true},
+		{"CREATE TABLE t (a int) PARTITION BY RANGE (a)", "", false},
+		{"CREATE TABLE t (a int) PARTITION BY HASH (a)", "", false},
+		{"CREATE TABLE t (a int, b text, PRIMARY KEY (a), EXCLUDE USING gist (a WITH =))", "", false},
+		{"CREATE INDEX i ON t (a) INCLUDE (b)", "", false},
+		{"SELECT count(*) FILTER (WHERE a) OVER (PARTITION BY b) FROM t GROUP BY CUBE (a), ROLLUP (b)", "", true},
+		{"SELECT count(*) FILTER (WHERE a) OVER (PARTITION BY b) FROM t GROUP BY CUBE (a)", "", false},
+		{"SELECT * FROM t GROUP BY GROUPING SETS ((a), (b)) ORDER BY (a)", "", false},
+		{"SELECT * FROM a JOIN (SELECT 1) b ON true WHERE x LIKE ('a%')", "", false},
+		{"UPDATE t SET (a, b) = (1, 2)", "", false},
+		{"EXPLAIN (ANALYZE) SELECT 1", "", false},
+		{"COPY (SELECT 1) TO STDOUT", "", false},
+		{"SELECT * FROM t FETCH FIRST (3) ROWS ONLY", "", false},
+		{"SELECT a::varchar(10), b::character varying(3)", "", false},
+		// Customized options under names no text shows: Calls.
+		{`SELECT "set_config"('myapp.tenant', 'x', false)`, "", false},
+		{"SELECT set_config(E'myapp.tenant', 'x', false)", "", false},
+		{`SELECT set_config(E'myapp\\x2etenant', 'x', false)`, "", true},
+		{"SELECT set_config($1, $2, false)", "", true},
+		{"SELECT set_config($1, $2, true)", "", false},
+		{"SELECT set_config('myapp.' || 'tenant', 'x', false)", "", true},
+		{"SELECT set_config(lower('MYAPP.TENANT'), 'x', false)", "", true},
+		{"SELECT set_config(U&'myapp.tenant', 'x', false)", "", true},
+		{"SELECT set_config('myapp.tenant'::text, $1, false)", "", false},
+		{"DO $$ BEGIN PERFORM set_config('myapp.tenant', 'x', false); END $$", "", true},
+		{"SELECT app.set_tenant('x')", "", true},
+	}
+	for _, c := range cases {
+		e := Scan(c.sql)
+		if e.Pin != c.pin || e.Calls != c.calls {
+			t.Errorf("Scan(%q): Pin %q, Calls %v; want %q, %v", c.sql, e.Pin, e.Calls, c.pin, c.calls)
+		}
+		if c.pin != "" {
+			// The pinning word in a later statement counts too.
+			if e := Scan("SELECT 1; " + c.sql); e.Pin != c.pin {
+				t.Errorf("Scan(%q) as the second statement: Pin %q", c.sql, e.Pin)
+			}
+		}
+	}
+}
+
+// TestCustomOptionsSpellings: the names CustomOptions reads.
+func TestCustomOptionsSpellings(t *testing.T) {
+	cases := []struct {
+		sql  string
+		want []string
+	}{
+		{`SELECT "set_config"('myapp.tenant', 'x', false)`, []string{"myapp.tenant"}},
+		{`SELECT "pg_catalog"."set_config"('myapp.tenant', 'x', false)`, []string{"myapp.tenant"}},
+		{"SELECT set_config(E'myapp.tenant', 'x', false)", []string{"myapp.tenant"}},
+		{`SELECT set_config(E'myapp\\x2etenant', 'x', false)`, nil},
+		{"SELECT set_config($1, 'x', false)", nil},
+		{"SELECT set_config('myapp.tenant'::text, 'x', false)", []string{"myapp.tenant"}},
+		{"SET a.b.c = 1", []string{"a.b.c"}},
+		{`SET SESSION "A"."B" TO 1; RESET x . y`, []string{"a.b", "x.y"}},
+		{"SET LOCAL a.b = 1", nil},
+		{"SET /* c */ myapp.tenant = 'x'", []string{"myapp.tenant"}},
+	}
+	for _, c := range cases {
+		got := CustomOptions(c.sql)
+		if strings.Join(got, ",") != strings.Join(c.want, ",") {
+			t.Errorf("CustomOptions(%q) = %q, want %q", c.sql, got, c.want)
+		}
+	}
 }
