@@ -33,7 +33,20 @@ import (
 // the entries; each records how many ReadyForQuery-producing messages (Sync,
 // Query, FunctionCall) were sent before it, which places it in a Sync group.
 // An ErrorResponse makes PostgreSQL skip the rest of its group: the entries of
-// that group still queued never ran, and their effects are undone.
+// that group still queued never ran, and their effects are undone, the
+// latest first. Entries the client sent after its group's error arrived
+// (the rest of a pipeline written after the client read the error) are
+// undone at the ReadyForQuery that ends the group.
+//
+// The rule for a server connection's list of prepared definitions
+// (sc.stmts) and a session's names (session.stmts): a Parse, injected Parse,
+// eviction or Close is recorded when it is sent, and it stands once the
+// server answers it; if its group's error makes the server skip it, it is
+// undone before anything of a later group is answered (stmtFailed,
+// stmtGroupEnded). Every place that adds to sc.stmts keeps this:
+// stmtFrame's client Parse (opClientParse), ensurePrepared (opInject),
+// sendRetryLocked (opInject), the undo of an eviction (opEvict) and the
+// undo of a DEALLOCATE (qUndo).
 //
 // poolerd never invents a response: a client's Parse of a statement already
 // prepared on the server is sent as a Parse of an empty statement under a
@@ -282,16 +295,46 @@ func (sc *serverConn) stmtAnswered(typ byte) (swallow bool) {
 func (sc *serverConn) stmtFailed() (dupClient, dupServer string, undone int) {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
-	for sc.stq.len() > 0 && sc.stq.front().zseq <= sc.zRecv {
-		undone++
-		op := sc.stq.pop()
-		sc.nops.Add(-1)
-		if op.kind == opDuplicate && dupClient == "" {
+	for i := sc.stq.head; i < len(sc.stq.ops) && sc.stq.ops[i].zseq <= sc.zRecv; i++ {
+		if op := &sc.stq.ops[i]; op.kind == opDuplicate {
 			dupClient, dupServer = op.client, op.def.name
+			break
 		}
-		sc.undoOpLocked(op)
 	}
-	return dupClient, dupServer, undone
+	return dupClient, dupServer, sc.stmtSkippedLocked()
+}
+
+// stmtGroupEnded is called at the ReadyForQuery that ends Sync group zRecv:
+// an entry of the group still queued was sent after the group's error had
+// arrived (the client sent the rest of its pipeline after reading the
+// error), and the server skipped it as it did the others. Reader goroutine.
+func (sc *serverConn) stmtGroupEnded() {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	sc.stmtSkippedLocked()
+}
+
+// stmtSkippedLocked pops the queue entries of the groups up to zRecv, which
+// the server skipped, and undoes them, the latest first: each undo then
+// finds the state its entry left (a Close and a Parse of one name, an
+// eviction and a Parse of one definition, put back in the order they were
+// made). It returns how many it undid.
+func (sc *serverConn) stmtSkippedLocked() int {
+	n := 0
+	for i := sc.stq.head; i < len(sc.stq.ops) && sc.stq.ops[i].zseq <= sc.zRecv; i++ {
+		n++
+	}
+	if n == 0 {
+		return 0
+	}
+	for i := sc.stq.head + n - 1; i >= sc.stq.head; i-- {
+		sc.undoOpLocked(sc.stq.ops[i])
+	}
+	for range n {
+		sc.stq.pop()
+	}
+	sc.nops.Add(-int32(n))
+	return n
 }
 
 // stmtLostLocked undoes every queue entry and pending qUndo: the connection
@@ -299,8 +342,11 @@ func (sc *serverConn) stmtFailed() (dupClient, dupServer string, undone int) {
 // session (keep.go), with the statement names a direct connection's error
 // would have left it.
 func (sc *serverConn) stmtLostLocked() {
+	for i := len(sc.stq.ops) - 1; i >= sc.stq.head; i-- {
+		sc.undoOpLocked(sc.stq.ops[i])
+	}
 	for sc.stq.len() > 0 {
-		sc.undoOpLocked(sc.stq.pop())
+		sc.stq.pop()
 	}
 	sc.nops.Store(0)
 	for _, u := range sc.qundo {
