@@ -43,7 +43,11 @@ import (
 // eviction or Close is recorded when it is sent, and it stands once the
 // server answers it; if its group's error makes the server skip it, it is
 // undone before anything of a later group is answered (stmtFailed,
-// stmtGroupEnded). Every place that adds to sc.stmts keeps this:
+// stmtGroupEnded). What a later group of the same pipeline decides from
+// such a record (a cache hit, an injected Parse or none, a name's meaning)
+// would be wrong if the earlier group is skipped, so a frame that relies on
+// a record an earlier group has not had answered waits for the answers
+// first (session.unresolved). Every place that adds to sc.stmts keeps this:
 // stmtFrame's client Parse (opClientParse), ensurePrepared (opInject),
 // sendRetryLocked (opInject), the undo of an eviction (opEvict) and the
 // undo of a DEALLOCATE (qUndo).
@@ -102,8 +106,7 @@ func (r *stmtRegistry) useLocked(d *stmtDef) {
 // name: query, NUL, parameter types) for a client whose search_path is
 // searchPath, with one more reference.
 func (r *stmtRegistry) acquire(searchPath string, rest []byte) *stmtDef {
-	key := make([]byte, 0, len(searchPath)+1+len(rest))
-	key = append(append(append(key, searchPath...), 0), rest...)
+	key := stmtKey(searchPath, rest)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if d := r.byKey[string(key)]; d != nil {
@@ -119,6 +122,22 @@ func (r *stmtRegistry) acquire(searchPath string, rest []byte) *stmtDef {
 	d := &stmtDef{name: name, key: string(key), parse: frame, refs: 1}
 	r.byKey[d.key] = d
 	return d
+}
+
+// stmtKey is a definition's identity: search_path, NUL, and the Parse body
+// after the statement name.
+func stmtKey(searchPath string, rest []byte) []byte {
+	key := make([]byte, 0, len(searchPath)+1+len(rest))
+	return append(append(append(key, searchPath...), 0), rest...)
+}
+
+// lookup returns the definition of rest for searchPath if there is one,
+// without a reference.
+func (r *stmtRegistry) lookup(searchPath string, rest []byte) *stmtDef {
+	key := stmtKey(searchPath, rest)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.byKey[string(key)]
 }
 
 // retain adds a reference to d (a mapping restored after an error).

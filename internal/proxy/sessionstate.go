@@ -273,13 +273,18 @@ var closeComplete = []byte{'3', 0, 0, 0, 4}
 // statement whose mapping an earlier request of the pipeline changed (a
 // Parse or Close of that name) and the server has not answered yet: if an
 // error makes the server skip that request, the name means something else.
-// zb places the frame in the batch.
+// The same holds for the definition the frame relies on being prepared on
+// sc or not (the client's statement's, or the one a Parse would be answered
+// from): a Parse, injected Parse or eviction of it in an earlier request
+// makes sc.stmts say what the server has only if that request runs. zb
+// places the frame in the batch.
 func (s *session) unresolved(sc *serverConn, t byte, body []byte, zb int) bool {
 	var name string
+	var rest []byte
 	var ok bool
 	switch t {
 	case 'P':
-		name, _, ok = cstring(body)
+		name, rest, ok = cstring(body)
 	case 'B':
 		if _, r, ok1 := cstring(body); ok1 {
 			name, _, ok = cstring(r)
@@ -292,10 +297,26 @@ func (s *session) unresolved(sc *serverConn, t byte, body []byte, zb int) bool {
 	if !ok || name == "" {
 		return false
 	}
+	var server string // the definition's server-side name
+	if t != 'C' {
+		if def := s.statement(name); def != nil {
+			server = def.name
+		} else if t == 'P' {
+			if def := s.srv.stmts.lookup(s.searchPath(), rest); def != nil {
+				server = def.name
+			}
+		}
+	}
 	changes := func(op *stmtOp) bool {
 		switch op.kind {
-		case opClientParse, opCacheHit, opClientClose:
+		case opClientParse:
+			return op.client == name || op.def.name == server
+		case opCacheHit, opClientClose:
 			return op.client == name
+		case opInject:
+			return op.def.name == server
+		case opEvict:
+			return op.name == server
 		}
 		return false
 	}

@@ -158,6 +158,38 @@ func spCases() []struct {
 				txpBind("nosuch"), txpParse("s2", "SELECT 'two' AS v"), txpParse("s3", "SELECT 'three' AS v"), txpSync())},
 			{"A", spRFQ("A: Bind s1", 1, txpBind("s1"), txpExec(), txpSync())},
 		}, bUses("SELECT 'two' AS v")...),
+	}, spCase{
+		// The later groups of the pipeline are written before the answers
+		// to the earlier ones arrive: what the skipped group would have
+		// prepared or closed on the server connection must not count yet.
+		name:    "a statement injected in the skipped group, used in a later one",
+		maxPrep: 1,
+		steps: []spStep{
+			{"A", spRFQ("A: Parse s1, Sync; Parse s2, Sync", 2,
+				txpParse("s1", "SELECT 'one' AS v"), txpSync(), txpParse("s2", "SELECT 'two' AS v"), txpSync())},
+			{"A", spRFQ("A: Bind nosuch, Bind s1, Sync; Bind s1, Execute, Sync; Bind s2, Execute, Sync", 3,
+				txpBind("nosuch"), txpBind("s1"), txpExec(), txpSync(),
+				txpBind("s1"), txpExec(), txpSync(),
+				txpBind("s2"), txpExec(), txpSync())},
+		},
+	}, spCase{
+		name:    "an eviction in the skipped group, the statement used in a later one",
+		maxPrep: 1,
+		steps: []spStep{
+			{"A", spRFQ("A: Parse s1", 1, txpParse("s1", "SELECT 'one' AS v"), txpSync())},
+			{"A", spRFQ("A: Bind nosuch, Parse s2, Sync; Bind s1, Execute, Sync; Sync", 3,
+				txpBind("nosuch"), txpParse("s2", "SELECT 'two' AS v"), txpSync(),
+				txpBind("s1"), txpExec(), txpSync(), txpSync())},
+			{"A", spRFQ("A: Bind s1, Bind s2", 2, txpBind("s1"), txpExec(), txpSync(), txpBind("s2"), txpExec(), txpSync())},
+		},
+	}, spCase{
+		name: "the SQL of a skipped Parse prepared under another name in a later group",
+		steps: []spStep{
+			{"A", spRFQ("A: Bind nosuch, Parse s3, Sync; Parse s5 (same SQL), Bind s5, Execute, Sync; Sync", 3,
+				txpBind("nosuch"), txpParse("s3", "SELECT 3 AS three"), txpSync(),
+				txpParse("s5", "SELECT 3 AS three"), txpBind("s5"), txpExec(), txpSync(), txpSync())},
+			{"A", spRFQ("A: Bind s3, Bind s5", 2, txpBind("s3"), txpExec(), txpSync(), txpBind("s5"), txpExec(), txpSync())},
+		},
 	})
 	return cases
 }
