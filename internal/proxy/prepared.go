@@ -235,6 +235,7 @@ const (
 	opDuplicate                   // a client's Parse of a name it already has
 	opInjectUnnamed               // poolerd's Parse of the client's unnamed statement
 	opSwallowClose                // poolerd's Close of another client's unnamed statement
+	opClientUnnamed               // a client's Parse of the unnamed statement
 )
 
 // stmtOp is one queue entry: a Parse or Close sent to the server.
@@ -247,6 +248,7 @@ type stmtOp struct {
 	sess    *session
 	client  string   // the client's statement name
 	name    string   // opEvict: the server-side name closed
+	gen     uint64   // opClientUnnamed: the session's unnamedGen for it
 	def     *stmtDef // the definition concerned
 }
 
@@ -396,7 +398,13 @@ func (sc *serverConn) undoOpLocked(op stmtOp) {
 		sc.stmts.add(op.name) // still prepared: list it again
 	case opClientClose:
 		op.sess.remapStatement(op.client, op.def)
-	case opInjectUnnamed:
+	case opInjectUnnamed, opSwallowClose:
+		sc.unnamedBy = nil // whose unnamed statement the server has is unknown
+	case opClientUnnamed:
+		// PostgreSQL drops the unnamed statement before it parses the new
+		// one: after a failed Parse there is none. (After a skipped one
+		// the client's earlier one would remain; poolerd forgets that too.)
+		op.sess.unnamedVoid.Store(uint32(op.gen))
 		sc.unnamedBy = nil
 	}
 }

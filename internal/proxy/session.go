@@ -109,6 +109,7 @@ type session struct {
 	unnamedSettings bool            // the unnamed statement may change settings
 	unnamedCalls    bool            // ... or calls a function that may set the role
 	unnamedCommits  bool            // ... or commit (sqlscan Commits)
+	unnamedVoid     atomic.Uint32   // unnamedGen (low 32 bits) of an unnamed Parse the server failed or skipped: none then
 	eff             sqlscan.Effects // of the Query or Parse being handled
 	// portalCommits: a portal bound since the session attached its server
 	// may commit when executed (see keep.go).

@@ -119,12 +119,13 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 			// whichever server connection the client has then.
 			m.serverParses.Add(1)
 			s.unnamedGen++
+			s.unnamedVoid.Store(uint32(s.unnamedGen) - 1) // not void, until the server fails or skips it
 			s.unnamed = appendFrame(s.unnamed[:0], 'P', body)
 			s.unnamedSettings, s.unnamedCalls, s.unnamedCommits = s.eff.Settings, s.eff.Calls, s.eff.Commits
 			sc.mu.Lock()
 			sc.unnamedBy, sc.unnamedGen = s, s.unnamedGen
 			sc.mu.Unlock()
-			s.pushOp(stmtOp{kind: opPlain}, zb)
+			s.pushOp(stmtOp{kind: opClientUnnamed, gen: s.unnamedGen}, zb)
 			return
 		}
 		s.stmu.Lock()
@@ -294,6 +295,17 @@ func (s *session) unresolved(sc *serverConn, t byte, body []byte, zb int) bool {
 			name, _, ok = cstring(body[1:])
 		}
 	}
+	if ok && name == "" && (t == 'B' || t == 'D') {
+		// The unnamed statement: an earlier request's Parse, injected Parse
+		// or Close of it may be skipped.
+		return s.pendingOp(sc, zb, func(op *stmtOp) bool {
+			switch op.kind {
+			case opClientUnnamed, opInjectUnnamed, opSwallowClose:
+				return true
+			}
+			return false
+		})
+	}
 	if !ok || name == "" {
 		return false
 	}
@@ -320,6 +332,13 @@ func (s *session) unresolved(sc *serverConn, t byte, body []byte, zb int) bool {
 		}
 		return false
 	}
+	return s.pendingOp(sc, zb, changes)
+}
+
+// pendingOp reports whether a queue entry for which changes is true is in
+// an earlier group of the batch (before zb) or sent in an earlier batch and
+// not answered yet.
+func (s *session) pendingOp(sc *serverConn, zb int, changes func(op *stmtOp) bool) bool {
 	for i := range s.bops {
 		if op := &s.bops[i]; op.zseq < int64(zb) && changes(op) {
 			return true // an earlier group of this batch
@@ -371,9 +390,10 @@ func (s *session) ensureUnnamed(sc *serverConn, zb int) bool {
 	if ok {
 		return false
 	}
-	if s.unnamed == nil {
-		// The client never prepared one: drop another client's, so that
-		// the server answers 26000 as a direct connection would.
+	if s.unnamed == nil || s.unnamedVoid.Load() == uint32(s.unnamedGen) {
+		// The client never prepared one (or its last Parse failed or was
+		// skipped): drop another client's, so that the server answers
+		// 26000 as a direct connection would.
 		s.emitFrame('C', []byte{'S'}, nul)
 		s.pushOp(stmtOp{kind: opSwallowClose, close: true, swallow: true}, zb)
 		return true

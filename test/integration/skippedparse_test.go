@@ -75,6 +75,7 @@ func spRun(t *testing.T, dsn string, steps []spStep) [][]string {
 func spCases() []struct {
 	name    string
 	maxPrep int
+	pools   []int // pool sizes (default 1 and 2)
 	steps   []spStep
 } {
 	// B prepares SQL whose Parse A's pipeline skipped, inside a
@@ -91,6 +92,7 @@ func spCases() []struct {
 	type spCase = struct {
 		name    string
 		maxPrep int
+		pools   []int
 		steps   []spStep
 	}
 	var cases []spCase
@@ -190,6 +192,38 @@ func spCases() []struct {
 				txpParse("s5", "SELECT 3 AS three"), txpBind("s5"), txpExec(), txpSync(), txpSync())},
 			{"A", spRFQ("A: Bind s3, Bind s5", 2, txpBind("s3"), txpExec(), txpSync(), txpBind("s5"), txpExec(), txpSync())},
 		},
+	}, spCase{
+		// The unnamed statement on the server connection is still B's.
+		name: "a skipped unnamed Parse",
+		steps: []spStep{
+			{"B", spRFQ("B: Parse unnamed, Bind, Execute", 1,
+				txpParse("", "SELECT 'B' AS who"), txpBind(""), txpExec(), txpSync())},
+			{"A", spRFQ("A: Bind nosuch, Parse unnamed, Sync", 1,
+				txpBind("nosuch"), txpParse("", "SELECT 'A' AS who"), txpSync())},
+			{"A", spRFQ("A: Bind unnamed", 1, txpBind(""), txpExec(), txpSync())},
+		},
+	}, spCase{
+		name: "a skipped unnamed Parse, bound in a later group of the pipeline",
+		steps: []spStep{
+			{"B", spRFQ("B: Parse unnamed, Bind, Execute", 1,
+				txpParse("", "SELECT 'B' AS who"), txpBind(""), txpExec(), txpSync())},
+			{"A", spRFQ("A: Bind nosuch, Parse unnamed, Sync; Bind unnamed, Execute, Sync", 2,
+				txpBind("nosuch"), txpParse("", "SELECT 'A' AS who"), txpSync(), txpBind(""), txpExec(), txpSync())},
+		},
+	}, spCase{
+		// PostgreSQL drops the unnamed statement before parsing the new
+		// one. With a pool of two, B's block holds one server connection
+		// and A's Bind goes to the other.
+		name:  "a failed unnamed Parse, the Bind on another server connection",
+		pools: []int{2},
+		steps: []spStep{
+			{"A", spRFQ("A: Parse unnamed", 1, txpParse("", "SELECT 'A' AS who"), txpSync())},
+			{"A", spRFQ("A: Parse unnamed (bad), Sync", 1, txpParse("", "SELEC 'A2'"), txpSync())},
+			{"B", spRFQ("B: BEGIN", 1, txpQuery("BEGIN"))},
+			{"A", spRFQ("A: Bind unnamed", 1, txpBind(""), txpExec(), txpSync())},
+			{"B", spRFQ("B: COMMIT", 1, txpQuery("COMMIT"))},
+			{"A", spRFQ("A: Bind unnamed again", 1, txpBind(""), txpExec(), txpSync())},
+		},
 	})
 	return cases
 }
@@ -202,7 +236,11 @@ func TestTxPreparedSkippedParse(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			golden := spRun(t, directDSN(pgtest.DBApp), c.steps)
-			for _, size := range []int{1, 2} {
+			pools := c.pools
+			if pools == nil {
+				pools = []int{1, 2}
+			}
+			for _, size := range pools {
 				p := startPoolerd(t, func(cf *config.Config) {
 					cf.PoolMode = config.PoolTransaction
 					cf.MaxSize = size
