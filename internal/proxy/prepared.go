@@ -34,7 +34,24 @@ import (
 // the entries; each records how many ReadyForQuery-producing messages (Sync,
 // Query, FunctionCall) were sent before it, which places it in a Sync group.
 // An ErrorResponse makes PostgreSQL skip the rest of its group: the entries of
-// that group still queued never ran, and their effects are undone.
+// that group still queued never ran, and their effects are undone, the
+// latest first. Entries the client sent after its group's error arrived
+// (the rest of a pipeline written after the client read the error) are
+// undone at the ReadyForQuery that ends the group.
+//
+// The rule for a server connection's list of prepared definitions
+// (sc.stmts) and a session's names (session.stmts): a Parse, injected Parse,
+// eviction or Close is recorded when it is sent, and it stands once the
+// server answers it; if its group's error makes the server skip it, it is
+// undone before anything of a later group is answered (stmtFailed,
+// stmtGroupEnded). What a later group of the same pipeline decides from
+// such a record (a cache hit, an injected Parse or none, a name's meaning)
+// would be wrong if the earlier group is skipped, so a frame that relies on
+// a record an earlier group has not had answered waits for the answers
+// first (session.unresolved). Every place that adds to sc.stmts keeps this:
+// stmtFrame's client Parse (opClientParse), ensurePrepared (opInject),
+// sendRetryLocked (opInject), the undo of an eviction (opEvict) and the
+// undo of a DEALLOCATE (qUndo).
 //
 // poolerd never invents a response: a client's Parse of a statement already
 // prepared on the server is sent as a Parse of an empty statement under a
@@ -144,8 +161,7 @@ func (r *stmtRegistry) useLocked(d *stmtDef) {
 // name: query, NUL, parameter types) for a client whose search_path is
 // searchPath, with one more reference.
 func (r *stmtRegistry) acquire(searchPath string, rest []byte) *stmtDef {
-	key := make([]byte, 0, len(searchPath)+1+len(rest))
-	key = append(append(append(key, searchPath...), 0), rest...)
+	key := stmtKey(searchPath, rest)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if d := r.byKey[string(key)]; d != nil {
@@ -163,6 +179,22 @@ func (r *stmtRegistry) acquire(searchPath string, rest []byte) *stmtDef {
 	d.eff, d.custom = effectsOf(eff), custom
 	r.byKey[d.key] = d
 	return d
+}
+
+// stmtKey is a definition's identity: search_path, NUL, and the Parse body
+// after the statement name.
+func stmtKey(searchPath string, rest []byte) []byte {
+	key := make([]byte, 0, len(searchPath)+1+len(rest))
+	return append(append(append(key, searchPath...), 0), rest...)
+}
+
+// lookup returns the definition of rest for searchPath if there is one,
+// without a reference.
+func (r *stmtRegistry) lookup(searchPath string, rest []byte) *stmtDef {
+	key := stmtKey(searchPath, rest)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.byKey[string(key)]
 }
 
 // retain adds a reference to d (a mapping restored after an error).
@@ -260,6 +292,7 @@ const (
 	opDuplicate                   // a client's Parse of a name it already has
 	opInjectUnnamed               // poolerd's Parse of the client's unnamed statement
 	opSwallowClose                // poolerd's Close of another client's unnamed statement
+	opClientUnnamed               // a client's Parse of the unnamed statement
 )
 
 // stmtOp is one queue entry: a Parse or Close sent to the server.
@@ -272,6 +305,7 @@ type stmtOp struct {
 	sess    *session
 	client  string   // the client's statement name
 	name    string   // opEvict: the server-side name closed
+	gen     uint64   // opClientUnnamed: the session's unnamedGen for it
 	def     *stmtDef // the definition concerned
 }
 
@@ -339,16 +373,46 @@ func (sc *serverConn) stmtAnswered(typ byte) (swallow bool) {
 func (sc *serverConn) stmtFailed() (dupClient, dupServer string, undone int) {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
-	for sc.stq.len() > 0 && sc.stq.front().zseq <= sc.zRecv {
-		undone++
-		op := sc.stq.pop()
-		sc.nops.Add(-1)
-		if op.kind == opDuplicate && dupClient == "" {
+	for i := sc.stq.head; i < len(sc.stq.ops) && sc.stq.ops[i].zseq <= sc.zRecv; i++ {
+		if op := &sc.stq.ops[i]; op.kind == opDuplicate {
 			dupClient, dupServer = op.client, op.def.name
+			break
 		}
-		sc.undoOpLocked(op)
 	}
-	return dupClient, dupServer, undone
+	return dupClient, dupServer, sc.stmtSkippedLocked()
+}
+
+// stmtGroupEnded is called at the ReadyForQuery that ends Sync group zRecv:
+// an entry of the group still queued was sent after the group's error had
+// arrived (the client sent the rest of its pipeline after reading the
+// error), and the server skipped it as it did the others. Reader goroutine.
+func (sc *serverConn) stmtGroupEnded() {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	sc.stmtSkippedLocked()
+}
+
+// stmtSkippedLocked pops the queue entries of the groups up to zRecv, which
+// the server skipped, and undoes them, the latest first: each undo then
+// finds the state its entry left (a Close and a Parse of one name, an
+// eviction and a Parse of one definition, put back in the order they were
+// made). It returns how many it undid.
+func (sc *serverConn) stmtSkippedLocked() int {
+	n := 0
+	for i := sc.stq.head; i < len(sc.stq.ops) && sc.stq.ops[i].zseq <= sc.zRecv; i++ {
+		n++
+	}
+	if n == 0 {
+		return 0
+	}
+	for i := sc.stq.head + n - 1; i >= sc.stq.head; i-- {
+		sc.undoOpLocked(sc.stq.ops[i])
+	}
+	for range n {
+		sc.stq.pop()
+	}
+	sc.nops.Add(-int32(n))
+	return n
 }
 
 // stmtLostLocked undoes every queue entry and pending qUndo: the connection
@@ -356,8 +420,11 @@ func (sc *serverConn) stmtFailed() (dupClient, dupServer string, undone int) {
 // session (keep.go), with the statement names a direct connection's error
 // would have left it.
 func (sc *serverConn) stmtLostLocked() {
+	for i := len(sc.stq.ops) - 1; i >= sc.stq.head; i-- {
+		sc.undoOpLocked(sc.stq.ops[i])
+	}
 	for sc.stq.len() > 0 {
-		sc.undoOpLocked(sc.stq.pop())
+		sc.stq.pop()
 	}
 	sc.nops.Store(0)
 	for _, u := range sc.qundo {
@@ -388,7 +455,13 @@ func (sc *serverConn) undoOpLocked(op stmtOp) {
 		sc.stmts.add(op.name) // still prepared: list it again
 	case opClientClose:
 		op.sess.remapStatement(op.client, op.def)
-	case opInjectUnnamed:
+	case opInjectUnnamed, opSwallowClose:
+		sc.unnamedBy = nil // whose unnamed statement the server has is unknown
+	case opClientUnnamed:
+		// PostgreSQL drops the unnamed statement before it parses the new
+		// one: after a failed Parse there is none. (After a skipped one
+		// the client's earlier one would remain; poolerd forgets that too.)
+		op.sess.unnamedVoid.Store(uint32(op.gen))
 		sc.unnamedBy = nil
 	}
 }

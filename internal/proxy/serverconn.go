@@ -516,6 +516,9 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 				} else {
 					answered++
 				}
+				if sc.nops.Load() > 0 {
+					sc.stmtGroupEnded()
+				}
 				if sc.nqundo.Load() > 0 {
 					sc.qDone()
 				}

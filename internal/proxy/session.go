@@ -104,10 +104,11 @@ type session struct {
 	holdRead, reads uint64
 	// unnamed is the client's latest unnamed Parse (frame), unnamedGen
 	// counts them.
-	unnamed    []byte
-	unnamedGen uint64
-	unnamedEff stmtEffects     // what running the unnamed statement does
-	eff        sqlscan.Effects // of the Query, Parse or Bind being handled
+	unnamed     []byte
+	unnamedGen  uint64
+	unnamedEff  stmtEffects     // what running the unnamed statement does
+	unnamedVoid atomic.Uint32   // unnamedGen (low 32 bits) of an unnamed Parse the server failed or skipped: none then
+	eff         sqlscan.Effects // of the Query, Parse or Bind being handled
 	// rawEff: with max_prepared_statements 0 (names passed through), the
 	// effects of the client's named statements that have any, by name,
 	// so that their Binds are held and apply them again.

@@ -148,12 +148,13 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 			// whichever server connection the client has then.
 			m.serverParses.Add(1)
 			s.unnamedGen++
+			s.unnamedVoid.Store(uint32(s.unnamedGen) - 1) // not void, until the server fails or skips it
 			s.unnamed = appendFrame(s.unnamed[:0], 'P', body)
 			s.unnamedEff = effectsOf(s.eff)
 			sc.mu.Lock()
 			sc.unnamedBy, sc.unnamedGen = s, s.unnamedGen
 			sc.mu.Unlock()
-			s.pushOp(stmtOp{kind: opPlain}, zb)
+			s.pushOp(stmtOp{kind: opClientUnnamed, gen: s.unnamedGen}, zb)
 			return
 		}
 		s.stmu.Lock()
@@ -284,13 +285,18 @@ var closeComplete = []byte{'3', 0, 0, 0, 4}
 // statement whose mapping an earlier request of the pipeline changed (a
 // Parse or Close of that name) and the server has not answered yet: if an
 // error makes the server skip that request, the name means something else.
-// zb places the frame in the batch.
+// The same holds for the definition the frame relies on being prepared on
+// sc or not (the client's statement's, or the one a Parse would be answered
+// from): a Parse, injected Parse or eviction of it in an earlier request
+// makes sc.stmts say what the server has only if that request runs. zb
+// places the frame in the batch.
 func (s *session) unresolved(sc *serverConn, t byte, body []byte, zb int) bool {
 	var name string
+	var rest []byte
 	var ok bool
 	switch t {
 	case 'P':
-		name, _, ok = cstring(body)
+		name, rest, ok = cstring(body)
 	case 'B':
 		if _, r, ok1 := cstring(body); ok1 {
 			name, _, ok = cstring(r)
@@ -300,16 +306,50 @@ func (s *session) unresolved(sc *serverConn, t byte, body []byte, zb int) bool {
 			name, _, ok = cstring(body[1:])
 		}
 	}
+	if ok && name == "" && (t == 'B' || t == 'D') {
+		// The unnamed statement: an earlier request's Parse, injected Parse
+		// or Close of it may be skipped.
+		return s.pendingOp(sc, zb, func(op *stmtOp) bool {
+			switch op.kind {
+			case opClientUnnamed, opInjectUnnamed, opSwallowClose:
+				return true
+			}
+			return false
+		})
+	}
 	if !ok || name == "" {
 		return false
 	}
+	var server string // the definition's server-side name
+	if t != 'C' {
+		if def := s.statement(name); def != nil {
+			server = def.name
+		} else if t == 'P' {
+			if def := s.srv.stmts.lookup(s.searchPath(), rest); def != nil {
+				server = def.name
+			}
+		}
+	}
 	changes := func(op *stmtOp) bool {
 		switch op.kind {
-		case opClientParse, opCacheHit, opClientClose:
+		case opClientParse:
+			return op.client == name || op.def.name == server
+		case opCacheHit, opClientClose:
 			return op.client == name
+		case opInject:
+			return op.def.name == server
+		case opEvict:
+			return op.name == server
 		}
 		return false
 	}
+	return s.pendingOp(sc, zb, changes)
+}
+
+// pendingOp reports whether a queue entry for which changes is true is in
+// an earlier group of the batch (before zb) or sent in an earlier batch and
+// not answered yet.
+func (s *session) pendingOp(sc *serverConn, zb int, changes func(op *stmtOp) bool) bool {
 	for i := range s.bops {
 		if op := &s.bops[i]; op.zseq < int64(zb) && changes(op) {
 			return true // an earlier group of this batch
@@ -361,9 +401,10 @@ func (s *session) ensureUnnamed(sc *serverConn, zb int) bool {
 	if ok {
 		return false
 	}
-	if s.unnamed == nil {
-		// The client never prepared one: drop another client's, so that
-		// the server answers 26000 as a direct connection would.
+	if s.unnamed == nil || s.unnamedVoid.Load() == uint32(s.unnamedGen) {
+		// The client never prepared one (or its last Parse failed or was
+		// skipped): drop another client's, so that the server answers
+		// 26000 as a direct connection would.
 		s.emitFrame('C', []byte{'S'}, nul)
 		s.pushOp(stmtOp{kind: opSwallowClose, close: true, swallow: true}, zb)
 		return true
