@@ -59,6 +59,8 @@ type stmtDef struct {
 	// calls: it calls a function that may set the role (sqlscan Calls);
 	// commits: it may commit (sqlscan Commits).
 	settings, calls, commits atomic.Bool
+	// tx is its txShape (keep.go).
+	tx atomic.Uint32
 }
 
 // maxUnusedStmts is how many definitions no client maps the registry keeps,

@@ -121,6 +121,7 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 			s.unnamedGen++
 			s.unnamed = appendFrame(s.unnamed[:0], 'P', body)
 			s.unnamedSettings, s.unnamedCalls, s.unnamedCommits = s.eff.Settings, s.eff.Calls, s.eff.Commits
+			s.unnamedTx = s.textShape()
 			sc.mu.Lock()
 			sc.unnamedBy, sc.unnamedGen = s, s.unnamedGen
 			sc.mu.Unlock()
@@ -147,6 +148,9 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 		}
 		if s.eff.Commits {
 			def.commits.Store(true)
+		}
+		if sh := s.textShape(); sh != 0 {
+			def.tx.Store(uint32(sh))
 		}
 		s.stmu.Lock()
 		s.stmtSet(name, def)
@@ -185,6 +189,7 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 			}
 			s.calls = s.calls || s.unnamedCalls
 			s.portalCommits = s.portalCommits || s.unnamedCommits
+			s.bindTx = s.unnamedTx
 			if s.ensureUnnamed(sc, zb) {
 				s.emitFrame(t, body)
 			}
@@ -202,6 +207,7 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 		}
 		s.calls = s.calls || def.calls.Load()
 		s.portalCommits = s.portalCommits || def.commits.Load()
+		s.bindTx = txShape(def.tx.Load())
 		s.noteFirstUse(sc, name, def, zb)
 		s.ensurePrepared(sc, def, zb)
 		s.noteBound(def.name, name)
