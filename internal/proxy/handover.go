@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/internal/sqlscan"
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
@@ -317,6 +318,12 @@ func (s *session) adopt(st *handOver, cfg *config.Config) *wire.Error {
 			}
 			if h.Commits {
 				d.commits.Store(true)
+			}
+			// Its txShape (keep.go), read again from its text: a sender
+			// of an older version does not pass it.
+			query, _, _ := strings.Cut(rest, "\x00")
+			if sh := shapeOf(sqlscan.Scan(query), false); sh != 0 {
+				d.tx.Store(uint32(sh))
 			}
 			s.stmu.Lock()
 			if old := s.stmts[h.Name]; old != nil {

@@ -133,6 +133,30 @@ func TestKeepLostBeginExtended(t *testing.T) {
 	}
 }
 
+// The statements a client prepared before its poolerd handed it over
+// (--takeover) are known for what they do to the transaction status on
+// the new one: the lost Sync group that BEGINs by name leaves a failed
+// block there too.
+func TestKeepLostBeginAfterHandOver(t *testing.T) {
+	oldP := startKeep(t, nil)
+	newP := startKeep(t, nil)
+	table := relayTable(t, "v text")
+	c := oldP.connect(t)
+	ctx := ctxTimeout(t, 30*time.Second)
+	sqls := lostBeginSQL(table, "keep_begin_handover")
+	prepareAll(t, ctx, c, sqls)
+	passed, done := handOver(ctx, oldP, newP)
+	select {
+	case <-passed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the client was not handed over")
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("HandOver: %v", err)
+	}
+	lostBeginGroup(t, ctx, c, table, "keep_begin_handover", sqls, true)
+}
+
 // lostBeginSQL is pgjdbc's request that opens a block: BEGIN, an INSERT of
 // 'first' into table, and a sleep marked with marker.
 func lostBeginSQL(table, marker string) []string {
