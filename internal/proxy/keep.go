@@ -41,7 +41,8 @@ import (
 // at that status. From the request's statements in order (a simple Query's
 // text; for the extended protocol, the statement each Execute of the Sync
 // group runs, known from its Bind, or, with max_prepared_statements 0,
-// from the group's latest Parse):
+// from the group's latest Parse; there every Execute may commit, its
+// statement not being known for sure):
 //
 //   - opens: its last block boundary is BEGIN or START TRANSACTION: when
 //     it completes, the client is in a block. Statements before that BEGIN
@@ -49,9 +50,10 @@ import (
 //     folds an implicit transaction into a BEGIN that follows).
 //   - may commit: a statement that may commit (sqlscan Commits: COMMIT,
 //     END, COMMIT AND CHAIN, PREPARE TRANSACTION, COMMIT/ROLLBACK PREPARED,
-//     DO, CALL; any FunctionCall), or a statement after the request's last
-//     block end (ROLLBACK; INSERT: the INSERT runs, and commits, outside
-//     any block), or a text not read whole.
+//     DO, CALL; any FunctionCall), or a statement after a block end that
+//     no BEGIN follows in the request (ROLLBACK; INSERT: the INSERT runs,
+//     and commits, outside any block; in ROLLBACK; INSERT; BEGIN the
+//     INSERT is part of the new block), or a text not read whole.
 //
 // With the status s at the start (idle, or in a block, failed or not):
 //

@@ -133,6 +133,25 @@ func TestKeepLostBeginExtended(t *testing.T) {
 	}
 }
 
+// With max_prepared_statements 0 poolerd does not map statements, and
+// reads no Bind: the Parse texts of the Sync group say what its Executes
+// run, and as the statement an Execute runs is not known for sure, it may
+// commit: the session ends (before: ERROR 08007 and idle).
+func TestKeepLostBeginExtendedUntracked(t *testing.T) {
+	p := startKeep(t, func(c *config.Config) { c.MaxPreparedStatements = 0 })
+	table := relayTable(t, "v text")
+	c := p.connect(t)
+	ctx := ctxTimeout(t, 30*time.Second)
+	err := sendKilledGroup(t, ctx, c, "keep_begin_untracked", lostBeginSQL(table, "keep_begin_untracked"), false)
+	if !sessionEnded(t, ctx, c, err) {
+		keepErr(t, err, "08006", "lost Sync group that opened a block")
+		failedBlockAfterLoss(t, ctx, c, table)
+	}
+	if vs := tableRows(t, ctx, table); len(vs) != 0 {
+		t.Fatalf("committed %v, none of which the client saw committed", vs)
+	}
+}
+
 // The statements a client prepared before its poolerd handed it over
 // (--takeover) are known for what they do to the transaction status on
 // the new one: the lost Sync group that BEGINs by name leaves a failed
@@ -173,14 +192,29 @@ func prepareAll(t *testing.T, ctx context.Context, c *pgx.Conn, sqls []string) {
 	}
 }
 
-// lostBeginGroup sends sqls (the statements prepared as s0, s1, ... when
-// named) in one Sync group, terminates its backend during the last one
-// (marked with marker), and checks that c is left in a failed block and
-// that nothing reached table.
+// lostBeginGroup sends sqls in one Sync group whose backend is terminated
+// during the last one (sendKilledGroup), and checks that c is left in a
+// failed block and that nothing reached table.
 func lostBeginGroup(t *testing.T, ctx context.Context, c *pgx.Conn, table, marker string, sqls []string, named bool) {
 	t.Helper()
+	err := sendKilledGroup(t, ctx, c, marker, sqls, named)
+	pe := keepErr(t, err, "08006", "lost Sync group that opened a block")
+	if !strings.Contains(pe.Detail, "rolled back") {
+		t.Errorf("detail %q does not say the transaction was rolled back", pe.Detail)
+	}
+	failedBlockAfterLoss(t, ctx, c, table)
+	if vs := tableRows(t, ctx, table); len(vs) != 0 {
+		t.Fatalf("committed %v, none of which the client saw committed", vs)
+	}
+}
+
+// sendKilledGroup sends sqls (the statements prepared as s0, s1, ... when
+// named) in one Sync group and terminates its backend during the last one
+// (marked with marker); it returns the first error c got.
+func sendKilledGroup(t *testing.T, ctx context.Context, c *pgx.Conn, marker string, sqls []string, named bool) error {
+	t.Helper()
 	var first error
-	err := killedDuring(t, marker, func() error {
+	return killedDuring(t, marker, func() error {
 		pl := c.PgConn().StartPipeline(ctx)
 		for i, sql := range sqls {
 			if named {
@@ -211,14 +245,6 @@ func lostBeginGroup(t *testing.T, ctx context.Context, c *pgx.Conn, table, marke
 		}
 		return first
 	})
-	pe := keepErr(t, err, "08006", "lost Sync group that opened a block")
-	if !strings.Contains(pe.Detail, "rolled back") {
-		t.Errorf("detail %q does not say the transaction was rolled back", pe.Detail)
-	}
-	failedBlockAfterLoss(t, ctx, c, table)
-	if vs := tableRows(t, ctx, table); len(vs) != 0 {
-		t.Fatalf("committed %v, none of which the client saw committed", vs)
-	}
 }
 
 // Inside a block, `ROLLBACK; INSERT ...; SELECT pg_sleep` ends the block
