@@ -6,6 +6,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/poolerd/poolerd/internal/sqlscan"
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
@@ -35,6 +36,42 @@ import (
 // session mode (its state was on that backend); its settings were being
 // read back.
 //
+// A request can change the transaction status it started in, so the
+// decision looks at what the lost request may have done (txShape), not only
+// at that status. From the request's statements in order (a simple Query's
+// text; for the extended protocol, the statement each Execute of the Sync
+// group runs, known from its Bind, or, with max_prepared_statements 0,
+// from the group's latest Parse; there every Execute may commit, its
+// statement not being known for sure):
+//
+//   - opens: its last block boundary is BEGIN or START TRANSACTION: when
+//     it completes, the client is in a block. Statements before that BEGIN
+//     in the same Query or Sync group are part of the block (PostgreSQL
+//     folds an implicit transaction into a BEGIN that follows).
+//   - may commit: a statement that may commit (sqlscan Commits: COMMIT,
+//     END, COMMIT AND CHAIN, PREPARE TRANSACTION, COMMIT/ROLLBACK PREPARED,
+//     DO, CALL; any FunctionCall), or a statement after a block end that
+//     no BEGIN follows in the request (ROLLBACK; INSERT: the INSERT runs,
+//     and commits, outside any block; in ROLLBACK; INSERT; BEGIN the
+//     INSERT is part of the new block), or a text not read whole.
+//
+// With the status s at the start (idle, or in a block, failed or not):
+//
+//	s       opens  may commit  the client gets
+//	idle    no     -           08007 (08006 if nothing ran), idle
+//	idle    yes    no          08006, a failed block
+//	idle    yes    yes         FATAL
+//	block   -      no          08006, a failed block
+//	block   -      yes         FATAL
+//
+// So a request that may have opened a block leaves the client in a failed
+// block, the loss its first error, exactly as one inside a block does: its
+// next statements get 25P02 and its COMMIT answers ROLLBACK, never running
+// on their own. Outside a block a request that ends outside one (BEGIN;
+// INSERT; ROLLBACK, or plain autocommit statements) leaves the client idle,
+// with 08007 whenever a statement ran. Unread text counts as opening and
+// committing: FATAL.
+//
 // keepLocked decides, on the goroutine that ends the connection (the
 // server's reader, in gone): it alone relays the server's bytes, so no part
 // of a response can reach the client after the ERROR that replaces it. The
@@ -52,6 +89,72 @@ type keepPlan struct {
 	answer []byte      // written now: werr and ReadyForQuery; nil when nothing is owed
 }
 
+// txShape is what a request may have done to the transaction status, from
+// its statements in order (see the comment at the top): a set of the
+// flags below.
+type txShape uint8
+
+const (
+	// txOpens: the last block boundary opens a block (BEGIN, START
+	// TRANSACTION).
+	txOpens txShape = 1 << iota
+	// txEnds: the last block boundary ends a block (COMMIT, END, ROLLBACK,
+	// ABORT).
+	txEnds
+	// txAfterEnd: a statement ran after that end, outside any block: it
+	// may have committed.
+	txAfterEnd
+	// txUnknown is the shape of text that was not read whole: it may
+	// have opened a block, and run statements outside one.
+	txUnknown = txOpens | txAfterEnd
+)
+
+// shapeOf is the shape of SQL text with effects e; truncated says it was
+// not read whole.
+func shapeOf(e sqlscan.Effects, truncated bool) txShape {
+	switch {
+	case truncated:
+		return txUnknown
+	case e.BeginTx:
+		return txOpens
+	case e.AfterEndTx:
+		return txEnds | txAfterEnd
+	case e.EndTx:
+		return txEnds
+	}
+	return 0
+}
+
+// then is the shape of a request of shape a that runs statements of shape
+// b next.
+func (a txShape) then(b txShape) txShape {
+	switch {
+	case b&(txOpens|txEnds) != 0:
+		return b // b's last boundary is the request's
+	case a&txEnds != 0:
+		return a | txAfterEnd // b runs after a's end
+	}
+	return a
+}
+
+// textShape is the shape of the Query or Parse just scanned (s.eff).
+func (s *session) textShape() txShape { return shapeOf(s.eff, s.cur.Truncated()) }
+
+// noteShape records in b what the Query or Parse of type t just scanned
+// may do to the transaction status: a Query's text is its request's
+// shape; a Parse of a session that does not map statements (Binds are
+// not read) gives the shape of the Executes that follow it.
+func (s *session) noteShape(b *batch, t byte) {
+	switch {
+	case t == 'Q':
+		sh := s.textShape()
+		b.opens = b.opens || sh&txOpens != 0
+		b.commits = b.commits || sh&txAfterEnd != 0
+	case t == 'P' && !s.tracked:
+		s.bindTx = s.textShape()
+	}
+}
+
 // mayKeep reports whether the session could keep itself after losing its
 // server connection: transaction or statement mode, not pinned, not ending.
 func (s *session) mayKeep() bool {
@@ -65,24 +168,31 @@ func (s *session) mayKeep() bool {
 //
 // It also keeps groupRan and groupMsgs, which say whether the
 // extended-protocol request being read ran a statement so far, and how many
-// messages it has (retry.go).
+// messages it has (retry.go), and grpTx, the shape of its Executes so far
+// (each runs the statement of the latest Bind, bindTx); its Sync records
+// that shape in b (a simple Query's comes from its scan, noteShape).
 func (s *session) noteRuns(b *batch, t byte) {
 	switch t {
 	case 'Q':
 		b.runs = true
 		b.commits = b.commits || !s.stateful // else from its scan
 		s.groupRan, s.groupMsgs = false, 0
+		s.grpTx = 0
 	case 'E':
 		b.runs = true
 		b.commits = b.commits || s.portalCommits || !s.tracked
 		s.groupRan = true
 		s.groupMsgs++
+		s.grpTx = s.grpTx.then(s.bindTx)
 	case 'F':
 		b.runs, b.commits = true, true
 		s.groupRan = true
 		s.groupMsgs++
 	case 'S':
 		s.groupRan, s.groupMsgs = false, 0
+		b.opens = b.opens || s.grpTx&txOpens != 0
+		b.commits = b.commits || s.grpTx&txAfterEnd != 0
+		s.grpTx = 0
 	default:
 		s.groupMsgs++
 	}
@@ -104,29 +214,32 @@ func (s *session) keepLocked(sc *serverConn, lostErr *wire.Error, limit time.Dur
 	// A failed block sent ahead of the client's request and not answered
 	// yet (failBlockSQL) still stands for the client: it is in a block.
 	inBlock := sc.txStatus != wire.TxIdle || sc.failZ >= 0
+	// opens: the request in flight may have opened a block itself.
+	opens := owed == 1 && !inBlock && sc.openZ > sc.zRecv
+	failed := inBlock || opens // the client is left in a failed block
 	kp := &keepPlan{}
 	switch {
 	case owed > 1 || owed < 0:
 		return nil // a pipeline: which of its requests ran is unknown
-	case owed == 1 && inBlock && sc.commitZ > sc.zRecv:
+	case owed == 1 && failed && sc.commitZ > sc.zRecv:
 		return nil // it may have committed: the client must not be told it failed
 	case owed == 1:
 		code := "08006"
-		if !inBlock && sc.runZ > sc.zRecv {
+		if !failed && sc.runZ > sc.zRecv {
 			code = "08007"
 		}
-		kp.werr = lossError(code, inBlock, false, lostErr, limit)
+		kp.werr = lossError(code, inBlock, opens, false, lostErr, limit)
 		status := byte(wire.TxIdle)
-		if inBlock {
+		if failed {
 			status = wire.TxFailed
 		}
 		kp.answer = wire.AppendReadyForQuery(kp.werr.Append(nil), status)
 	case inBlock:
 		// Idle in a transaction block: its next request is told.
-		kp.werr = lossError("08006", true, true, lostErr, limit)
+		kp.werr = lossError("08006", true, false, true, lostErr, limit)
 		s.owed.Store(kp.werr)
 	}
-	if inBlock {
+	if failed {
 		s.failedBlock.Store(true)
 	}
 	sc.stmtLostLocked()
@@ -171,8 +284,9 @@ func (s *session) closeHung(sc *serverConn, limit time.Duration) bool {
 
 // lossError is the ERROR a client that keeps its session gets: code 08006,
 // or 08007 when a statement outside a block may have committed; inBlock
-// and idle say where the client was.
-func lossError(code string, inBlock, idle bool, lostErr *wire.Error, limit time.Duration) *wire.Error {
+// and idle say where the client was, opened that its request, outside a
+// block, may have opened one.
+func lossError(code string, inBlock, opened, idle bool, lostErr *wire.Error, limit time.Duration) *wire.Error {
 	e := &wire.Error{Severity: "ERROR", Code: code, Message: "server connection lost"}
 	switch {
 	case limit > 0:
@@ -186,6 +300,9 @@ func lossError(code string, inBlock, idle bool, lostErr *wire.Error, limit time.
 		e.Hint = "roll back, then run the transaction again"
 	case inBlock:
 		e.Detail = "the transaction was rolled back with its server connection; until ROLLBACK, statements fail with 25P02 as in any failed transaction"
+		e.Hint = "roll back, then run the transaction again"
+	case opened:
+		e.Detail = "the request opened a transaction block, which was rolled back with its server connection; until ROLLBACK, statements fail with 25P02 as in any failed transaction"
 		e.Hint = "roll back, then run the transaction again"
 	case code == "08007":
 		e.Detail = "the statement may or may not have completed before the server connection was lost; the session is kept, and its next request runs on another server connection"

@@ -91,14 +91,17 @@ type stmtDef struct {
 type stmtEffects struct {
 	pin, undo                sqlscan.Kinds
 	settings, calls, commits bool
+	tx                       txShape // what it may do to the transaction status (keep.go)
 }
 
-// effectsOf keeps what of e a statement's execution repeats.
-func effectsOf(e sqlscan.Effects) stmtEffects {
+// effectsOf keeps what of e a statement's execution repeats (truncated:
+// the text was longer than the scanner read).
+func effectsOf(e sqlscan.Effects, truncated bool) stmtEffects {
 	var r stmtEffects
 	r.pin.Add(e.Pin)
 	r.undo = e.Undo
 	r.settings, r.calls, r.commits = e.Settings, e.Calls, e.Commits
+	r.tx = shapeOf(e, truncated)
 	return r
 }
 
@@ -114,7 +117,7 @@ func (e stmtEffects) effects() sqlscan.Effects {
 
 // textEffects scans a statement's text (a Parse body after its name: the
 // query, NUL, parameter types) as scanEffects does.
-func textEffects(rest []byte) (sqlscan.Effects, []string) {
+func textEffects(rest []byte) (stmtEffects, []string) {
 	if i := bytes.IndexByte(rest, 0); i >= 0 {
 		rest = rest[:i]
 	}
@@ -130,7 +133,7 @@ func textEffects(rest []byte) (sqlscan.Effects, []string) {
 	if e.Settings && bytes.IndexByte(rest, '.') >= 0 {
 		custom = sqlscan.CustomOptions(string(rest))
 	}
-	return e, custom
+	return effectsOf(e, truncated), custom
 }
 
 // maxUnusedStmts is how many definitions no client maps the registry keeps,
@@ -175,8 +178,7 @@ func (r *stmtRegistry) acquire(searchPath string, rest []byte) *stmtDef {
 	frame = append(append(append(frame, name...), 0), rest...)
 	binary.BigEndian.PutUint32(frame[1:], uint32(len(frame)-1))
 	d := &stmtDef{name: name, key: string(key), parse: frame, refs: 1}
-	eff, custom := textEffects(rest)
-	d.eff, d.custom = effectsOf(eff), custom
+	d.eff, d.custom = textEffects(rest)
 	r.byKey[d.key] = d
 	return d
 }

@@ -137,10 +137,11 @@ type serverConn struct {
 	unnamedBy  *session
 	unnamedGen uint64
 	unsynced   bool // extended-protocol messages sent since the last Sync
-	// runZ and commitZ: the response groups before them may have run, or
-	// committed, a statement; failZ is the group of a failBlockSQL (-1:
-	// none). See keep.go.
+	// runZ, commitZ and openZ: the response groups before them may have
+	// run, or committed, a statement, or opened a transaction block; failZ
+	// is the group of a failBlockSQL (-1: none). See keep.go.
 	runZ, commitZ, failZ int64
+	openZ                int64
 	txStatus             byte // from the last ReadyForQuery
 	// replay is what the client sent after a cache hit's scratch Close,
 	// up to and including the Sync of response group replayZ, for a retry

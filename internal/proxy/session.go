@@ -118,6 +118,10 @@ type session struct {
 	portalCommits bool
 	// syncFail: the parameter sync ends with failBlockQuery (see keep.go).
 	syncFail bool
+	// bindTx is the txShape of the statement of the latest Bind (the
+	// unnamed statement's is unnamedEff.tx), grpTx that of the Executes of
+	// the extended-protocol request being read so far (keep.go).
+	bindTx, grpTx txShape
 	// hitDef is the first statement of the batch answered from the cache,
 	// hitZB its place (ReadyForQuery-producing messages before it);
 	// replayOn says the batch's bytes from replayAt on follow its scratch
@@ -474,8 +478,9 @@ type batch struct {
 	reqs     int  // ReadyForQuery the batch earns
 	unsynced bool // extended-protocol state after the batch
 	// runs: the batch runs statements (Query, Execute, FunctionCall);
-	// commits: one of them may commit (keep.go).
-	runs, commits bool
+	// commits: one of them may commit; opens: a request of it may open a
+	// transaction block (keep.go).
+	runs, commits, opens bool
 	// midFrame: the read ends inside a frame that is being forwarded as
 	// it arrives (not held, not dropped): its start goes with this batch,
 	// its rest is still to come. Set for the last flush of a read only.
@@ -671,6 +676,7 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 					// only pin.
 					_ = s.scanEffects(t, body, false)
 					b.commits = b.commits || t == 'Q' && s.eff.Commits
+					s.noteShape(&b, t)
 				}
 				break
 			}
@@ -712,6 +718,7 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 			zb := b.reqs
 			s.count(&b, t)
 			b.commits = b.commits || t == 'Q' && s.eff.Commits
+			s.noteShape(&b, t)
 			s.fo = s.fo[:0]
 			if t == 'Q' {
 				s.queryFrame(sc, body, &b, zb)
@@ -1084,9 +1091,10 @@ func (s *session) flush(data []byte, b batch) bool {
 	s.keepReplayLocked(sc, data, b, base)
 	sc.zSent = base + int64(b.reqs)
 	sc.unsynced = b.unsynced
-	if b.runs || b.commits {
+	if b.runs || b.commits || b.opens {
 		// The groups before end (the batch's, and the one it leaves
-		// unsynced) may have run, or committed, a statement.
+		// unsynced) may have run, or committed, a statement, or opened a
+		// transaction block.
 		end := sc.zSent
 		if b.unsynced {
 			end++
@@ -1096,6 +1104,9 @@ func (s *session) flush(data []byte, b batch) bool {
 		}
 		if b.commits {
 			sc.commitZ = end
+		}
+		if b.opens {
+			sc.openZ = end
 		}
 	}
 	// A held frame still arriving (it spans reads) is part of the batch
@@ -1240,7 +1251,7 @@ func (s *session) attach(held *serverConn) error {
 			s.syncQuery = append(resetQ, s.syncQuery...)
 			s.syncReqs++
 		}
-		s.portalCommits = false
+		s.portalCommits, s.grpTx = false, 0
 		if held == nil && s.failedBlock.Swap(false) {
 			// The client's transaction block was lost with its last
 			// server connection: it continues, failed, on this one.

@@ -150,7 +150,7 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 			s.unnamedGen++
 			s.unnamedVoid.Store(uint32(s.unnamedGen) - 1) // not void, until the server fails or skips it
 			s.unnamed = appendFrame(s.unnamed[:0], 'P', body)
-			s.unnamedEff = effectsOf(s.eff)
+			s.unnamedEff = effectsOf(s.eff, s.cur.Truncated())
 			sc.mu.Lock()
 			sc.unnamedBy, sc.unnamedGen = s, s.unnamedGen
 			sc.mu.Unlock()
@@ -564,7 +564,7 @@ func (s *session) scanEffects(t byte, body []byte, canRefuse bool) error {
 	if t == 'P' && name != "" && !s.tracked {
 		// Names pass through: remember what the statement does, so that
 		// its Binds are held and apply it again (bindEffects).
-		if e := effectsOf(s.eff); e != (stmtEffects{}) {
+		if e := effectsOf(s.eff, s.cur.Truncated()); e != (stmtEffects{}) {
 			if s.rawEff == nil {
 				s.rawEff = map[string]stmtEffects{}
 			}
@@ -603,6 +603,7 @@ func (s *session) bindEffects(body []byte, canRefuse bool) error {
 	s.eff = e.effects()
 	s.calls = s.calls || e.calls
 	s.portalCommits = s.portalCommits || e.commits
+	s.bindTx = e.tx // its Executes run this statement (noteRuns)
 	return s.stateEffects(s.eff, canRefuse)
 }
 

@@ -216,6 +216,11 @@ type Effects struct {
 	// BeginTx: the text opens a transaction block (BEGIN, START
 	// TRANSACTION) that it does not end (COMMIT, END, ROLLBACK, ABORT).
 	BeginTx bool
+	// EndTx: the text ends a transaction block (COMMIT, END, ROLLBACK,
+	// ABORT; not AND CHAIN, which opens the next) and opens none after it;
+	// AfterEndTx: a statement follows that end, and so runs outside any
+	// block the text opened or ended (it commits on its own).
+	EndTx, AfterEndTx bool
 	// DeallocateAll: DEALLOCATE ALL or DISCARD ALL.
 	DeallocateAll bool
 	// Deallocates counts the DEALLOCATE [PREPARE] name statements (see
@@ -779,6 +784,9 @@ func statement(e *Effects, sql string, ws []token, f stmtFlags) {
 			e.Pin = reason
 		}
 	}
+	if e.EndTx {
+		e.AfterEndTx = true // this statement runs after the block's end
+	}
 	// Wherever it stands (past any number of words, after WITH, in
 	// parentheses, in EXPLAIN ANALYZE), TEMP, TEMPORARY or pg_temp in a
 	// statement that creates something pins; a table ON COMMIT DROP is
@@ -850,10 +858,12 @@ func statement(e *Effects, sql string, ws []token, f stmtFlags) {
 		}
 	case w0.is("begin"), w0.is("start") && word(ws, 1).is("transaction"):
 		e.BeginTx = true
+		e.EndTx, e.AfterEndTx = false, false
 	case w0.is("commit"), w0.is("end"), w0.is("abort"), w0.is("rollback"):
 		w1 := word(ws, 1)
 		if !w1.is("prepared") && !w1.is("to") && !(w1.is("and") && word(ws, 2).is("chain")) {
 			e.BeginTx = false
+			e.EndTx, e.AfterEndTx = true, false
 		}
 		if w0.is("commit") || w0.is("end") || w1.is("prepared") {
 			e.Commits = true
