@@ -126,6 +126,9 @@ func cstring(b []byte) (string, []byte, bool) {
 
 var nul = []byte{0}
 
+// nopQuery is the text of the scratch statement (NUL-terminated).
+var nopQuery = []byte("SELECT\x00")
+
 // pushOp records a queue entry of the batch; zb is the number of
 // ReadyForQuery-producing messages before it in the batch.
 func (s *session) pushOp(op stmtOp, zb int) {
@@ -187,7 +190,10 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 				s.hitDef, s.hitZB = def, zb // see retry.go
 			}
 			s.noteCacheHit(name, def)
-			s.emitFrame('P', []byte(nopStatement), nul, nul, []byte{0, 0})
+			// "SELECT", not an empty text: in a failed transaction block
+			// PostgreSQL refuses a Parse (25P02) unless its text is empty,
+			// and the client's own Parse would have been refused.
+			s.emitFrame('P', []byte(nopStatement), nul, nopQuery, []byte{0, 0})
 			s.pushOp(stmtOp{kind: opCacheHit, client: name, def: def}, zb)
 			s.emitFrame('C', []byte{'S'}, []byte(nopStatement), nul)
 			s.pushOp(stmtOp{kind: opNopClose, close: true, swallow: true}, zb)

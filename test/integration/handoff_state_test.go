@@ -263,3 +263,53 @@ func hsBackendPIDs(t *testing.T) map[string]bool {
 	}
 	return pids
 }
+
+// TestHandOffCachedParseInFailedBlock: a named Parse inside a failed
+// transaction block is refused (25P02) as directly, also when poolerd
+// answers it from a definition already prepared on the connection (found
+// by TestStateFuzz, seed 4006434).
+func TestHandOffCachedParseInFailedBlock(t *testing.T) {
+	p := roleStart(t, config.PoolTransaction, nil)
+	const text = "SELECT 42 AS cached"
+	// B prepares the text first: the one connection has its definition.
+	b := dialFE(t, p.addr)
+	b.login(pgtest.RoleApp, pgtest.Password)
+	b.send(&pgproto3.Parse{Name: "s", Query: text}, &pgproto3.Sync{})
+	hsReadUntilReady(t, b)
+	a := dialFE(t, p.addr)
+	a.login(pgtest.RoleApp, pgtest.Password)
+	a.mustQuery("BEGIN")
+	if _, e := a.query("SELECT 1/0"); e == nil || e.Code != "22012" {
+		t.Fatalf("1/0: %v", e)
+	}
+	a.send(&pgproto3.Parse{Name: "mine", Query: text}, &pgproto3.Sync{})
+	var got string
+	for done := false; !done; {
+		switch m := a.recv().(type) {
+		case *pgproto3.ParseComplete:
+			got = "ParseComplete"
+		case *pgproto3.ErrorResponse:
+			got = m.Code
+		case *pgproto3.ReadyForQuery:
+			done = true
+		}
+	}
+	if got != "25P02" {
+		t.Errorf("Parse in a failed block: %s, want 25P02 as directly", got)
+	}
+	a.mustQuery("ROLLBACK")
+	// The name was not created.
+	a.send(&pgproto3.Bind{PreparedStatement: "mine"}, &pgproto3.Execute{}, &pgproto3.Sync{})
+	got = ""
+	for done := false; !done; {
+		switch m := a.recv().(type) {
+		case *pgproto3.ErrorResponse:
+			got = m.Code
+		case *pgproto3.ReadyForQuery:
+			done = true
+		}
+	}
+	if got != "26000" {
+		t.Errorf("Bind of the refused name: %q, want 26000", got)
+	}
+}
