@@ -73,10 +73,11 @@ var sfKnownHoles = map[string]string{
 	"discard_all_then_listen":  "issue #31: DISCARD ALL pipelined with LISTEN",
 	"set_config_computed_name": "issue #31: custom options set with spellings the scanner cannot read (a computed name)",
 	// Found by this fuzzer; not in issue #31's list when it was written.
-	"drop_all_extended": "found by the state fuzzer: DEALLOCATE ALL or DISCARD ALL sent with the extended protocol (Parse/Bind/Execute) drops the shared poolerd_s<N> statements of the server connection, and other clients' named statements then fail with 26000",
-	"do_set@extended":   "found by the state fuzzer: a DO block that sets a custom option (set_config('myapp.tenant', ..., false)), sent with the extended protocol, leaves the value on the server connection for the next client",
-	"pinned_cap_race":   "found by the state fuzzer: on a pool of one, a client that pins (PREPARE) was refused with 53400 too many pinned clients, seen once and not reproduced; while listed, the fuzzer's poolerd allows as many pinned clients as a program has clients",
-	"set_config_fn":     "found by the state fuzzer: a setting changed inside a function (SELECT f() where f calls set_config(..., false)) stays on the server connection and the next client sees it (myapp.tenant)",
+	"drop_all_hidden": "found by the state fuzzer: DEALLOCATE ALL or DISCARD ALL sent with the extended protocol (Parse/Bind/Execute), or in a multi-statement Query beside a statement that fails, drops the shared poolerd_s<N> statements of the server connection, and other clients' named statements then fail with 26000",
+	"do_set@extended": "found by the state fuzzer: a DO block that sets a custom option (set_config('myapp.tenant', ..., false)), sent with the extended protocol, leaves the value on the server connection for the next client",
+	"do_set@multi":    "found by the state fuzzer: a DO block that sets a custom option, after another statement in the same Query (UNLISTEN *; DO ...), is lost for its own client: its next transaction reads ''",
+	"pinned_cap_race": "found by the state fuzzer: on a pool of one, a client that pins (PREPARE) was refused with 53400 too many pinned clients, seen once and not reproduced; while listed, the fuzzer's poolerd allows as many pinned clients as a program has clients",
+	"set_config_fn":   "found by the state fuzzer: a setting changed inside a function (SELECT f() where f calls set_config(..., false)) stays on the server connection and the next client sees it (myapp.tenant)",
 }
 
 // sfDocumented are productions whose difference from a direct connection
@@ -483,7 +484,11 @@ func sfGenerate(seed int64, f *sfFixture, holes bool) *sfProgram {
 			if len(out) == 1 && len(out[0]) == 1 && r.Intn(5) == 0 {
 				pr2 := prods[r.Intn(len(prods))]
 				if o2 := pr2.gen(g); len(o2) == 1 {
-					out = [][]string{append(out[0], o2[0]...)}
+					both := append(append([]string{}, out[0]...), o2[0]...)
+					multiHole := sfKnownHoles[pr.name+"@multi"] != "" || sfKnownHoles[pr2.name+"@multi"] != ""
+					if holes || ((!sfDropsAll(both) || sfKnownHoles["drop_all_hidden"] == "") && !multiHole) {
+						out = [][]string{both}
+					}
 				}
 			}
 			for _, sqls := range out {
@@ -498,10 +503,11 @@ func sfGenerate(seed int64, f *sfFixture, holes bool) *sfProgram {
 					m = sfMode(r.Intn(int(sfModes)))
 				}
 				name := pr.name
-				if m != sfSimple && sfDropsAll(sqls) {
+				if sfDropsAll(sqls) && (m != sfSimple || len(sqls) > 1) && sfKnownHoles[name] == "" {
 					// DEALLOCATE ALL or DISCARD ALL over the extended
-					// protocol: a production of its own.
-					name = "drop_all_extended"
+					// protocol or beside another statement: a production
+					// of its own.
+					name = "drop_all_hidden"
 				}
 				if !holes && m != sfSimple && (sfKnownHoles[name] != "" || sfKnownHoles[name+"@extended"] != "") {
 					// A hole of the extended protocol only: the
