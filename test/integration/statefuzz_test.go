@@ -63,10 +63,7 @@ import (
 // sfKnownHoles are the productions that generate the holes of issue #31
 // that are not fixed yet: the fuzzer skips them (unless STATEFUZZ_HOLES=1)
 // so that `make test` passes on today's code. Delete an entry when its fix
-// lands; the fuzzer then checks it in every run. "name@extended" leaves a
-// production out of the extended protocol and pipelines only (it is sent
-// as a simple Query instead), "name@multi" out of multi-statement requests.
-// (Issue #31's holes are cited by what they are: the issue's numbering was
+// lands; the fuzzer then checks it in every run. (Issue #31's holes are cited by what they are: the issue's numbering was
 // not at hand.)
 var sfKnownHoles = map[string]string{
 	"set_role_prepared_rerun":  "issue #31: a prepared statement that sets the role, executed again after RESET ROLE unpinned the client",
@@ -78,8 +75,7 @@ var sfKnownHoles = map[string]string{
 	"set_config_computed_name": "issue #31: custom options set with spellings the scanner cannot read (a computed name)",
 	// Found by this fuzzer; not in issue #31's list when it was written.
 	"drop_all_hidden": "found by the state fuzzer: DEALLOCATE ALL or DISCARD ALL sent with the extended protocol (Parse/Bind/Execute), or in a multi-statement Query beside a statement that fails, drops the shared poolerd_s<N> statements of the server connection, and other clients' named statements then fail with 26000",
-	"do_set@extended": "found by the state fuzzer: a DO block that sets a custom option (set_config('myapp.tenant', ..., false)), sent with the extended protocol, leaves the value on the server connection for the next client",
-	"do_set@multi":    "found by the state fuzzer: a DO block that sets a custom option, after another statement in the same Query (UNLISTEN *; DO ...), is lost for its own client: its next transaction reads ''",
+	"do_set_custom":   "found by the state fuzzer: a DO block that sets a custom option (set_config('myapp.tenant', ..., false)), over any protocol, leaves the value on the server connection for the next client, and its own client's next transaction may read ''",
 	"pinned_cap_race": "found by the state fuzzer: on a pool of one, a client that pins (PREPARE, pg_advisory_lock_shared) was refused with 53400 too many pinned clients, seen twice in ~3,000 programs and not reproduced by the shrinker; while listed, the fuzzer's poolerd allows as many pinned clients as a program has clients",
 	"set_config_fn":   "found by the state fuzzer: a setting changed inside a function (SELECT f() where f calls set_config(..., false)) stays on the server connection and the next client sees it (myapp.tenant)",
 }
@@ -354,9 +350,11 @@ var sfProductions = []sfProduction{
 		q := fmt.Sprintf("SELECT set_config('role', '%s', false)", g.f.r1)
 		return [][]string{{q}, {"RESET ROLE"}, {sfObserve}, {q}}
 	}},
+	{"do_set_custom", func(g *sfGen) [][]string {
+		return one(fmt.Sprintf("DO $$ begin perform set_config('myapp.tenant', %s, false); end $$", g.tag()))
+	}},
 	{"do_set", func(g *sfGen) [][]string {
 		return one(g.pick(
-			fmt.Sprintf("DO $$ begin perform set_config('myapp.tenant', %s, false); end $$", g.tag()),
 			fmt.Sprintf("DO $$ begin execute 'set role %s'; end $$", g.role()),
 			"DO $$ begin perform 1; end $$",
 			"DO $$ begin execute 'reset role'; end $$"))
@@ -489,8 +487,7 @@ func sfGenerate(seed int64, f *sfFixture, holes bool) *sfProgram {
 				pr2 := prods[r.Intn(len(prods))]
 				if o2 := pr2.gen(g); len(o2) == 1 {
 					both := append(append([]string{}, out[0]...), o2[0]...)
-					multiHole := sfKnownHoles[pr.name+"@multi"] != "" || sfKnownHoles[pr2.name+"@multi"] != ""
-					if holes || ((!sfDropsAll(both) || sfKnownHoles["drop_all_hidden"] == "") && !multiHole) {
+					if holes || !sfDropsAll(both) || sfKnownHoles["drop_all_hidden"] == "" {
 						out = [][]string{both}
 					}
 				}
@@ -513,9 +510,9 @@ func sfGenerate(seed int64, f *sfFixture, holes bool) *sfProgram {
 					// of its own.
 					name = "drop_all_hidden"
 				}
-				if !holes && m != sfSimple && (sfKnownHoles[name] != "" || sfKnownHoles[name+"@extended"] != "") {
-					// A hole of the extended protocol only: the
-					// production stays, over the simple protocol.
+				if !holes && name != pr.name && sfKnownHoles[name] != "" {
+					// drop_all_hidden is a hole: the statement goes
+					// as a simple Query of its own instead.
 					m, name = sfSimple, pr.name
 				}
 				steps = append(steps, sfStep{Prod: name, Mode: m, SQL: sqls})
