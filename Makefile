@@ -27,6 +27,11 @@ SOAK_MINUTES ?= 10
 SOAK_SEED ?= 1
 # How long `make soak-transfers` runs the transfer stress test, e.g. SOAK_DURATION=1h.
 SOAK_DURATION ?= 10m
+# How many seconds `make test` gives the differential state fuzzer after its fixed seeds.
+STATEFUZZ_DURATION ?= 20
+# How many programs `make fuzz-state` runs (STATEFUZZ_SEED, if set, is the first seed).
+STATEFUZZ_PROGRAMS ?= 100000
+STATEFUZZ_SEED ?=
 
 .DEFAULT_GOAL := help
 
@@ -50,7 +55,8 @@ test: ## what CI runs: go vet, gofmt check, go test -race (needs PostgreSQL, see
 		echo "$$unformatted"; \
 		exit 1; \
 	fi
-	$(GO) test -race -count=1 -timeout 15m ./...
+	@# ./... includes TestStateFuzz, the differential state fuzzer, on its short budget.
+	STATEFUZZ_DURATION=$(STATEFUZZ_DURATION) $(GO) test -race -count=1 -timeout 15m ./...
 	@# The relay's integration tests again with event loops (event_loops is off by default).
 	POOLERD_TEST_EVENT_LOOPS=2 $(GO) test -race -count=1 -timeout 10m \
 		-run 'TestTx|TestRelay|TestKeep|TestShutdown|TestAtomicity|TestLarge|TestProtocol|TestRate|TestTimeout|TestHandOver' ./test/integration/
@@ -84,6 +90,11 @@ fuzz: ## run every Fuzz* target in the repository (an execution count each, or F
 				{ cat "$$log"; echo "fuzz: $$name in $$dir failed; the failing input is in $$dir/testdata/fuzz/$$name"; exit 1; }; \
 		done; \
 	done
+
+.PHONY: fuzz-state
+fuzz-state: ## the differential state fuzzer for STATEFUZZ_PROGRAMS programs (default 100000, hours; not in CI)
+	STATEFUZZ_PROGRAMS=$(STATEFUZZ_PROGRAMS) STATEFUZZ_SEED=$(STATEFUZZ_SEED) STATEFUZZ_KEEP_GOING=1 \
+		$(GO) test -count=1 -timeout 0 -run '^TestStateFuzz$$' -v ./test/integration/
 
 .PHONY: bench
 bench: ## poolerd vs PgBouncer vs direct PostgreSQL (~25 min, not in CI); writes docs/benchmarks-latest.md
