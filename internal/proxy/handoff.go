@@ -296,7 +296,29 @@ func (sc *serverConn) prepareHandoffLocked(own *session) string {
 // then checkedLocked.
 func (sc *serverConn) verifyLocked(own *session) {
 	sc.checking = true
+	z := sc.zSent
 	sc.ownQueryLocked(&sc.verifyZ, sc.prepareHandoffLocked(own))
+	// Nobody's watchdog covers a connection in a check: a server that
+	// does not answer within server_response_timeout (resetTimeout
+	// without one) has its connection closed.
+	d := time.Duration(own.timeouts().serverResponseTimeout)
+	if d <= 0 {
+		d = resetTimeout
+	}
+	time.AfterFunc(d, func() { sc.checkOverdue(z, d) })
+}
+
+// checkOverdue closes the connection if the check sent as group z is
+// still unanswered.
+func (sc *serverConn) checkOverdue(z int64, d time.Duration) {
+	sc.mu.Lock()
+	stuck := sc.checking && sc.verifyZ.Load() == z && !sc.broken
+	sc.mu.Unlock()
+	if stuck {
+		sc.log.Warn("hand-off check not answered; closing the server connection",
+			zap.Uint64("conn_id", sc.ID()), zap.Duration("after", d))
+		_ = sc.Close()
+	}
 }
 
 // checkedLocked ends a check that nobody waited for (sc.mu held; it
