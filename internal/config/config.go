@@ -7,6 +7,7 @@ package config
 
 import (
 	"fmt"
+	"math"
 	"reflect"
 	"strconv"
 	"strings"
@@ -210,6 +211,15 @@ type Config struct {
 	// The fleet-wide server connection budget (see fleet.go).
 	FleetSettings `mapstructure:",squash"`
 
+	// VerifyHandoff is when a transaction- or statement-mode server
+	// connection is checked with one fingerprint query before it passes
+	// from one client to another: off, sample (a share of hand-offs,
+	// VerifyHandoffSampleRate) or always.
+	VerifyHandoff string `mapstructure:"verify_handoff"`
+	// VerifyHandoffSampleRate is the share of hand-offs checked with
+	// VerifyHandoff sample: every round(1/rate)-th of each pool.
+	VerifyHandoffSampleRate float64 `mapstructure:"verify_handoff_sample_rate"`
+
 	// Databases lists the databases clients may connect to. A database named
 	// "*" is the fallback for names not listed.
 	Databases []Database `mapstructure:"databases"`
@@ -222,6 +232,28 @@ type Config struct {
 	secrets map[string]userSecret
 	// hbaRules are the access rules, from AuthHBAFile or AuthHBARules.
 	hbaRules hba.Rules
+}
+
+// Values of verify_handoff.
+const (
+	VerifyHandoffOff    = "off"
+	VerifyHandoffSample = "sample"
+	VerifyHandoffAlways = "always"
+)
+
+// HandoffEvery is how often a pool checks a hand-off under these
+// settings: 0 never, 1 always, n every n-th (verify_handoff sample).
+func (c *Config) HandoffEvery() uint64 {
+	switch c.VerifyHandoff {
+	case VerifyHandoffAlways:
+		return 1
+	case VerifyHandoffSample:
+		if c.VerifyHandoffSampleRate <= 0 {
+			return 0
+		}
+		return uint64(math.Max(1, math.Round(1/c.VerifyHandoffSampleRate)))
+	}
+	return 0
 }
 
 // Values of session_state.
@@ -486,12 +518,15 @@ func Defaults() Config {
 		RedisTimeout:         50 * time.Millisecond,
 		OnRedisError:         "allow",
 		FleetSettings:        FleetSettings{FleetLeaseTTL: DefaultFleetLeaseTTL},
-		StatsPeriod:          60 * time.Second,
-		LogStats:             true,
-		LogFormat:            "console",
-		LogLevel:             "info",
-		LogConnections:       true,
-		LogDisconnections:    true,
+		// See docs/benchmarks.md, "Hand-off check".
+		VerifyHandoff:           VerifyHandoffSample,
+		VerifyHandoffSampleRate: 0.01,
+		StatsPeriod:             60 * time.Second,
+		LogStats:                true,
+		LogFormat:               "console",
+		LogLevel:                "info",
+		LogConnections:          true,
+		LogDisconnections:       true,
 	}
 }
 

@@ -81,7 +81,7 @@ func TestEveryKeyHasAnEnvVar(t *testing.T) {
 					"session_state": "refuse", "http_probe_listen": "127.0.0.1:7002", "max_pinned_clients": "50%", "server_tls_sslmode": "require", "client_tls_sslmode": "require",
 					"client_tls_protocols": "tlsv1.3", "client_tls_ciphers": "fast", "auth_user": "app",
 					"auth_query": "SELECT usename, passwd FROM pg_catalog.pg_shadow WHERE usename = $1", "takeover_socket": "/run/poolerd/takeover.sock",
-					"event_loops": "auto"}[k.Name]
+					"event_loops": "auto", "verify_handoff": "always"}[k.Name]
 				if k.Name == "auth_hba_file" {
 					val = filepath.Join(t.TempDir(), "hba.conf")
 					if err := os.WriteFile(val, []byte("host all all 0.0.0.0/0 scram-sha-256\n"), 0o600); err != nil {
@@ -130,6 +130,8 @@ func TestEveryKeyHasAnEnvVar(t *testing.T) {
 				}
 			case time.Duration:
 				val = "3s"
+			case float64:
+				val = "0.5"
 			case bool:
 				val = map[bool]string{true: "false", false: "true"}[defaultValue(&def, k.Name).(bool)]
 			case []string:

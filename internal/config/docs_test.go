@@ -97,6 +97,9 @@ func sameDefault(doc string, v any) bool {
 		return doc == strings.Join(v, ",")
 	case string:
 		return doc == v
+	case float64:
+		f, err := strconv.ParseFloat(doc, 64)
+		return err == nil && f == v
 	}
 	return false
 }

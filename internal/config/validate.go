@@ -428,6 +428,7 @@ func (c *Config) validateRateLimits(bad func(string, ...any)) {
 	default:
 		bad("rate_limit_backend %q is not memory or redis", c.RateLimitBackend)
 	}
+	c.validateHandoff(bad)
 	switch c.OnRedisError {
 	case "allow", "deny":
 	default:
@@ -733,4 +734,16 @@ func (c *Config) ServerTLSModes() []string {
 		}
 	}
 	return modes
+}
+
+// validateHandoff checks verify_handoff and its sample rate.
+func (c *Config) validateHandoff(bad func(string, ...any)) {
+	switch c.VerifyHandoff {
+	case VerifyHandoffOff, VerifyHandoffSample, VerifyHandoffAlways:
+	default:
+		bad("verify_handoff %q is not off, sample or always", c.VerifyHandoff)
+	}
+	if !(c.VerifyHandoffSampleRate >= 0 && c.VerifyHandoffSampleRate <= 1) {
+		bad("verify_handoff_sample_rate %v is not a share from 0 to 1, e.g. 0.01 to check every 100th hand-off", c.VerifyHandoffSampleRate)
+	}
 }

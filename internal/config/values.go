@@ -33,6 +33,12 @@ func SetValue(c *Config, key, value string) error {
 			return fmt.Errorf("%s: %q is not true or false", key, value)
 		}
 		f.SetBool(b)
+	case float64:
+		x, err := strconv.ParseFloat(value, 64)
+		if err != nil {
+			return fmt.Errorf("%s: %q is not a number", key, value)
+		}
+		f.SetFloat(x)
 	case time.Duration:
 		if n, err := strconv.Atoi(value); err == nil && n != 0 {
 			return fmt.Errorf("%s: duration %q has no unit: write it like 30s, 500ms or 2m", key, value)

@@ -67,6 +67,8 @@ type dbPool struct {
 	// change: see staleStatementError); each connection drops its
 	// statements when it is next clean (serverConn.stmtEpoch).
 	stmtEpoch atomic.Uint64
+	// handoffs counts the hand-offs verify_handoff sample considered.
+	handoffs atomic.Uint64
 	// limitHit is the server connection limit that refused the pool's
 	// latest attempt to open a connection, nil if it was admitted: a
 	// checkout that times out names it (checkoutError).

@@ -98,6 +98,11 @@ func (c *counters) errorCounts() map[string]uint64 {
 // so the relay pays for none of it.
 type metrics struct {
 	checkoutWait, queryDur, xactDur *prometheus.HistogramVec
+	// handoffDirtyVec counts the hand-off checks that found a dirty
+	// connection, by kind (handoff.go); handoffDirty are its children,
+	// in handoffKinds' order.
+	handoffDirtyVec *prometheus.CounterVec
+	handoffDirty    [len(handoffKinds)]prometheus.Counter
 }
 
 // poolMetrics are one pool's histogram children, resolved once when the
@@ -112,7 +117,7 @@ func (noopObserver) Observe(float64) {}
 
 func newMetrics() *metrics {
 	l := []string{"database", "user"}
-	return &metrics{
+	m := &metrics{
 		checkoutWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "poolerd_checkout_wait_seconds",
 			Help:    "Time a request waited for a server connection (0 when one was idle).",
@@ -128,7 +133,15 @@ func newMetrics() *metrics {
 			Help:    "Time a server connection was busy for a client: a transaction, or a single statement outside one.",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
 		}, l),
+		handoffDirtyVec: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "poolerd_handoff_dirty_total",
+			Help: "Server connections the hand-off check (verify_handoff) closed, by kind of session state found (a connection with several kinds counts once per kind; check_failed: the check itself failed).",
+		}, []string{"kind"}),
 	}
+	for i, k := range handoffKinds {
+		m.handoffDirty[i] = m.handoffDirtyVec.WithLabelValues(k)
+	}
+	return m
 }
 
 // forPool resolves a pool's children; m may be nil (no registry).
@@ -159,7 +172,7 @@ func (m *metrics) forget(database, user string) {
 // pools created earlier have no histograms.
 func (srv *Server) Instrument(reg prometheus.Registerer) error {
 	m := newMetrics()
-	for _, c := range append([]prometheus.Collector{m.checkoutWait, m.queryDur, m.xactDur}, srv.rateMet.collectors()...) {
+	for _, c := range append([]prometheus.Collector{m.checkoutWait, m.queryDur, m.xactDur, m.handoffDirtyVec}, srv.rateMet.collectors()...) {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

@@ -77,6 +77,20 @@ type serverConn struct {
 	checkZ   atomic.Int64
 	checkRow []byte
 	checkGen uint64
+	// verifyZ is the group of a hand-off check (handoff.go) whose row the
+	// reader keeps in verifyRow (verifyGot: complete; -1: none);
+	// verifiedZ is the group of the last check that came back clean, -1
+	// if none (mu); verifyBy and verifyTracked describe the client that
+	// left the connection (mu).
+	verifyZ       atomic.Int64
+	verifyRow     []byte
+	verifyGot     bool
+	verifiedZ     int64
+	verifyBy      handoffClient
+	verifyTracked bool
+	// checking: nobody holds the connection while a hand-off check runs;
+	// its answer gives it back to the pool or closes it (mu).
+	checking bool
 	// nops and nqundo are the lengths of stq and qundo, for the reader's
 	// lock-free checks.
 	nops, nqundo atomic.Int32
@@ -178,6 +192,10 @@ type serverConn struct {
 	// (the reader while relaying, the holder between requests).
 	params  map[string]string
 	applied map[string]string
+	// normApplied are the values of applied a settings snapshot read or a
+	// parameter sync's set_config answered, in the server's own spelling
+	// (the hand-off check compares only those).
+	normApplied map[string]string
 	// paramGen counts changes of params and applied; syncedKey is the
 	// parameter key (session.pkey) of the last client found in line with
 	// them, at paramGen syncedGen: a client with the same key needs no
@@ -262,11 +280,13 @@ func newServerConn(dbp *dbPool, c *backend.Conn) *serverConn {
 		txStatus: wire.TxIdle,
 		readBuf:  make([]byte, wire.Headroom+serverReadSize),
 		// A new connection has no statement prepared: none is stale.
-		stmtEpoch: dbp.stmtEpoch.Load(),
-		params:    make(map[string]string, len(c.Params)),
-		applied:   map[string]string{},
-		resetZ:    -1,
-		failZ:     -1,
+		stmtEpoch:   dbp.stmtEpoch.Load(),
+		params:      make(map[string]string, len(c.Params)),
+		applied:     map[string]string{},
+		normApplied: map[string]string{},
+		resetZ:      -1,
+		failZ:       -1,
+		verifiedZ:   -1,
 		// Immutable after login.
 		loginAuth:  c.Params["session_authorization"],
 		loginSuper: c.Params["is_superuser"],
@@ -274,6 +294,7 @@ func newServerConn(dbp *dbPool, c *backend.Conn) *serverConn {
 	sc.nextSwallow.Store(-1)
 	sc.snapZ.Store(-1)
 	sc.checkZ.Store(-1)
+	sc.verifyZ.Store(-1)
 	sc.replayStartZ.Store(-1)
 	if rio, err := wire.NewConnReader(c.Conn, nil); err == nil {
 		sc.io = rio
@@ -467,6 +488,8 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 			case 'D':
 				if sc.drop && (sc.snapZ.Load() == sc.zRecv || sc.checkZ.Load() == sc.zRecv || sc.syncAt(sc.zRecv)) {
 					sc.cur.Capture(maxCapture)
+				} else if sc.drop && sc.verifyZ.Load() == sc.zRecv {
+					sc.cur.Capture(maxHandoffRow)
 				}
 			case 'E':
 				sc.cur.Capture(maxCapture)
@@ -534,6 +557,8 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 					sc.checkRow = append(sc.checkRow[:0], sc.cur.Body()...)
 				case sc.syncAt(sc.zRecv):
 					sc.syncRow(sc.cur.Body())
+				case sc.verifyZ.Load() == sc.zRecv:
+					sc.handoffRow(sc.cur.Body(), sc.cur.Truncated())
 				}
 			case 'C':
 				if !sc.drop && sc.nqundo.Load() > 0 {
@@ -763,6 +788,10 @@ func (sc *serverConn) settleLocked(rfqs int, status byte) {
 		sc.quiet = nil
 	}
 	own := sc.owner.Load()
+	if own == nil && sc.checking && sc.pending == 0 && len(sc.swallowQ) == 0 {
+		sc.checkedLocked() // unlocks mu
+		return
+	}
 	release := own != nil && sc.cleanLocked() && own.releaseWhenIdle()
 	// A connection that must be closed is dropped as soon as it is idle
 	// between transactions; the client gets another one next time.
@@ -788,6 +817,15 @@ func (sc *serverConn) settleLocked(rfqs int, status byte) {
 		release = false
 		sc.snapshotLocked(own)
 	}
+	checking := false
+	if release && sc.handoffDueLocked() {
+		// verify_handoff: the client gives the connection up, which
+		// joins the idle list once the check's answer is in and clean
+		// (handoff.go).
+		release, checking = false, true
+		sc.verifyLocked(own)
+		sc.detachLocked(own)
+	}
 	if own != nil && !release && sc.cleanLocked() && own.pinCheckDue() {
 		// A pinned client ran what may have undone its session state:
 		// ask the server whether any is left (pinChecked).
@@ -798,8 +836,10 @@ func (sc *serverConn) settleLocked(rfqs int, status byte) {
 	}
 	shutdownIdle := own != nil && !release && sc.cleanLocked() && own.srv.endAtIdle()
 	sc.mu.Unlock()
-	if release {
-		sc.dbp.checkin(sc)
+	if release || checking {
+		if release {
+			sc.dbp.checkin(sc)
+		}
 		if own.srv.endAtIdle() {
 			own.endAtIdlePoint()
 		}
@@ -889,6 +929,12 @@ func (sc *serverConn) gone(err error) {
 // exec runs poolerd's own simple query on a connection nobody else holds and
 // waits for its ReadyForQuery. It returns the server's error, if any.
 func (sc *serverConn) exec(ctx context.Context, sql string) error {
+	return sc.execOwn(ctx, nil, sql)
+}
+
+// execOwn is exec keeping the answer's rows for the group it stores in z
+// (see ownQueryLocked).
+func (sc *serverConn) execOwn(ctx context.Context, z *atomic.Int64, sql string) error {
 	sc.mu.Lock()
 	if sc.broken {
 		sc.mu.Unlock()
@@ -899,6 +945,9 @@ func (sc *serverConn) exec(ctx context.Context, sql string) error {
 	sc.opErr = nil
 	sc.pending++
 	sc.unnamedBy = nil // a simple query drops the unnamed statement
+	if z != nil {
+		z.Store(sc.zSent)
+	}
 	sc.swallowGroupLocked(sc.zSent)
 	// Its error goes to the caller, who closes the connection or knows
 	// the statement left nothing behind (swallowed).
@@ -972,7 +1021,9 @@ func (sc *serverConn) syncRow(body []byte) {
 	}
 	name := sc.syncQ[0].name
 	if _, set := sc.applied[name]; set {
-		sc.applied[name] = string(cols[0])
+		v := string(cols[0])
+		sc.applied[name] = v
+		sc.normApplied[name] = v // the hand-off check compares it exactly
 	}
 }
 
@@ -1009,7 +1060,8 @@ func (sc *serverConn) swallowed(own *session, status byte) {
 	if len(sc.syncQ) == 0 {
 		sc.syncQ = nil
 	}
-	mayFail := popGroupLocked(&sc.mayFailQ, z) || sc.checkZ.Load() == z || sc.failZ == z
+	// (A hand-off check that fails closes the connection itself.)
+	mayFail := popGroupLocked(&sc.mayFailQ, z) || sc.checkZ.Load() == z || sc.failZ == z || sc.verifyZ.Load() == z
 	if sc.opErr != nil && !mayFail && !sc.broken && sc.resetZ != z {
 		sc.broken = true
 		var who []zap.Field
@@ -1040,6 +1092,10 @@ func (sc *serverConn) swallowed(own *session, status byte) {
 		}
 		sc.checkRow = sc.checkRow[:0]
 		sc.opErr = nil
+	}
+	if sc.verifyZ.Load() == sc.zRecv {
+		sc.verifyZ.Store(-1)
+		sc.handoffAnsweredLocked()
 	}
 	if sc.failZ == sc.zRecv {
 		sc.failZ = -1
@@ -1122,6 +1178,7 @@ func (sc *serverConn) applySnapshotLocked(rows map[string]string) {
 	for name, value := range rows {
 		if _, reported := sc.params[name]; !reported {
 			sc.applied[name] = value
+			sc.normApplied[name] = value
 		}
 	}
 }

@@ -1546,7 +1546,7 @@ func (s *session) end(err error) {
 
 func (s *session) releaseAtEnd(sc *serverConn) {
 	sc.mu.Lock()
-	if sc.owner.Load() != s {
+	if sc.owner.Load() != s || !sc.awaitOwnLocked(s) {
 		sc.mu.Unlock()
 		return
 	}
@@ -1622,6 +1622,21 @@ func (s *session) releaseAtEnd(sc *serverConn) {
 			sc.roleBy = 0 // DISCARD ALL: SET SESSION AUTHORIZATION DEFAULT, RESET ALL
 		}
 		sc.mu.Unlock()
+	}
+	if s.stateful {
+		// verify_handoff (handoff.go): checked before anyone else gets it.
+		sc.mu.Lock()
+		due := sc.handoffDueLocked()
+		sc.mu.Unlock()
+		if due {
+			ctx, cancel := context.WithTimeout(s.srv.ctx, resetTimeout)
+			clean := sc.verifyHandoff(ctx, s)
+			cancel()
+			if !clean {
+				s.dbp.pool.Discard(sc, evictHandoffDirty)
+				return
+			}
+		}
 	}
 	s.dbp.checkin(sc)
 }

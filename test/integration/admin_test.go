@@ -90,6 +90,7 @@ func obStart(t *testing.T, o obOpts) *obInst {
 		cfg.ShutdownTimeout = 5 * time.Second
 		cfg.LogLevel = "debug"
 		cfg.AdminUsers = []string{pgtest.RoleApp}
+		testVerifyHandoff(&cfg)
 		if o.mutate != nil {
 			o.mutate(&cfg)
 		}
@@ -173,6 +174,7 @@ func obStart(t *testing.T, o obOpts) *obInst {
 		<-done
 		stopStats()
 		<-statsDone
+		checkHandoffs(t, inst.instance)
 		if t.Failed() {
 			dumpLog(t, "poolerd log", logs.String())
 		}

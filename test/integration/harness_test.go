@@ -64,6 +64,36 @@ type instance struct {
 	addr string
 	cfg  *config.Config
 	logs *logBuffer
+	// dirtyHandoffs: the test leaves dirty server connections on purpose;
+	// the hand-off check's WARN does not fail it (see checkHandoffs).
+	dirtyHandoffs bool
+}
+
+// handoffDirtyLog is the WARN of the hand-off check (proxy handoff.go).
+const handoffDirtyLog = "hand-off check: server connection holds session state poolerd did not expect"
+
+// testVerifyHandoff sets verify_handoff for a test's poolerd: always,
+// unless POOLERD_TEST_VERIFY_HANDOFF says otherwise (off, sample).
+func testVerifyHandoff(cfg *config.Config) {
+	cfg.VerifyHandoff = config.VerifyHandoffAlways
+	if v := os.Getenv("POOLERD_TEST_VERIFY_HANDOFF"); v != "" {
+		cfg.VerifyHandoff = v
+	}
+}
+
+// checkHandoffs fails t if p's log holds the hand-off check's WARN: a
+// server connection about to pass to another client held session state
+// poolerd did not expect, which every test must leave none of.
+func checkHandoffs(t *testing.T, p *instance) {
+	t.Helper()
+	if p.dirtyHandoffs {
+		return
+	}
+	for _, line := range strings.Split(p.logs.String(), "\n") {
+		if strings.Contains(line, handoffDirtyLog) {
+			t.Errorf("dirty server connection at a hand-off: %s", line)
+		}
+	}
 }
 
 // allLogs keeps every poolerd log of the run, for secretsInLogs.
@@ -151,6 +181,7 @@ func startPoolerd(t *testing.T, mutate func(c *config.Config)) *instance {
 	cfg.CheckoutTimeout = 10 * time.Second
 	cfg.ShutdownTimeout = 5 * time.Second
 	cfg.LogLevel = "debug"
+	testVerifyHandoff(&cfg)
 	if v := os.Getenv("POOLERD_TEST_EVENT_LOOPS"); v != "" {
 		cfg.EventLoops = v // make test runs the relay's tests again on event loops
 	}
@@ -181,6 +212,7 @@ func startPoolerd(t *testing.T, mutate func(c *config.Config)) *instance {
 		defer cancel()
 		_ = srv.Shutdown(ctx)
 		<-done
+		checkHandoffs(t, inst)
 		if t.Failed() {
 			dumpLog(t, "poolerd log", logs.String())
 		}

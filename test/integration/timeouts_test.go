@@ -250,7 +250,13 @@ func TestTimeoutQuery(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			p := startPoolerd(t, func(c *config.Config) { c.QueryTimeout = 300 * time.Millisecond })
+			p := startPoolerd(t, func(c *config.Config) {
+				c.QueryTimeout = 300 * time.Millisecond
+				// The pool's size is counted: a connection in a
+				// hand-off check is not idle, so the next query would
+				// open another one.
+				c.VerifyHandoff = config.VerifyHandoffOff
+			})
 			c := p.connect(t, txExecMode)
 			ctx := ctxTimeout(t, 30*time.Second)
 			if _, err := c.Exec(ctx, "SELECT 1", tc.mode); err != nil {
@@ -307,7 +313,12 @@ func TestTimeoutQuery(t *testing.T) {
 func TestTimeoutQueryCancelIgnored(t *testing.T) {
 	t.Parallel()
 	fp := toStartProxy(t)
-	p := toStartViaProxy(t, fp, func(c *config.Config) { c.QueryTimeout = 300 * time.Millisecond })
+	p := toStartViaProxy(t, fp, func(c *config.Config) {
+		c.QueryTimeout = 300 * time.Millisecond
+		// The server is hung right after the first query: its
+		// connection's hand-off check would never be answered.
+		c.VerifyHandoff = config.VerifyHandoffOff
+	})
 	c := p.connect(t, txExecMode)
 	ctx := ctxTimeout(t, 40*time.Second)
 	var pid int
@@ -618,7 +629,12 @@ func TestTimeoutClientIdleAfterLongQuery(t *testing.T) {
 func TestTimeoutServerResponse(t *testing.T) {
 	t.Parallel()
 	fp := toStartProxy(t)
-	p := toStartViaProxy(t, fp, func(c *config.Config) { c.ServerResponseTimeout = 500 * time.Millisecond })
+	p := toStartViaProxy(t, fp, func(c *config.Config) {
+		c.ServerResponseTimeout = 500 * time.Millisecond
+		// The server is hung right after the first query: its
+		// connection's hand-off check would never be answered.
+		c.VerifyHandoff = config.VerifyHandoffOff
+	})
 	c := p.connect(t, "default_query_exec_mode=simple_protocol")
 	ctx := ctxTimeout(t, 20*time.Second)
 	var pid int

@@ -208,6 +208,13 @@ func TestSoak(t *testing.T) {
 	end := s.settle(base)
 	s.checkAll(base, end)
 	s.stopPoolerd()
+	// verify_handoff always: no server connection may have passed to
+	// another client holding session state poolerd did not expect.
+	for _, line := range strings.Split(s.out.String(), "\n") {
+		if strings.Contains(line, "hand-off check: server connection holds session state") {
+			t.Errorf("dirty server connection at a hand-off: %s", line)
+		}
+	}
 	s.report(base, end)
 	if t.Failed() {
 		if f, err := os.CreateTemp("", "poolerd-soak-*.log"); err == nil {
@@ -291,6 +298,7 @@ func (s *soak) config() string {
 http_listen: %s
 auth_type: md5
 pool_mode: transaction
+verify_handoff: always
 max_client_conn: 20000
 max_size: %d
 min_size: 2
