@@ -78,6 +78,7 @@ func TestCheckHandoff(t *testing.T) {
 		{"protocol prepare passed through", with(8, "s1"), func(e *handoffExpect) { e.tracked = false }, nil},
 		{"reported parameter", with(9, `{"TimeZone": "UTC", "search_path": "x"}`), nil, nil},
 		{"setting not by poolerd", with(9, `{"work_mem": "16MB"}`), nil, []string{handoffSetting}},
+		{"setting not by poolerd, RESET ALL at next attach", with(9, `{"myapp.tenant": "a"}`), func(e *handoffExpect) { e.roleReset = true }, nil},
 		{"setting applied", with(9, `{"work_mem": "16MB"}`), func(e *handoffExpect) {
 			e.applied = map[string]string{"work_mem": "16MB"}
 		}, nil},

@@ -79,6 +79,30 @@ type stmtDef struct {
 	// change settings. Every Bind of the statement applies them again.
 	eff    stmtEffects
 	custom []string
+	// txExit: the statement ends a transaction (COMMIT, END, ROLLBACK,
+	// ABORT, ROLLBACK TO SAVEPOINT, PREPARE TRANSACTION), which
+	// PostgreSQL parses even in a failed transaction block.
+	txExit bool
+}
+
+// txExitStmt reports whether query is one of the statements PostgreSQL's
+// IsTransactionExitStmt accepts in a failed transaction block.
+func txExitStmt(query []byte) bool {
+	if i := bytes.IndexByte(query, 0); i >= 0 {
+		query = query[:i]
+	}
+	f := strings.Fields(strings.ToLower(string(query[:min(len(query), 64)])))
+	if len(f) == 0 {
+		return false
+	}
+	w := strings.TrimRight(f[0], ";")
+	switch w {
+	case "commit", "end", "rollback", "abort":
+		return true
+	case "prepare":
+		return len(f) > 1 && strings.HasPrefix(f[1], "transaction")
+	}
+	return false
 }
 
 // stmtEffects is what running a statement does to the session, from its
@@ -179,6 +203,7 @@ func (r *stmtRegistry) acquire(searchPath string, rest []byte) *stmtDef {
 	binary.BigEndian.PutUint32(frame[1:], uint32(len(frame)-1))
 	d := &stmtDef{name: name, key: string(key), parse: frame, refs: 1}
 	d.eff, d.custom = textEffects(rest)
+	d.txExit = txExitStmt(rest)
 	r.byKey[d.key] = d
 	return d
 }

@@ -191,9 +191,14 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 			}
 			s.noteCacheHit(name, def)
 			// "SELECT", not an empty text: in a failed transaction block
-			// PostgreSQL refuses a Parse (25P02) unless its text is empty,
-			// and the client's own Parse would have been refused.
-			s.emitFrame('P', []byte(nopStatement), nul, nopQuery, []byte{0, 0})
+			// PostgreSQL refuses a Parse (25P02) unless its text is empty
+			// or ends the transaction, and refuses the client's Parse
+			// exactly then (txExit: ROLLBACK, COMMIT, ...).
+			q := nopQuery
+			if def.txExit {
+				q = nul
+			}
+			s.emitFrame('P', []byte(nopStatement), nul, q, []byte{0, 0})
 			s.pushOp(stmtOp{kind: opCacheHit, client: name, def: def}, zb)
 			s.emitFrame('C', []byte{'S'}, []byte(nopStatement), nul)
 			s.pushOp(stmtOp{kind: opNopClose, close: true, swallow: true}, zb)

@@ -313,3 +313,40 @@ func TestHandOffCachedParseInFailedBlock(t *testing.T) {
 		t.Errorf("Bind of the refused name: %q, want 26000", got)
 	}
 }
+
+// TestHandOffCachedRollbackInFailedBlock: a named Parse of ROLLBACK inside
+// a failed block is accepted, as directly, also when poolerd answers it
+// from a definition already prepared on the connection (the state fuzzer,
+// seed 5000548).
+func TestHandOffCachedRollbackInFailedBlock(t *testing.T) {
+	p := roleStart(t, config.PoolTransaction, nil)
+	b := dialFE(t, p.addr)
+	b.login(pgtest.RoleApp, pgtest.Password)
+	b.send(&pgproto3.Parse{Name: "rb", Query: "ROLLBACK"}, &pgproto3.Sync{})
+	hsReadUntilReady(t, b)
+	a := dialFE(t, p.addr)
+	a.login(pgtest.RoleApp, pgtest.Password)
+	a.mustQuery("BEGIN")
+	if _, e := a.query("SELECT 1/0"); e == nil || e.Code != "22012" {
+		t.Fatalf("1/0: %v", e)
+	}
+	a.send(&pgproto3.Parse{Name: "mine", Query: "ROLLBACK"}, &pgproto3.Bind{PreparedStatement: "mine"},
+		&pgproto3.Execute{}, &pgproto3.Sync{})
+	var tag string
+	for done := false; !done; {
+		switch m := a.recv().(type) {
+		case *pgproto3.CommandComplete:
+			tag = string(m.CommandTag)
+		case *pgproto3.ErrorResponse:
+			t.Fatalf("ROLLBACK in a failed block: %s %s, want ROLLBACK as directly", m.Code, m.Message)
+		case *pgproto3.ReadyForQuery:
+			done = true
+			if m.TxStatus != 'I' {
+				t.Errorf("status after ROLLBACK: %c", m.TxStatus)
+			}
+		}
+	}
+	if tag != "ROLLBACK" {
+		t.Errorf("tag %q, want ROLLBACK", tag)
+	}
+}

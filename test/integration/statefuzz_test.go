@@ -30,8 +30,8 @@ package integration
 // one program again. STATEFUZZ_HOLES=1 also generates the productions of
 // sfKnownHoles.
 //
-// The hand-off check (verify_handoff) is not in the configuration yet; when
-// it is, turn it on in sfStartPoolerd (marked there).
+// The hand-off check (verify_handoff) runs always; a dirty connection it
+// finds is a finding like a differing answer.
 //
 // Helpers are prefixed sf.
 
@@ -870,10 +870,9 @@ func sfStartPoolerd(f *sfFixture, poolSize int, holes bool) (*sfPoolerd, error) 
 	if !holes && sfKnownHoles["pinned_cap_race"] != "" {
 		cfg.MaxPinnedClients = "4" // every client of a program
 	}
-	// The hand-off check: once the configuration has it, turn it on here:
-	//   cfg.VerifyHandoff = "always"
-	// and have sfRunPoolerd fail the program when
-	// poolerd_handoff_dirty_total grew.
+	// The hand-off check runs before every hand-off; a dirty connection
+	// is a finding (sfRunOne).
+	testVerifyHandoff(&cfg)
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("statefuzz: configuration: %w", err)
 	}
@@ -1058,7 +1057,18 @@ func sfRunOne(f *sfFixture, p *sfProgram) (*sfDiff, error) {
 	if runErr != nil {
 		return &sfDiff{client: -1, step: -1, direct: "(all steps answered)", got: runErr.Error()}, nil
 	}
-	return sfCompare(ref, got), nil
+	if d := sfCompare(ref, got); d != nil {
+		return d, nil
+	}
+	inst.logs.mu.Lock()
+	logs := string(inst.logs.buf)
+	inst.logs.mu.Unlock()
+	for _, line := range strings.Split(logs, "\n") {
+		if strings.Contains(line, handoffDirtyLog) {
+			return &sfDiff{client: -1, step: -1, direct: "(no dirty hand-off)", got: line}, nil
+		}
+	}
+	return nil, nil
 }
 
 // sfShrink drops steps (and whole clients) while the program still shows
