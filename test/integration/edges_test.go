@@ -42,6 +42,9 @@ func TestServerTLS(t *testing.T) {
 			c.MaxSize = 2
 			c.ReconnectBackoffBase = 50 * time.Millisecond
 			c.AdminUsers = []string{pgtest.RoleApp}
+			// The pool's connections are counted: one in a hand-off
+			// check is not idle, so the next query would open another.
+			c.VerifyHandoff = config.VerifyHandoffOff
 		})
 	}
 	for _, tc := range []struct{ mode, ca string }{

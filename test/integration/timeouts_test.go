@@ -869,6 +869,9 @@ func TestPrecedenceNoHungTimeoutDuringShutdown(t *testing.T) {
 	p := toStartViaProxy(t, fp, func(c *config.Config) {
 		c.ServerResponseTimeout = limit
 		c.ShutdownTimeout = 3 * time.Second
+		// The proxy holds every answer, a hand-off check's too: the
+		// connection it runs on would never come back.
+		c.VerifyHandoff = config.VerifyHandoffOff
 	})
 	super := toSuper(t)
 	c := p.connect(t, "default_query_exec_mode=simple_protocol")
