@@ -1126,21 +1126,7 @@ func TestTxPreparedErrorParity(t *testing.T) {
 	}
 	for _, cf := range configs {
 		t.Run(cf.name, func(t *testing.T) {
-			// Open (issue 31's closing note): with verify_handoff always, the
-			// connection in a check is not idle, a client's next Sync group
-			// of the same write lands on another connection, and "several
-			// Syncs in one write" then sees 26000 for the statement its
-			// first group prepared, in about half the runs of the pool-4
-			// case. The check is off here until that is fixed.
-			p := startPoolerd(t, func(c *config.Config) {
-				c.PoolMode = config.PoolTransaction
-				c.MaxSize = cf.size
-				if cf.maxPrep > 0 {
-					c.MaxPreparedStatements = cf.maxPrep
-				}
-				c.LogLevel = "info"
-				c.VerifyHandoff = config.VerifyHandoffOff
-			})
+			p := txpStart(t, config.PoolTransaction, cf.size, cf.maxPrep)
 			var errs txpErrs
 			txpParallel(cf.clients, func(c int) {
 				for round := range cf.rounds {
