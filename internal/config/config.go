@@ -520,7 +520,7 @@ func Defaults() Config {
 		FleetSettings:        FleetSettings{FleetLeaseTTL: DefaultFleetLeaseTTL},
 		// See docs/benchmarks.md, "Hand-off check".
 		VerifyHandoff:           VerifyHandoffSample,
-		VerifyHandoffSampleRate: 0.01,
+		VerifyHandoffSampleRate: 0.001,
 		StatsPeriod:             60 * time.Second,
 		LogStats:                true,
 		LogFormat:               "console",

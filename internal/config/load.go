@@ -101,7 +101,7 @@ func Keys() []Key {
 		{Name: "fleet_max_server_connections", Help: "most server connections of every poolerd sharing redis_url together (0 = no limit)"},
 		{Name: "fleet_lease_ttl", Help: "lifetime of an unrenewed fleet lease: a dead poolerd's leases return within it"},
 		{Name: "verify_handoff", Help: "check a transaction-mode server connection with one fingerprint query before another client gets it: off, sample or always"},
-		{Name: "verify_handoff_sample_rate", Help: "share of hand-offs verify_handoff sample checks, e.g. 0.01 (every 100th per pool)"},
+		{Name: "verify_handoff_sample_rate", Help: "share of hand-offs verify_handoff sample checks, e.g. 0.001 (every 1,000th per pool)"},
 		{Name: "admin_users", Help: "users who may run every admin console command (comma-separated in the environment)"},
 		{Name: "stats_users", Help: "users who may run the admin console's SHOW commands (comma-separated in the environment)"},
 		{Name: "stats_period", Help: "period of SHOW STATS averages and of the stats log line"},
