@@ -13,34 +13,16 @@ package integration
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/test/pgtest"
 )
-
-// hsWho runs sql (one text column) on c through the simple protocol;
-// refused is set when poolerd refused the request for want of a server
-// connection (53300: the one connection is pinned to another client).
-func hsWho(t *testing.T, c *pgx.Conn, sql string) (got string, refused bool) {
-	t.Helper()
-	err := c.QueryRow(ctxTimeout(t, 15*time.Second), sql, pgx.QueryExecModeSimpleProtocol).Scan(&got)
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) && pe.Code == "53300" {
-		return "", true
-	}
-	if err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-	return got, false
-}
 
 // TestHandOffPreparedRunAgain: a statement that changes session state,
 // prepared once and executed again (Bind/Execute only) after the state
@@ -100,11 +82,11 @@ func TestHandOffPreparedRunAgain(t *testing.T) {
 				// Undone: A is unpinned once the check has run; B gets
 				// the connection.
 				b := connectDSN(t, p.appDSN())
-				if got, refused := hsWho(t, b, f.lookAt); refused || got != f.clean {
+				if got, refused := scanAsk(t, b, f.lookAt); refused || got != f.clean {
 					t.Fatalf("B after A undid %s: %q (refused %v), want %q", f.name, got, refused, f.clean)
 				}
 				run(f.set, m.mode) // Bind/Execute of the cached statement
-				if got, refused := hsWho(t, b, f.lookAt); !refused && got != f.clean {
+				if got, refused := scanAsk(t, b, f.lookAt); !refused && got != f.clean {
 					t.Errorf("B after A ran its prepared %s again: %q, want %q (or 53300: A pinned)", f.name, got, f.clean)
 				}
 			})
@@ -127,12 +109,12 @@ func TestHandOffUnnamedRunAgain(t *testing.T) {
 	a.send(&pgproto3.Parse{Name: "r", Query: "RESET ROLE"}, &pgproto3.Bind{PreparedStatement: "r"}, &pgproto3.Execute{}, &pgproto3.Sync{})
 	hsReadUntilReady(t, a)
 	b := connectDSN(t, p.appDSN())
-	if got, refused := hsWho(t, b, "SELECT current_user::text"); refused || got != pgtest.RoleApp {
+	if got, refused := scanAsk(t, b, "SELECT current_user::text"); refused || got != pgtest.RoleApp {
 		t.Fatalf("B after A's RESET ROLE: %q (refused %v), want %s", got, refused, pgtest.RoleApp)
 	}
 	a.send(&pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}) // SET ROLE again
 	hsReadUntilReady(t, a)
-	if got, refused := hsWho(t, b, "SELECT current_user::text"); !refused && got != pgtest.RoleApp {
+	if got, refused := scanAsk(t, b, "SELECT current_user::text"); !refused && got != pgtest.RoleApp {
 		t.Errorf("B after A bound its unnamed SET ROLE again: %q, want %s (or 53300)", got, pgtest.RoleApp)
 	}
 }
@@ -180,7 +162,7 @@ func TestHandOffDiscardAllPipelined(t *testing.T) {
 				hsReadUntilReady(t, a)
 				hsReadUntilReady(t, a)
 				b := connectDSN(t, p.appDSN())
-				if got, refused := hsWho(t, b, f.lookAt); !refused && got != f.clean {
+				if got, refused := scanAsk(t, b, f.lookAt); !refused && got != f.clean {
 					t.Errorf("B after A's DISCARD ALL and %s: %q, want %q (or 53300: A pinned)", f.after, got, f.clean)
 				}
 			})
@@ -198,11 +180,11 @@ func TestHandOffFailedParamSync(t *testing.T) {
 	ctx := ctxTimeout(t, 30*time.Second)
 	// B first, so that its startup parameter is one poolerd must apply.
 	b := connectDSN(t, p.appDSN("options=-c temp_buffers=16MB"))
-	if got, _ := hsWho(t, b, "SELECT current_setting('temp_buffers')"); got != "16MB" {
+	if got, _ := scanAsk(t, b, "SELECT current_setting('temp_buffers')"); got != "16MB" {
 		t.Fatalf("B's temp_buffers: %q, want 16MB", got)
 	}
 	a := connectDSN(t, p.appDSN("options=-c role="+fx.role))
-	if got, _ := hsWho(t, a, "SELECT current_user::text"); got != fx.role {
+	if got, _ := scanAsk(t, a, "SELECT current_user::text"); got != fx.role {
 		t.Fatalf("A's current_user: %q, want %s", got, fx.role)
 	}
 	for _, q := range []string{"BEGIN", "CREATE TEMP TABLE hs_t ON COMMIT DROP AS SELECT 1", "COMMIT"} {
@@ -211,14 +193,14 @@ func TestHandOffFailedParamSync(t *testing.T) {
 		}
 	}
 	before := hsBackendPIDs(t)
-	if got, refused := hsWho(t, b, "SELECT current_user::text || '|' || pg_catalog.pg_backend_pid()"); refused || !strings.HasPrefix(got, pgtest.RoleApp+"|") {
+	if got, refused := scanAsk(t, b, "SELECT current_user::text || '|' || pg_catalog.pg_backend_pid()"); refused || !strings.HasPrefix(got, pgtest.RoleApp+"|") {
 		t.Fatalf("B after A (role %s, a temp table): %q (refused %v), want %s", fx.role, got, refused, pgtest.RoleApp)
 	}
 	// That connection is not pooled: B's next request, and C's, run on
 	// another backend, as their own role.
 	c := connectDSN(t, p.appDSN())
 	for i := 0; ; i++ {
-		got, refused := hsWho(t, c, "SELECT current_user::text || '|' || pg_catalog.pg_backend_pid()")
+		got, refused := scanAsk(t, c, "SELECT current_user::text || '|' || pg_catalog.pg_backend_pid()")
 		if refused {
 			t.Fatal("C refused")
 		}
@@ -234,7 +216,7 @@ func TestHandOffFailedParamSync(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if got, _ := hsWho(t, b, "SELECT current_setting('temp_buffers') || '|' || current_user"); got != "16MB|"+pgtest.RoleApp {
+	if got, _ := scanAsk(t, b, "SELECT current_setting('temp_buffers') || '|' || current_user"); got != "16MB|"+pgtest.RoleApp {
 		t.Errorf("B on a fresh connection: %q, want 16MB|%s", got, pgtest.RoleApp)
 	}
 }
