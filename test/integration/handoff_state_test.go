@@ -119,6 +119,22 @@ func TestHandOffUnnamedRunAgain(t *testing.T) {
 	}
 }
 
+// hsLastAnswer reads c's messages up to ReadyForQuery and returns the
+// last ParseComplete ("ParseComplete") or error (its SQLSTATE) among them.
+func hsLastAnswer(c *feConn) string {
+	got := ""
+	for {
+		switch m := c.recv().(type) {
+		case *pgproto3.ParseComplete:
+			got = "ParseComplete"
+		case *pgproto3.ErrorResponse:
+			got = m.Code
+		case *pgproto3.ReadyForQuery:
+			return got
+		}
+	}
+}
+
 // hsReadUntilReady reads c's messages up to ReadyForQuery; an error fails
 // the test.
 func hsReadUntilReady(t *testing.T, c *feConn) {
@@ -265,33 +281,13 @@ func TestHandOffCachedParseInFailedBlock(t *testing.T) {
 		t.Fatalf("1/0: %v", e)
 	}
 	a.send(&pgproto3.Parse{Name: "mine", Query: text}, &pgproto3.Sync{})
-	var got string
-	for done := false; !done; {
-		switch m := a.recv().(type) {
-		case *pgproto3.ParseComplete:
-			got = "ParseComplete"
-		case *pgproto3.ErrorResponse:
-			got = m.Code
-		case *pgproto3.ReadyForQuery:
-			done = true
-		}
-	}
-	if got != "25P02" {
+	if got := hsLastAnswer(a); got != "25P02" {
 		t.Errorf("Parse in a failed block: %s, want 25P02 as directly", got)
 	}
 	a.mustQuery("ROLLBACK")
 	// The name was not created.
 	a.send(&pgproto3.Bind{PreparedStatement: "mine"}, &pgproto3.Execute{}, &pgproto3.Sync{})
-	got = ""
-	for done := false; !done; {
-		switch m := a.recv().(type) {
-		case *pgproto3.ErrorResponse:
-			got = m.Code
-		case *pgproto3.ReadyForQuery:
-			done = true
-		}
-	}
-	if got != "26000" {
+	if got := hsLastAnswer(a); got != "26000" {
 		t.Errorf("Bind of the refused name: %q, want 26000", got)
 	}
 }
