@@ -184,6 +184,11 @@ func (s *session) noteRuns(b *batch, t byte) {
 		s.groupRan = true
 		s.groupMsgs++
 		s.grpTx = s.grpTx.then(s.bindTx)
+		if s.bindDrop != dropNone && s.tracked {
+			if sc := s.server.Load(); sc != nil {
+				s.dropStatements(sc, s.bindDrop, b.reqs)
+			}
+		}
 	case 'F':
 		b.runs, b.commits = true, true
 		s.groupRan = true

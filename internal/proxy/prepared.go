@@ -116,6 +116,37 @@ type stmtEffects struct {
 	pin, undo                sqlscan.Kinds
 	settings, calls, commits bool
 	tx                       txShape // what it may do to the transaction status (keep.go)
+	drop                     dropAll // it drops every prepared statement of the session
+}
+
+// dropAll says whether a statement drops every prepared statement of the
+// session, and with which command (the tag of its CommandComplete).
+type dropAll uint8
+
+const (
+	dropNone       dropAll = iota
+	dropDeallocate         // DEALLOCATE ALL
+	dropDiscard            // DISCARD ALL
+)
+
+// dropOf is e's dropAll.
+func dropOf(e sqlscan.Effects) dropAll {
+	switch {
+	case !e.DeallocateAll:
+		return dropNone
+	case e.Unpin:
+		return dropDiscard
+	default:
+		return dropDeallocate
+	}
+}
+
+// tag is the CommandComplete tag of the command.
+func (d dropAll) tag() string {
+	if d == dropDiscard {
+		return "DISCARD ALL"
+	}
+	return "DEALLOCATE ALL"
 }
 
 // effectsOf keeps what of e a statement's execution repeats (truncated:
@@ -126,6 +157,7 @@ func effectsOf(e sqlscan.Effects, truncated bool) stmtEffects {
 	r.undo = e.Undo
 	r.settings, r.calls, r.commits = e.Settings, e.Calls, e.Commits
 	r.tx = shapeOf(e, truncated)
+	r.drop = dropOf(e)
 	return r
 }
 

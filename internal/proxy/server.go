@@ -86,6 +86,9 @@ type Server struct {
 	// is routed: tests use it to fail a server exactly between poolerd
 	// reading a message and forwarding it.
 	onFrame func(s *session, typ byte)
+	// onReleased, set only by tests before Serve, is called on a leaving
+	// client's goroutine once its server connection is back in the pool.
+	onReleased func(s *session)
 
 	// Atomics, read and written by anyone.
 	conf  atomic.Pointer[config.Config]

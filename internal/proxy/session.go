@@ -134,6 +134,10 @@ type session struct {
 	replayOn  bool
 	groupRan  bool
 	hitStart  bool
+	// bindDrop: the statement of the latest Bind drops every prepared
+	// statement (DEALLOCATE ALL, DISCARD ALL); its Executes apply that
+	// (noteRuns, dropStatements).
+	bindDrop dropAll
 	hitDef    *stmtDef
 	hitZB     int
 	replayAt  int
@@ -1506,7 +1510,9 @@ func (s *session) serverLostWith(sc *serverConn, err error, werr *wire.Error) {
 	}
 	s.log.Warn("server connection lost while in use", zap.Uint64("conn_id", sc.ID()), zap.Error(err))
 	// The client's session state on the server is gone, as after a backend
-	// crash: end the client connection the way PostgreSQL would.
+	// crash: end the client connection the way PostgreSQL would. Its pin's
+	// place goes now, as its connection's has.
+	s.unpin()
 	s.terminate(werr)
 }
 
@@ -1537,7 +1543,7 @@ func (s *session) end(err error) {
 		if sc := s.server.Load(); sc != nil {
 			s.releaseAtEnd(sc)
 		}
-		s.unpin()
+		s.unpin() // pinned without a connection (lost)
 		if s.tracked {
 			s.forgetStatements()
 		}
@@ -1572,6 +1578,10 @@ func (s *session) releaseAtEnd(sc *serverConn) {
 	}
 	sc.detachLocked(s)
 	sc.mu.Unlock()
+	// The pin's place under max_pinned_clients goes before the connection:
+	// a client waiting for it may pin as soon as it has it.
+	pinned := s.pinned()
+	s.unpin()
 	if !clean {
 		reason := evictClientLeftDirty
 		if busy {
@@ -1596,7 +1606,7 @@ func (s *session) releaseAtEnd(sc *serverConn) {
 	switch {
 	case s.mode == config.PoolSession:
 		q = s.dbp.route().Settings.ServerResetQuery
-	case s.pinned():
+	case pinned:
 		q = "DISCARD ALL"
 	case s.settingsDirty():
 		q = "RESET ALL"
@@ -1648,6 +1658,9 @@ func (s *session) releaseAtEnd(sc *serverConn) {
 		}
 	}
 	s.dbp.checkin(sc)
+	if h := s.srv.onReleased; h != nil {
+		h(s)
+	}
 }
 
 // cancel forwards a cancel request to the backend this session holds, if it

@@ -300,7 +300,8 @@ var closeComplete = []byte{'3', 0, 0, 0, 4}
 // sc or not (the client's statement's, or the one a Parse would be answered
 // from): a Parse, injected Parse or eviction of it in an earlier request
 // makes sc.stmts say what the server has only if that request runs. zb
-// places the frame in the batch.
+// places the frame in the batch. A DEALLOCATE or DISCARD ALL not answered
+// yet leaves every name unresolved (pendingDrop).
 func (s *session) unresolved(sc *serverConn, t byte, body []byte, zb int) bool {
 	var name string
 	var rest []byte
@@ -330,6 +331,9 @@ func (s *session) unresolved(sc *serverConn, t byte, body []byte, zb int) bool {
 	}
 	if !ok || name == "" {
 		return false
+	}
+	if s.pendingDrop(sc, zb) {
+		return true
 	}
 	var server string // the definition's server-side name
 	if t != 'C' {
@@ -374,6 +378,20 @@ func (s *session) pendingOp(sc *serverConn, zb int, changes func(op *stmtOp) boo
 		}
 	}
 	return false
+}
+
+// pendingDrop reports whether a DEALLOCATE, DEALLOCATE ALL or DISCARD ALL
+// (a qUndo) is in an earlier group of the batch (before zb) or sent in an
+// earlier batch and not answered yet: until it is, a name may or may not
+// still be prepared (in a failed transaction block it fails, and the name
+// keeps its statement).
+func (s *session) pendingDrop(sc *serverConn, zb int) bool {
+	for i := range s.bundo {
+		if s.bundo[i].zseq < int64(zb) {
+			return true
+		}
+	}
+	return sc.nqundo.Load() > 0
 }
 
 // statement returns the definition a client's statement name maps to.
@@ -615,6 +633,7 @@ func (s *session) bindEffects(body []byte, canRefuse bool) error {
 	s.calls = s.calls || e.calls
 	s.portalCommits = s.portalCommits || e.commits
 	s.bindTx = e.tx // its Executes run this statement (noteRuns)
+	s.bindDrop = e.drop
 	return s.stateEffects(s.eff, canRefuse)
 }
 
@@ -623,59 +642,66 @@ func (s *session) bindEffects(body []byte, canRefuse bool) error {
 // zb is the number of ReadyForQuery-producing messages before it in the
 // batch.
 func (s *session) queryFrame(sc *serverConn, body []byte, b *batch, zb int) {
-	eff := s.eff
-	if eff.Deallocates > 0 && s.tracked {
-		s.deallocate(sc, body, b, zb)
+	if !s.tracked {
 		return
 	}
-	switch {
-	case eff.DeallocateAll && s.tracked:
-		// Forgotten now (a Bind later in the pipeline must not find
-		// them), given back if the statement fails.
-		s.stmu.Lock()
-		before := s.stmts
-		s.stmts = map[string]*stmtDef{}
-		s.stmu.Unlock()
-		sc.mu.Lock()
-		lru := sc.stmts.names()
-		sc.stmts.clear()
-		sc.mu.Unlock()
-		tag := "DEALLOCATE ALL"
-		if eff.Unpin {
-			tag = "DISCARD ALL"
-		}
-		// DISCARD ALL does not unpin at its answer: what the client sent
-		// after it (LISTEN, a lock, a temp table, in the same text or
-		// pipelined behind it) may have created state again. Its Undo
-		// has the pin check run once everything is answered.
-		s.pushUndo(qUndo{tag: tag,
-			commit: func() {
-				for _, def := range before {
+	eff := s.eff
+	if eff.Deallocates > 0 {
+		zb = s.deallocate(sc, body, b, zb)
+	}
+	if eff.DeallocateAll {
+		s.dropStatements(sc, dropOf(eff), zb)
+	}
+}
+
+// dropStatements forgets, when a statement that drops every prepared
+// statement is sent (DEALLOCATE ALL or DISCARD ALL, in a Query or an
+// Execute; zb places it in the batch), the client's names and the
+// definitions sc holds, so that a Bind later in the pipeline does not find
+// them and other clients prepare theirs again. Its CommandComplete makes
+// that final (PostgreSQL has dropped them: DEALLOCATE is not undone by a
+// later statement's failure); an error before it gives them back.
+func (s *session) dropStatements(sc *serverConn, d dropAll, zb int) {
+	s.stmu.Lock()
+	before := s.stmts
+	s.stmts = map[string]*stmtDef{}
+	s.stmu.Unlock()
+	sc.mu.Lock()
+	lru := sc.stmts.names()
+	sc.stmts.clear()
+	sc.mu.Unlock()
+	// DISCARD ALL does not unpin at its answer: what the client sent
+	// after it (LISTEN, a lock, a temp table, in the same text or
+	// pipelined behind it) may have created state again. Its Undo has the
+	// pin check run once everything is answered.
+	s.pushUndo(qUndo{tag: d.tag(),
+		commit: func() {
+			for _, def := range before {
+				s.srv.stmts.release(def)
+			}
+		},
+		undo: func(sc *serverConn) {
+			s.stmu.Lock()
+			for name, def := range before {
+				if s.stmts[name] == nil {
+					s.stmtSet(name, def)
+				} else {
 					s.srv.stmts.release(def)
 				}
-			},
-			undo: func(sc *serverConn) {
-				s.stmu.Lock()
-				for name, def := range before {
-					if s.stmts[name] == nil {
-						s.stmtSet(name, def)
-					} else {
-						s.srv.stmts.release(def)
-					}
-				}
-				s.stmu.Unlock()
-				for _, name := range lru {
-					sc.stmts.add(name)
-				}
-			}}, zb)
-	}
+			}
+			s.stmu.Unlock()
+			for _, name := range lru {
+				sc.stmts.add(name)
+			}
+		}}, zb)
 }
 
 // deallocate runs a client's DEALLOCATE of protocol-level statements: the
 // server deallocates each definition (other clients prepare it again when
 // they need it) and the client's names are forgotten, unless the statement
-// fails.
-func (s *session) deallocate(sc *serverConn, body []byte, b *batch, zb int) {
+// fails. It returns the query's place in the batch (after the groups it
+// added before it).
+func (s *session) deallocate(sc *serverConn, body []byte, b *batch, zb int) int {
 	sql := body
 	if i := bytes.IndexByte(sql, 0); i >= 0 {
 		sql = sql[:i]
@@ -730,10 +756,11 @@ func (s *session) deallocate(sc *serverConn, body []byte, b *batch, zb int) {
 	}
 	if out == nil {
 		s.emitFrame('Q', body) // nothing of the client's: unchanged
-		return
+		return zb
 	}
 	out = append(append(out, sql[last:]...), 0)
 	s.emitFrame('Q', out)
+	return zb
 }
 
 // qUndo is a simple query's change to the prepared-statement maps, made when

@@ -76,9 +76,6 @@ var sfKnownHoles = map[string]string{
 	"set_config_computed_name": "a customized option set under a computed name: no other client sees it, but its own client keeps it only while it keeps that server connection (docs/transaction-mode.md)",
 	"do_set_custom":            "a DO block that sets a customized option: no other client sees it, but its own client keeps it only while it keeps that server connection (docs/transaction-mode.md)",
 	"set_config_fn":            "a function that sets a customized option (SELECT f()): no other client sees it, but its own client keeps it only while it keeps that server connection (docs/transaction-mode.md)",
-	// Open findings of this fuzzer:
-	"drop_all_hidden": "found by the state fuzzer: DEALLOCATE ALL or DISCARD ALL sent with the extended protocol (Parse/Bind/Execute), or in a multi-statement Query beside a statement that fails, drops the shared poolerd_s<N> statements of the server connection, and other clients' named statements then fail with 26000",
-	"pinned_cap_race": "found by the state fuzzer: on a pool of one, a client that pins (PREPARE, pg_advisory_lock_shared) was refused with 53400 too many pinned clients, seen twice in ~3,000 programs and not reproduced by the shrinker; while listed, the fuzzer's poolerd allows as many pinned clients as a program has clients",
 }
 
 // sfDocumented are productions whose difference from a direct connection
@@ -868,9 +865,6 @@ func sfStartPoolerd(f *sfFixture, poolSize int, holes bool) (*sfPoolerd, error) 
 	cfg.ShutdownTimeout = 5 * time.Second
 	cfg.LogLevel = "warn"
 	cfg.AuthType = config.AuthTrust // the clients' logins are not what this tests
-	if !holes && sfKnownHoles["pinned_cap_race"] != "" {
-		cfg.MaxPinnedClients = "4" // every client of a program
-	}
 	// The hand-off check runs before every hand-off; a dirty connection
 	// is a finding (sfRunOne).
 	testVerifyHandoff(&cfg)

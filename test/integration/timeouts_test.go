@@ -776,7 +776,11 @@ func TestTimeoutServerResponseLongCopyIn(t *testing.T) {
 // after) are not closed, and the victim's server connection survives too.
 func TestPrecedenceQueryTimeoutIsolated(t *testing.T) {
 	t.Parallel()
-	p := startPoolerd(t, func(c *config.Config) { c.QueryTimeout = 300 * time.Millisecond })
+	// The others' 50 ms queries stay far inside the limit even on a loaded
+	// machine (CI saw them take over 300 ms): a timeout counted for one of
+	// them would be a wrong count, not a slow machine.
+	const limit = 1500 * time.Millisecond
+	p := startPoolerd(t, func(c *config.Config) { c.QueryTimeout = limit })
 	direct := relayDirect(t)
 	ctx := ctxTimeout(t, 30*time.Second)
 	const simple = "default_query_exec_mode=simple_protocol"
@@ -803,7 +807,7 @@ func TestPrecedenceQueryTimeoutIsolated(t *testing.T) {
 	errs := make(chan error, len(others))
 	for i, c := range others {
 		go func() {
-			for end := time.Now().Add(1200 * time.Millisecond); time.Now().Before(end); {
+			for end := time.Now().Add(limit + 400*time.Millisecond); time.Now().Before(end); {
 				var s string
 				if err := c.QueryRow(ctx, fmt.Sprintf("SELECT 'other%d' FROM pg_sleep(0.05)", i)).Scan(&s); err != nil {
 					errs <- fmt.Errorf("other client %d: %w", i, err)
@@ -1027,6 +1031,9 @@ func TestPrecedenceLateResponseDrained(t *testing.T) {
 	b := p.connect(t, "default_query_exec_mode=simple_protocol")
 	ctx := ctxTimeout(t, 30*time.Second)
 
+	// The hand-off check after A's first query runs on the connection
+	// once A has its answer: held, it would keep the connection from A.
+	p.waitNoActive(t, pgtest.DBApp)
 	fp.HoldResponses(true)
 	a.send(&pgproto3.Query{String: "SELECT 'late-a'; SELECT pg_sleep(5) /* to-prec4 */"})
 	eventually(t, 5*time.Second, "query_timeout to fire", func() bool {

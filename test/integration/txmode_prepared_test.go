@@ -1192,6 +1192,74 @@ func TestTxPreparedDeallocateEdges(t *testing.T) {
 			{name: "Bind s1 after it", rfq: 1, msgs: txpMsgs(txpBind("s1", "1"), txpExec(), txpSync())},
 			{name: "Parse s1 again", rfq: 1, msgs: txpMsgs(txpParse("s1", add), txpBind("s1", "1"), txpExec(), txpSync())},
 		}},
+		{"DEALLOCATE ALL over the extended protocol", "the statements were dropped on the server but poolerd still listed " +
+			"them: the client's s1 answered 42P05 to a new Parse, and another client's statement of the same SQL got 26000", []txpStep{
+			{name: "another client prepares the SQL", rfq: 1, msgs: txpMsgs(txpParse("other", add), txpSync())},
+		}, []txpStep{
+			{name: "Parse s1", rfq: 1, msgs: txpMsgs(txpParse("s1", add), txpSync())},
+			{name: "Parse/Bind/Execute DEALLOCATE ALL", rfq: 1, msgs: txpMsgs(txpParse("", "DEALLOCATE ALL"), txpBind(""), txpExec(), txpSync())},
+			{name: "Bind s1 after it", rfq: 1, msgs: txpMsgs(txpBind("s1", "1"), txpExec(), txpSync())},
+			{name: "Parse s1 again", rfq: 1, msgs: txpMsgs(txpParse("s1", add), txpBind("s1", "2"), txpExec(), txpSync())},
+			{name: "Parse s9 of the other client's SQL", rfq: 1, msgs: txpMsgs(txpParse("s9", add), txpBind("s9", "3"), txpExec(), txpSync())},
+		}},
+		{"DISCARD ALL over the extended protocol", "as DEALLOCATE ALL", []txpStep{
+			{name: "another client prepares the SQL", rfq: 1, msgs: txpMsgs(txpParse("other", add), txpSync())},
+		}, []txpStep{
+			{name: "Parse s1", rfq: 1, msgs: txpMsgs(txpParse("s1", add), txpSync())},
+			{name: "Parse d, Bind d, Execute (DISCARD ALL)", rfq: 1, msgs: txpMsgs(txpParse("d", "DISCARD ALL"), txpBind("d"), txpExec(), txpSync())},
+			{name: "Bind s1 after it", rfq: 1, msgs: txpMsgs(txpBind("s1", "1"), txpExec(), txpSync())},
+			{name: "Parse s9 of the other client's SQL", rfq: 1, msgs: txpMsgs(txpParse("s9", add), txpBind("s9", "3"), txpExec(), txpSync())},
+		}},
+		{"DEALLOCATE ALL pipelined before a Parse, over the extended protocol", "", nil, []txpStep{
+			{name: "Parse s1", rfq: 1, msgs: txpMsgs(txpParse("s1", add), txpSync())},
+			{name: "DEALLOCATE ALL, then Parse s1 and Bind it, one Sync", rfq: 1, msgs: txpMsgs(
+				txpParse("", "DEALLOCATE ALL"), txpBind(""), txpExec(),
+				txpParse("s1", add), txpBind("s1", "4"), txpExec(), txpSync())},
+			{name: "Bind s1", rfq: 1, msgs: txpMsgs(txpBind("s1", "5"), txpExec(), txpSync())},
+		}},
+		{"DEALLOCATE ALL bound but never executed", "", nil, []txpStep{
+			{name: "Parse s1", rfq: 1, msgs: txpMsgs(txpParse("s1", add), txpSync())},
+			{name: "Parse/Bind DEALLOCATE ALL, no Execute", rfq: 1, msgs: txpMsgs(txpParse("", "DEALLOCATE ALL"), txpBind(""), txpSync())},
+			{name: "Bind s1 after it", rfq: 1, msgs: txpMsgs(txpBind("s1", "1"), txpExec(), txpSync())},
+		}},
+		{"DEALLOCATE ALL, then a statement that fails, in one query string", "", []txpStep{
+			{name: "another client prepares the SQL", rfq: 1, msgs: txpMsgs(txpParse("other", add), txpSync())},
+		}, []txpStep{
+			{name: "Parse s1", rfq: 1, msgs: txpMsgs(txpParse("s1", add), txpSync())},
+			{name: "DEALLOCATE ALL; SELECT 1/0", rfq: 1, msgs: txpMsgs(txpQuery("DEALLOCATE ALL; SELECT 1/0"))},
+			{name: "Bind s1 after it", rfq: 1, msgs: txpMsgs(txpBind("s1", "1"), txpExec(), txpSync())},
+			{name: "Parse s9 of the other client's SQL", rfq: 1, msgs: txpMsgs(txpParse("s9", add), txpBind("s9", "3"), txpExec(), txpSync())},
+		}},
+		{"a statement that fails, then DEALLOCATE ALL, in one query string", "", nil, []txpStep{
+			{name: "Parse s1", rfq: 1, msgs: txpMsgs(txpParse("s1", add), txpSync())},
+			{name: "SELECT 1/0; DEALLOCATE ALL", rfq: 1, msgs: txpMsgs(txpQuery("SELECT 1/0; DEALLOCATE ALL"))},
+			{name: "Bind s1 after it", rfq: 1, msgs: txpMsgs(txpBind("s1", "1"), txpExec(), txpSync())},
+		}},
+		{"DEALLOCATE of a name and DEALLOCATE ALL in one query string", "", []txpStep{
+			{name: "another client prepares the SQL", rfq: 1, msgs: txpMsgs(txpParse("other", add), txpSync())},
+		}, []txpStep{
+			{name: "Parse s1, Parse s2", rfq: 1, msgs: txpMsgs(txpParse("s1", add), txpParse("s2", "SELECT 2"), txpSync())},
+			{name: "DEALLOCATE s2; DEALLOCATE ALL", rfq: 1, msgs: txpMsgs(txpQuery("DEALLOCATE s2; DEALLOCATE ALL"))},
+			{name: "Bind s1 after it", rfq: 1, msgs: txpMsgs(txpBind("s1", "1"), txpExec(), txpSync())},
+			{name: "Parse s9 of the other client's SQL", rfq: 1, msgs: txpMsgs(txpParse("s9", add), txpBind("s9", "3"), txpExec(), txpSync())},
+		}},
+		{"DISCARD ALL refused in a block, then a Bind pipelined behind it", "the names were forgotten when the DISCARD ALL " +
+			"was sent: the Bind behind it went out under the client's name and got 26000 where PostgreSQL says 25P02", nil, []txpStep{
+			{name: "Parse s1", rfq: 1, msgs: txpMsgs(txpParse("s1", add), txpSync())},
+			{name: "BEGIN", rfq: 1, msgs: txpMsgs(txpQuery("BEGIN"))},
+			{name: "DISCARD ALL (unnamed), Sync, Bind s1, Execute, Sync", rfq: 2, msgs: txpMsgs(
+				txpParse("", "DISCARD ALL"), txpBind(""), txpExec(), txpSync(), txpBind("s1", "1"), txpExec(), txpSync())},
+			{name: "ROLLBACK", rfq: 1, msgs: txpMsgs(txpQuery("ROLLBACK"))},
+			{name: "Bind s1", rfq: 1, msgs: txpMsgs(txpBind("s1", "2"), txpExec(), txpSync())},
+		}},
+		{"DEALLOCATE refused in a block, then a Bind pipelined behind it", "", nil, []txpStep{
+			{name: "Parse s1", rfq: 1, msgs: txpMsgs(txpParse("s1", add), txpSync())},
+			{name: "BEGIN; SELECT 1/0", rfq: 2, msgs: txpMsgs(txpQuery("BEGIN"), txpQuery("SELECT 1/0"))},
+			{name: "DEALLOCATE s1, then Bind s1, Execute, Sync", rfq: 2, msgs: txpMsgs(
+				txpQuery("DEALLOCATE s1"), txpBind("s1", "1"), txpExec(), txpSync())},
+			{name: "ROLLBACK", rfq: 1, msgs: txpMsgs(txpQuery("ROLLBACK"))},
+			{name: "Bind s1", rfq: 1, msgs: txpMsgs(txpBind("s1", "2"), txpExec(), txpSync())},
+		}},
 		{"Close skipped after an error, then Bind in the same write", "a Close that an earlier error skipped is undone only when " +
 			"the error arrives: a Bind of the statement in the same write is forwarded under the client's name (26000)", nil, []txpStep{
 			{name: "Parse s1", rfq: 1, msgs: txpMsgs(txpParse("s1", add), txpSync())},
