@@ -131,13 +131,13 @@ type session struct {
 	// a statement an earlier request got from the cache (cacheHits, client
 	// name to definition; retry.go). (The bools share a word with the two
 	// above.)
-	replayOn  bool
-	groupRan  bool
-	hitStart  bool
+	replayOn bool
+	groupRan bool
+	hitStart bool
 	// bindDrop: the statement of the latest Bind drops every prepared
 	// statement (DEALLOCATE ALL, DISCARD ALL); its Executes apply that
 	// (noteRuns, dropStatements).
-	bindDrop dropAll
+	bindDrop  dropAll
 	hitDef    *stmtDef
 	hitZB     int
 	replayAt  int
