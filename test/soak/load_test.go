@@ -81,11 +81,21 @@ type errorLog struct {
 	// midMessage: streams that ended inside a message (observe).
 	midMessage int
 	dirty      int
-	samples    []string
-	maxSample  int
+	// dialLost: connects to poolerd that timed out while no listen queue
+	// on the machine overflowed (netstat_test.go); drops0 is that count
+	// when the soak began (dropsOK: it can be read).
+	dialLost  int
+	drops0    uint64
+	dropsOK   bool
+	samples   []string
+	maxSample int
 }
 
-func newErrorLog() *errorLog { return &errorLog{bySQL: map[string]int{}, maxSample: 20} }
+func newErrorLog() *errorLog {
+	e := &errorLog{bySQL: map[string]int{}, maxSample: 20}
+	e.drops0, e.dropsOK = listenDrops()
+	return e
+}
 
 func (e *errorLog) sample(s string) {
 	if len(e.samples) < e.maxSample {
@@ -110,6 +120,9 @@ func (e *errorLog) observe(run context.Context, who string, err error) {
 		// lost mid-frame, when poolerd sends nothing more (its FATAL
 		// would be read as the rest of the frame).
 		e.midMessage++
+	case (errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err)) && dialTimedOut(err) && e.noListenDrops():
+		e.dialLost++
+		e.sample(fmt.Sprintf("%s %s: connect unanswered, no listen queue overflowed (not poolerd's): %v", time.Now().UTC().Format("15:04:05.000"), who, err))
 	case errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err):
 		e.hung++
 		e.sample(fmt.Sprintf("%s %s: hung: %v", time.Now().UTC().Format("15:04:05.000"), who, err))
@@ -117,6 +130,13 @@ func (e *errorLog) observe(run context.Context, who string, err error) {
 		e.dropped++
 		e.sample(fmt.Sprintf("%s %s: no ErrorResponse: %v", time.Now().UTC().Format("15:04:05.000"), who, err))
 	}
+}
+
+// noListenDrops reports whether no listen queue on the machine has
+// overflowed since the soak began.
+func (e *errorLog) noListenDrops() bool {
+	n, ok := listenDrops()
+	return e.dropsOK && ok && n == e.drops0
 }
 
 // observeText classifies an error reported by an external client: sqlstate

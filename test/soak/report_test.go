@@ -204,6 +204,7 @@ func (s *soak) report(base, end sample) {
 	l("Go client errors without an ErrorResponse / hung clients / dirty server connections", fmt.Sprintf("%d / %d / %d", s.errs.dropped, s.errs.hung, s.errs.dirty))
 	l("closes reported by client libraries that were sent the FATAL (libpq: a FATAL behind a ReadyForQuery; pgconn: mid-COPY)", s.errs.closeReported)
 	l("streams ended mid-message (server lost mid-frame: no message possible)", s.errs.midMessage)
+	l("connects to poolerd unanswered while no listen queue overflowed (the machine's network, not poolerd)", s.errs.dialLost)
 	s.errs.mu.Unlock()
 	l("goroutines (baseline → after)", fmt.Sprintf("%d → %d", base.goroutines, end.goroutines))
 	l("open files (baseline → after)", fmt.Sprintf("%d → %d", base.fds, end.fds))

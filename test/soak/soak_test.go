@@ -567,8 +567,8 @@ func (s *soak) checkAll(base, end sample) {
 
 	// Errors.
 	s.errs.mu.Lock()
-	s.logf("client errors by SQLSTATE: %v; without an ErrorResponse: %d (and %d closes reported by client libraries that were sent the FATAL, %d streams ended mid-message); hung: %d; dirty connections: %d",
-		s.errs.bySQL, s.errs.dropped, s.errs.closeReported, s.errs.midMessage, s.errs.hung, s.errs.dirty)
+	s.logf("client errors by SQLSTATE: %v; without an ErrorResponse: %d (and %d closes reported by client libraries that were sent the FATAL, %d streams ended mid-message); hung: %d; dirty connections: %d; connects unanswered with no listen queue overflow (the machine's, not poolerd's): %d",
+		s.errs.bySQL, s.errs.dropped, s.errs.closeReported, s.errs.midMessage, s.errs.hung, s.errs.dirty, s.errs.dialLost)
 	if s.errs.dropped > 0 || s.errs.hung > 0 || s.errs.dirty > 0 {
 		t.Errorf("%d errors without an ErrorResponse, %d hung clients, %d dirty server connections:\n%s",
 			s.errs.dropped, s.errs.hung, s.errs.dirty, strings.Join(s.errs.samples, "\n"))
