@@ -320,6 +320,10 @@ type PoolSettings struct {
 	// LeakDetectionThreshold warns about a client that keeps a server
 	// connection busy (in a transaction or a query) this long; 0 disables.
 	LeakDetectionThreshold time.Duration `mapstructure:"leak_detection_threshold"`
+	// WaitWarning logs one warning with the pool's state when a checkout
+	// has waited this long for a server connection (at most one per pool
+	// per 10 s); 0 disables.
+	WaitWarning time.Duration `mapstructure:"wait_warning"`
 
 	// QueryTimeout cancels one query running longer than this; 0 disables.
 	QueryTimeout time.Duration `mapstructure:"query_timeout"`
@@ -458,6 +462,7 @@ type Overrides struct {
 	MaxQueries             *int           `mapstructure:"max_queries"`
 	IdleTimeout            *time.Duration `mapstructure:"idle_timeout"`
 	LeakDetectionThreshold *time.Duration `mapstructure:"leak_detection_threshold"`
+	WaitWarning            *time.Duration `mapstructure:"wait_warning"`
 	QueryTimeout           *time.Duration `mapstructure:"query_timeout"`
 	TransactionTimeout     *time.Duration `mapstructure:"transaction_timeout"`
 	IdleTransactionTimeout *time.Duration `mapstructure:"idle_transaction_timeout"`
@@ -506,6 +511,7 @@ func Defaults() Config {
 			MaxQueries:             50000,
 			IdleTimeout:            60 * time.Second,
 			LeakDetectionThreshold: 30 * time.Second,
+			WaitWarning:            10 * time.Second,
 		},
 		StartupMode:          StartupWait,
 		ReconnectBackoffBase: time.Second,

@@ -82,6 +82,7 @@ func Keys() []Key {
 		{Name: "reconnect_backoff_base", Help: "first pause after a failed connect; doubles per failure"},
 		{Name: "reconnect_backoff_max", Help: "longest pause between connect attempts"},
 		{Name: "leak_detection_threshold", Help: "warn about a client keeping a server busy this long (0 = off)"},
+		{Name: "wait_warning", Help: "warn (once per pool per 10s) when a request has waited this long for a server connection (0 = off)"},
 		{Name: "query_timeout", Help: "cancel a query running longer than this (0 = off)"},
 		{Name: "transaction_timeout", Help: "end a client whose transaction lasts longer than this (0 = off)"},
 		{Name: "idle_transaction_timeout", Help: "end a client idle in a transaction this long (0 = off)"},

@@ -192,7 +192,13 @@ type Settings struct {
 	// for a pool over several servers, whose next connect may find a
 	// promoted replica.
 	WaitUnavailable bool
+	// WaitWarning: when the first queued checkout has waited this long,
+	// Config.LongWait is told (at most once per LongWaitEvery); 0 never.
+	WaitWarning time.Duration
 }
+
+// LongWaitEvery is the least time between two LongWait calls of a pool.
+const LongWaitEvery = 10 * time.Second
 
 func (s *Settings) normalize() {
 	if s.BackoffBase <= 0 {
@@ -235,6 +241,10 @@ type Config[C Conn] struct {
 	// into the pool.
 	Admit   func() bool
 	Release func()
+	// LongWait, when set, is called by the maintainer (without the pool's
+	// lock) with a snapshot of the pool when its first queued checkout has
+	// waited Settings.WaitWarning, at most once per LongWaitEvery.
+	LongWait func(Stats)
 	// Logger receives lifecycle events; it should carry the pool's fields.
 	Logger *zap.Logger
 	// Now returns the current time; nil means time.Now.
@@ -330,6 +340,7 @@ type Pool[C Conn] struct {
 	everOpened  bool
 	recycledNow int       // recycled in the current second
 	recycleSec  time.Time // start of that second
+	lastLongW   time.Time // when LongWait was last called
 	changed     chan struct{}
 
 	wake    chan struct{} // nudges the maintainer
@@ -1233,11 +1244,15 @@ func (p *Pool[C]) maintain() {
 		p.mu.Lock()
 		p.recycleIdleLocked(now)
 		p.fillLocked(now)
+		long := p.longWaitLocked(now)
 		tick := time.Second
 		if p.failures > 0 {
 			tick = min(p.cfg.ProbeInterval, max(p.nextAttempt.Sub(now), time.Millisecond))
 		}
 		p.mu.Unlock()
+		if long {
+			p.cfg.LongWait(p.Stats())
+		}
 		if !t.Stop() {
 			select {
 			case <-t.C:
@@ -1246,6 +1261,20 @@ func (p *Pool[C]) maintain() {
 		}
 		t.Reset(tick)
 	}
+}
+
+// longWaitLocked reports whether LongWait is due: the first queued checkout
+// has waited WaitWarning, and the last call is LongWaitEvery ago.
+func (p *Pool[C]) longWaitLocked(now time.Time) bool {
+	limit := p.set().WaitWarning
+	if p.cfg.LongWait == nil || limit <= 0 || len(p.waiters) == 0 || now.Sub(p.waiters[0].since) < limit {
+		return false
+	}
+	if !p.lastLongW.IsZero() && now.Sub(p.lastLongW) < LongWaitEvery {
+		return false
+	}
+	p.lastLongW = now
+	return true
 }
 
 // probeIfDown checks, while the server refuses TCP connections, whether it

@@ -783,3 +783,78 @@ func TestNextRetryInNeverNegative(t *testing.T) {
 		}
 	})
 }
+
+// TestLongWait: LongWait is told once the first queued checkout has waited
+// WaitWarning, with the pool's state, and at most once per LongWaitEvery
+// however long the wait goes on; never without a waiter.
+func TestLongWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &dialer{}
+		cfg := baseConfig(d, 1, 0)
+		cfg.WaitWarning = 2 * time.Second
+		var mu sync.Mutex
+		var calls []Stats
+		cfg.LongWait = func(st Stats) {
+			mu.Lock()
+			calls = append(calls, st)
+			mu.Unlock()
+		}
+		count := func() int {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(calls)
+		}
+		p := New(cfg, new(atomic.Uint64))
+		defer p.Close()
+		ctx := context.Background()
+		held, err := p.Get(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		if n := count(); n != 0 {
+			t.Fatalf("%d calls with nobody waiting", n)
+		}
+		got := make(chan error, 1)
+		go func() {
+			c, err := p.GetWith(NewWaiter[*fakeConn](), time.Minute, nil)
+			if err == nil {
+				p.Put(c)
+			}
+			got <- err
+		}()
+		time.Sleep(1500 * time.Millisecond)
+		synctest.Wait()
+		if n := count(); n != 0 {
+			t.Fatalf("%d calls before the wait reached WaitWarning", n)
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if n := count(); n != 1 {
+			t.Fatalf("%d calls after the wait passed WaitWarning, want 1", n)
+		}
+		if st := calls[0]; st.Waiting != 1 || st.Active != 1 || st.MaxSize != 1 || st.OldestWait < 2*time.Second {
+			t.Fatalf("LongWait's snapshot: %+v", st)
+		}
+		time.Sleep(8 * time.Second) // some 8.5 s after the first call
+		synctest.Wait()
+		if n := count(); n != 1 {
+			t.Fatalf("%d calls within LongWaitEvery of the first, want 1", n)
+		}
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if n := count(); n != 2 {
+			t.Fatalf("%d calls once LongWaitEvery had passed with the wait going on, want 2", n)
+		}
+		p.Put(held)
+		if err := <-got; err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(30 * time.Second)
+		synctest.Wait()
+		if n := count(); n != 2 {
+			t.Fatalf("%d calls after the wait ended, want 2", n)
+		}
+	})
+}

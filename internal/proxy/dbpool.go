@@ -156,6 +156,7 @@ func poolSettings(cfg *config.Config, route *config.Route) pool.Settings {
 		IdleTimeout:        set.IdleTimeout,
 		RecycleRate:        cfg.RecycleRate,
 		WaitUnavailable:    route.MultiHost(),
+		WaitWarning:        set.WaitWarning,
 	}
 }
 
@@ -204,7 +205,8 @@ func newDBPool(srv *Server, key poolKey, route config.Route, warm, paused bool) 
 			srv.releaseServer(key.database, key.user)
 			d.fleetRelease()
 		},
-		Logger: d.log,
+		LongWait: d.warnLongWait,
+		Logger:   d.log,
 	}, &srv.connIDs)
 	return d
 }

@@ -313,3 +313,93 @@ func TestLeakSessionModeIdleNotFlagged(t *testing.T) {
 		t.Errorf("a session-mode transaction held 1s with threshold 300ms was not flagged")
 	}
 }
+
+const toWaitMsg = "a request has waited wait_warning for a server connection"
+
+// wait_warning: on a pool of one held in a transaction, a second client's
+// request waits; once it has waited wait_warning, one WARN says so with the
+// pool's counts and the holder (its client, application_name, state and
+// query); a longer wait logs no second line within 10 s, and a request that
+// waits less than wait_warning logs none.
+func TestWaitWarning(t *testing.T) {
+	t.Parallel()
+	const warnAfter = time.Second
+	p := startPoolerd(t, func(c *config.Config) {
+		c.MaxSize = 1
+		c.WaitWarning = warnAfter
+		c.CheckoutTimeout = 20 * time.Second
+	})
+	app := relayName("to_wait_holder")
+	holder := p.connect(t, "default_query_exec_mode=simple_protocol", "application_name="+app)
+	holderAddr := holder.PgConn().Conn().LocalAddr().String()
+	waiter := p.connect(t, "default_query_exec_mode=simple_protocol")
+	ctx := ctxTimeout(t, 30*time.Second)
+	sql := "SELECT '" + relayName("holding") + "'"
+
+	// A short wait: no warning.
+	if _, err := holder.Exec(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := waiter.Exec(ctx, "SELECT 1")
+		done <- err
+	}()
+	time.Sleep(300 * time.Millisecond)
+	if _, err := holder.Exec(ctx, "COMMIT"); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // a maintainer tick or more
+	if ws := toLogEntries(t, p, toWaitMsg); len(ws) != 0 {
+		t.Fatalf("wait warning for a wait of 300 ms (wait_warning 1s): %s", ws[0].Raw)
+	}
+
+	// A long wait: one warning, naming the holder.
+	if _, err := holder.Exec(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Exec(ctx, sql); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		_, err := waiter.Exec(ctx, "SELECT 2")
+		done <- err
+	}()
+	eventually(t, 5*time.Second, "the wait warning", func() bool {
+		return len(toLogEntries(t, p, toWaitMsg)) > 0
+	})
+	time.Sleep(2500 * time.Millisecond) // the wait goes on, past two more ticks
+	if _, err := holder.Exec(ctx, "COMMIT"); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	ws := toLogEntries(t, p, toWaitMsg)
+	if len(ws) != 1 {
+		t.Fatalf("%d wait warnings for one wait of about 3.5 s, want 1 (at most one per pool per 10 s)", len(ws))
+	}
+	w := ws[0]
+	if w.Level != "WARN" {
+		t.Errorf("wait warning logged at %s, want WARN", w.Level)
+	}
+	for k, want := range map[string]string{
+		"database": pgtest.DBApp, "user": pgtest.RoleApp, "wait_warning": "1s",
+		"max_size": "1", "active": "1", "idle": "0", "waiting": "1",
+		"holder_client": holderAddr, "holder_application_name": app,
+		"holder_state": "idle in transaction", "holder_query": sql,
+	} {
+		if got := w.str(k); got != want {
+			t.Errorf("wait warning field %s = %q, want %q: %s", k, got, want, w.Raw)
+		}
+	}
+	if waited := w.dur(t, "waited"); waited < warnAfter {
+		t.Errorf("wait warning at waited=%s, below wait_warning", waited)
+	}
+	if busy := w.dur(t, "holder_busy_for"); busy < warnAfter {
+		t.Errorf("holder_busy_for=%s: the holder has held its connection since before the wait began", busy)
+	}
+}
