@@ -330,6 +330,12 @@ type PoolSettings struct {
 	// TransactionTimeout ends a client whose transaction (the whole lease of
 	// its server connection) lasts longer than this; 0 disables.
 	TransactionTimeout time.Duration `mapstructure:"transaction_timeout"`
+	// LeaseTimeout is one deadline for a whole lease: from the moment a
+	// request (in transaction mode, a transaction) starts waiting for a
+	// server connection until its connection is idle outside a
+	// transaction again; the checkout wait gets what is left of it, the
+	// work what is left after the wait. 0 disables.
+	LeaseTimeout time.Duration `mapstructure:"lease_timeout"`
 	// IdleTransactionTimeout ends a client idle inside a transaction this
 	// long; 0 disables.
 	IdleTransactionTimeout time.Duration `mapstructure:"idle_transaction_timeout"`
@@ -465,6 +471,7 @@ type Overrides struct {
 	WaitWarning            *time.Duration `mapstructure:"wait_warning"`
 	QueryTimeout           *time.Duration `mapstructure:"query_timeout"`
 	TransactionTimeout     *time.Duration `mapstructure:"transaction_timeout"`
+	LeaseTimeout           *time.Duration `mapstructure:"lease_timeout"`
 	IdleTransactionTimeout *time.Duration `mapstructure:"idle_transaction_timeout"`
 	ClientIdleTimeout      *time.Duration `mapstructure:"client_idle_timeout"`
 	ServerResponseTimeout  *time.Duration `mapstructure:"server_response_timeout"`

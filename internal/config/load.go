@@ -85,6 +85,7 @@ func Keys() []Key {
 		{Name: "wait_warning", Help: "warn (once per pool per 10s) when a request has waited this long for a server connection (0 = off)"},
 		{Name: "query_timeout", Help: "cancel a query running longer than this (0 = off)"},
 		{Name: "transaction_timeout", Help: "end a client whose transaction lasts longer than this (0 = off)"},
+		{Name: "lease_timeout", Help: "one deadline for a whole lease: the checkout wait and the work after it (0 = off)"},
 		{Name: "idle_transaction_timeout", Help: "end a client idle in a transaction this long (0 = off)"},
 		{Name: "client_idle_timeout", Help: "end a client idle outside a transaction this long (0 = off)"},
 		{Name: "server_response_timeout", Help: "declare a server hung after this long without a byte while requests are pending (0 = off)"},

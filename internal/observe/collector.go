@@ -48,7 +48,7 @@ var poolMetricDefs = []metricDef{
 	{"poolerd_pool_paused", "1 while the pool is paused (PAUSE), else 0.", nil},
 	{"poolerd_pool_max_size", "The pool's max_size (for saturation: server connections / max_size).", nil},
 	{"poolerd_unavailable_total", "Requests refused at once (08006) because connects fail and nothing is open.", nil},
-	{"poolerd_timeouts_total", "Timeouts by kind: checkout, query, transaction, idle_transaction, client_idle, server_response.", []string{"kind"}},
+	{"poolerd_timeouts_total", "Timeouts by kind: checkout, query, transaction, idle_transaction, client_idle, server_response, pinned_idle, lease, lease_checkout.", []string{"kind"}},
 	{"poolerd_validation_failures_total", "Server connections that failed validation_query before use.", nil},
 	{"poolerd_leaks_total", "Leak warnings: clients that kept a server connection busy past leak_detection_threshold.", nil},
 	{"poolerd_client_bytes_received_total", "Bytes received from clients and forwarded to PostgreSQL.", nil},

@@ -49,7 +49,7 @@ poolerd_clients{database="app",state="waiting",user="u"} 1
 # HELP poolerd_server_evictions_total Server connections closed because they could not be reused, by reason.
 # TYPE poolerd_server_evictions_total counter
 poolerd_server_evictions_total{database="app",reason="broken",user="u"} 2
-# HELP poolerd_timeouts_total Timeouts by kind: checkout, query, transaction, idle_transaction, client_idle, server_response.
+# HELP poolerd_timeouts_total Timeouts by kind: checkout, query, transaction, idle_transaction, client_idle, server_response, pinned_idle, lease, lease_checkout.
 # TYPE poolerd_timeouts_total counter
 poolerd_timeouts_total{database="app",kind="checkout",user="u"} 0
 poolerd_timeouts_total{database="app",kind="query",user="u"} 4

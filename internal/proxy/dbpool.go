@@ -313,20 +313,38 @@ func (d *dbPool) target() backend.Target {
 // connection that could not be moved (shutdown) is discarded. One that
 // comes through the queue is not moved: the asker has handed its loop over
 // to wait (queued) and goes on on a goroutine of its own (loopDetach).
-func (d *dbPool) checkout(q queuer, done <-chan struct{}, near *loopItem) (*serverConn, error) {
+//
+// lease is the asker's lease_timeout and what is left of it (zero: none):
+// the wait gets the shorter of that and checkout_timeout, and a wait that
+// used up the lease is refused naming lease_timeout.
+func (d *dbPool) checkout(q queuer, done <-chan struct{}, near *loopItem, lease leaseLeft) (*serverConn, error) {
 	if sc, ok := d.pool.TryGetNear(near.share()); ok {
 		d.met.checkoutWait.Observe(0)
 		return d.nearLoop(sc, near)
 	}
 	start := time.Now()
-	sc, err := d.pool.GetWith(q.queued(), d.route().Settings.CheckoutTimeout, done)
+	limit := d.route().Settings.CheckoutTimeout
+	byLease := lease.left > 0 && (limit <= 0 || lease.left < limit)
+	if byLease {
+		limit = lease.left
+	}
+	sc, err := d.pool.GetWith(q.queued(), limit, done)
 	q.dequeued()
 	d.met.checkoutWait.Observe(time.Since(start).Seconds())
 	if err != nil {
+		var te *pool.CheckoutTimeoutError
+		if byLease && errors.As(err, &te) {
+			d.timeoutCounts[timeoutLeaseCheckout].Add(1)
+			return nil, errLeaseCheckout(lease.limit, d, te.Stats)
+		}
 		return nil, d.checkoutError(err)
 	}
 	return sc, nil
 }
+
+// leaseLeft is a lease_timeout (limit) and what is left of it for a
+// checkout (left); zero: no lease_timeout.
+type leaseLeft struct{ limit, left time.Duration }
 
 // nearLoop moves a connection just checked out to the asker's loop
 // (serverConn.nearLoop), or discards it if it cannot be read by any.
@@ -492,7 +510,7 @@ func (d *dbPool) prepareLogin(ctx context.Context, startup map[string]string, ke
 	if haveDefaults && len(unknown) == 0 && !keep {
 		return out, nil, nil
 	}
-	sc, werr := d.checkout(loginQueuer{}, ctx.Done(), nil)
+	sc, werr := d.checkout(loginQueuer{}, ctx.Done(), nil, leaseLeft{})
 	if werr != nil {
 		return nil, nil, asFatal(werr) // a refusal here ends the login
 	}

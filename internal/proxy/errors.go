@@ -198,12 +198,38 @@ func errPacketTooLarge(typ byte, n, limit int) *wire.Error {
 }
 
 // errTimedOut ends a session whose limit of kind expired.
+// errCancelUnanswered ends a client whose query poolerd cancelled for
+// query_timeout or lease_timeout (kind) when PostgreSQL did not answer the
+// cancel within cancelGrace.
+func errCancelUnanswered(kind timeoutKind, limit time.Duration) *wire.Error {
+	return &wire.Error{Severity: "FATAL", Code: "57014",
+		Message: fmt.Sprintf("canceling statement due to %s (%s); the server did not answer the cancel request within %s, so the connection was closed", kind.limitName(), limit, cancelGrace),
+		Hint:    fmt.Sprintf("raise %s for this database or user, or make the query faster", kind.limitName())}
+}
+
+// errLeaseCheckout refuses a request whose checkout wait used up its
+// lease_timeout (limit); st is the pool at that moment.
+func errLeaseCheckout(limit time.Duration, d *dbPool, st pool.Stats) *wire.Error {
+	detail := fmt.Sprintf("pool %s/%s: total %d, idle %d, active %d, waiting %d, max_size %d",
+		d.key.database, d.key.user, st.Total, st.Idle, st.Active, st.Waiting, st.MaxSize)
+	if st.Paused {
+		detail += "; the database is paused (PAUSE on the admin console; RESUME ends it)"
+	}
+	return &wire.Error{Severity: "ERROR", Code: "53300",
+		Message: fmt.Sprintf("checkout timed out: no server connection available within lease_timeout (%s)", limit),
+		Detail:  detail,
+		Hint:    "raise max_size (POOLERD_MAX_SIZE) if PostgreSQL's max_connections allows it, shorten transactions, or raise lease_timeout"}
+}
+
 func errTimedOut(kind timeoutKind, limit time.Duration) *wire.Error {
 	switch kind {
 	case timeoutQuery:
-		return &wire.Error{Severity: "FATAL", Code: "57014",
-			Message: fmt.Sprintf("canceling statement due to query_timeout (%s); the server did not answer the cancel request within %s, so the connection was closed", limit, cancelGrace),
-			Hint:    "raise query_timeout for this database or user, or make the query faster"}
+		return errCancelUnanswered(kind, limit)
+	case timeoutLease:
+		return &wire.Error{Severity: "FATAL", Code: "25P04",
+			Message: fmt.Sprintf("terminating connection due to lease_timeout (%s)", limit),
+			Detail:  "the transaction block, with the wait for its server connection, did not end within lease_timeout",
+			Hint:    "keep transactions shorter, or raise lease_timeout for this database or user"}
 	case timeoutTransaction:
 		return &wire.Error{Severity: "FATAL", Code: "25P04",
 			Message: fmt.Sprintf("terminating connection due to transaction_timeout (%s)", limit),

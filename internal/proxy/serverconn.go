@@ -105,9 +105,10 @@ type serverConn struct {
 	copyIn atomic.Bool
 	// lastRecv is when the reader last got bytes (server_response_timeout).
 	lastRecv atomic.Int64
-	// timeoutCancel: poolerd cancelled the running query for query_timeout;
-	// the server's 57014 reply is rewritten to say so.
-	timeoutCancel atomic.Bool
+	// timeoutCancel: poolerd cancelled the running query for query_timeout
+	// or lease_timeout (the timeoutKind plus one; 0: none); the server's
+	// 57014 reply is rewritten to say so.
+	timeoutCancel atomic.Int32
 	// draining: the owner left mid-request and the connection is about to
 	// be closed once the cancel request for its query has been delivered;
 	// what the server still sends is dropped, not taken for a protocol
@@ -183,9 +184,13 @@ type serverConn struct {
 	// now running was sent (or the previous one answered), idleTxSince when
 	// the server became idle inside a transaction.
 	busySince, queryStart, idleTxSince int64
-	quiet                              chan struct{}
-	opErr                              error // first error in a swallowed response
-	broken                             bool  // closed, or must be closed instead of reused
+	// leaseStart is when the owner's checkout for its lease began waiting
+	// (lease_timeout; 0 where no wait began it: session mode, a pinned
+	// client's next transaction). Cleared with busySince.
+	leaseStart int64
+	quiet      chan struct{}
+	opErr      error // first error in a swallowed response
+	broken     bool  // closed, or must be closed instead of reused
 
 	// params are the server's current reported parameters and applied the
 	// unreported ones poolerd set; touched by whoever holds the connection
@@ -503,7 +508,7 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 				}
 				// The reply to a query_timeout cancel, or to a duplicate
 				// Parse, is held back and rewritten at its end.
-				sc.replacing = !sc.drop && own != nil && (sc.timeoutCancel.Load() || sc.dupClient != "" || own.tracked || own.mayKeep())
+				sc.replacing = !sc.drop && own != nil && (sc.timeoutCancel.Load() != 0 || sc.dupClient != "" || own.tracked || own.mayKeep())
 			case 'G':
 				sc.copyIn.Store(true)
 			}
@@ -693,9 +698,10 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 // query_timeout cancel: the same SQLSTATE, naming the limit.
 func (sc *serverConn) timeoutReply(own *session, sev, code, msg string) []byte {
 	e := &wire.Error{Severity: sev, Code: code, Message: msg}
-	if code == "57014" && sc.timeoutCancel.Load() {
-		e.Message = fmt.Sprintf("canceling statement due to query_timeout (%s)", time.Duration(own.timeouts().queryTimeout))
-		e.Hint = "raise query_timeout for this database or user, or make the query faster"
+	if k := sc.timeoutCancel.Load(); code == "57014" && k != 0 {
+		kind := timeoutKind(k - 1)
+		e.Message = fmt.Sprintf("canceling statement due to %s (%s)", kind.limitName(), time.Duration(own.timeouts().of(kind)))
+		e.Hint = fmt.Sprintf("raise %s for this database or user, or make the query faster", kind.limitName())
 	} else if body := sc.cur.Body(); !sc.cur.Truncated() {
 		// Not the cancel's reply after all: pass it on unchanged.
 		b := make([]byte, wire.HeaderLen, wire.HeaderLen+len(body))
@@ -713,7 +719,7 @@ func (sc *serverConn) settleRead(rfqs, answered int, status byte, midFrame bool,
 	sc.mu.Lock()
 	sc.midFrame = midFrame
 	if rfqs > 0 {
-		sc.timeoutCancel.Store(false)
+		sc.timeoutCancel.Store(0)
 	}
 	var idleTx, idle int64
 	if now != 0 {
@@ -756,7 +762,7 @@ func (sc *serverConn) noteTimesLocked(rfqs, answered int, status byte, now int64
 			m.xactNanos.Add(d)
 			sc.dbp.met.xactDur.Observe(float64(d) / 1e9)
 		}
-		sc.busySince, sc.idleTxSince, sc.queryStart = 0, 0, 0
+		sc.busySince, sc.idleTxSince, sc.queryStart, sc.leaseStart = 0, 0, 0, 0
 		return 0, now
 	case status != wire.TxIdle && sc.idleTxSince == 0:
 		sc.idleTxSince = now

@@ -1033,7 +1033,7 @@ func (s *session) flush(data []byte, b batch) bool {
 	}
 	sync, syncReqs, reset, fail := s.syncQuery, s.syncReqs, s.syncReset, s.syncFail
 	s.syncQuery, s.syncReqs, s.syncReset, s.syncFail = nil, 0, false, false
-	var now, busySince, queryStart int64
+	var now, busySince, queryStart, leaseStart int64
 	timed := len(data) > 0
 	if timed {
 		now = s.srv.nanotime()
@@ -1054,7 +1054,7 @@ func (s *session) flush(data []byte, b batch) bool {
 			sc.lastRecv.Store(now)
 		}
 		sc.idleTxSince = 0
-		busySince, queryStart = sc.busySince, sc.queryStart
+		busySince, queryStart, leaseStart = sc.busySince, sc.queryStart, sc.leaseStart
 	}
 	sc.pending += b.reqs + syncReqs
 	for i := range syncReqs {
@@ -1141,7 +1141,7 @@ func (s *session) flush(data []byte, b batch) bool {
 		return true
 	}
 	if timed && s.timeouts().any() {
-		s.noteBusy(busySince, queryStart)
+		s.noteBusy(busySince, queryStart, leaseStart)
 	}
 	var err error
 	switch {
@@ -1210,11 +1210,21 @@ func (s *session) attach(held *serverConn) error {
 	if held == nil && s.endErr.Load() != nil && s.endErr.Load() != errHandedOver {
 		return errShuttingDown()
 	}
+	// lease_timeout's clock starts with the wait for a connection.
+	var leaseAt int64
+	lease := time.Duration(s.timeouts().leaseTimeout)
+	if held == nil && lease > 0 {
+		leaseAt = s.srv.nanotime()
+	}
 	for attempt := 0; ; attempt++ {
 		sc := held
 		if sc == nil {
 			var werr error
-			if sc, werr = s.dbp.checkout(s, s.srv.ctx.Done(), s.item.Load()); werr != nil {
+			var left leaseLeft
+			if leaseAt != 0 {
+				left = leaseLeft{limit: lease, left: max(lease-time.Duration(s.srv.nanotime()-leaseAt), time.Nanosecond)}
+			}
+			if sc, werr = s.dbp.checkout(s, s.srv.ctx.Done(), s.item.Load(), left); werr != nil {
 				return werr
 			}
 		}
@@ -1250,6 +1260,7 @@ func (s *session) attach(held *serverConn) error {
 		sc.owner.Store(s)
 		sc.busy = true
 		sc.unsynced = false
+		sc.leaseStart = leaseAt
 		var resetQ []byte
 		if sc.roleBy != 0 && sc.roleBy != s.id {
 			resetQ = resetQueryLocked(sc) // a startup role is set again after it

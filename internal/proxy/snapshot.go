@@ -259,6 +259,9 @@ func (p *dbPool) snapshot(oldest *[len(pinReasons)]time.Duration) PoolStats {
 	for k := range numTimeoutKinds {
 		ps.SessionTimeouts[k.String()] = p.timeoutCounts[k].Load()
 	}
+	// The pool counts a checkout that ran out of lease_timeout as a
+	// checkout timeout too: it is counted apart (lease_checkout).
+	ps.Timeouts -= min(ps.Timeouts, ps.SessionTimeouts[timeoutLeaseCheckout.String()])
 	for i, r := range pinReasons {
 		ps.Pins[i] = PinStats{Reason: r, Now: p.ctr.pinnedNow[i].Load(), Total: p.ctr.pinsTotal[i].Load(),
 			Unpins: p.ctr.unpinsTotal[i].Load()}

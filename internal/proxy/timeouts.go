@@ -29,12 +29,25 @@ const (
 	timeoutClientIdle
 	timeoutServerResponse
 	timeoutPinnedIdle
+	// timeoutLease: lease_timeout ran out during the work; timeoutLeaseCheckout:
+	// during the checkout wait (the pool counts it as a checkout timeout
+	// too: the snapshot takes it out of that count).
+	timeoutLease
+	timeoutLeaseCheckout
 	numTimeoutKinds
 )
 
-var timeoutKindNames = [numTimeoutKinds]string{"query", "transaction", "idle_transaction", "client_idle", "server_response", "pinned_idle"}
+var timeoutKindNames = [numTimeoutKinds]string{"query", "transaction", "idle_transaction", "client_idle", "server_response", "pinned_idle", "lease", "lease_checkout"}
 
 func (k timeoutKind) String() string { return timeoutKindNames[k] }
+
+// limitName is the configuration key of the limit behind kind.
+func (k timeoutKind) limitName() string {
+	if k == timeoutLease || k == timeoutLeaseCheckout {
+		return "lease_timeout"
+	}
+	return timeoutKindNames[k] + "_timeout"
+}
 
 // Fixed delays: what poolerd waits for on its own account, where no
 // setting applies.
@@ -87,6 +100,9 @@ type watchdog struct {
 	leakNext  int64 // next multiple of the threshold to warn at
 	cancelled int64 // queryStart of the query cancelled by query_timeout
 	cancelAt  int64 // when that cancel was sent
+	// leaseCancelled is the start of the lease whose request lease_timeout
+	// cancelled (at leaseCancelAt).
+	leaseCancelled, leaseCancelAt int64
 }
 
 // nanotime is the session clock: nanoseconds since the server started,
@@ -100,6 +116,7 @@ type timeouts struct {
 	queryTimeout, transactionTimeout, idleTransactionTimeout int64
 	clientIdleTimeout, serverResponseTimeout                 int64
 	leakDetectionThreshold, pinnedIdleTimeout                int64
+	leaseTimeout                                             int64
 }
 
 // timeoutsOf converts a route's settings. Sessions share the result
@@ -113,6 +130,7 @@ func timeoutsOf(set config.PoolSettings) *timeouts {
 		serverResponseTimeout:  int64(set.ServerResponseTimeout),
 		leakDetectionThreshold: int64(set.LeakDetectionThreshold),
 		pinnedIdleTimeout:      int64(set.PinnedIdleTimeout),
+		leaseTimeout:           int64(set.LeaseTimeout),
 	}
 }
 
@@ -138,7 +156,7 @@ const maxTimeoutSets = 256
 
 func (t *timeouts) any() bool {
 	return t.queryTimeout|t.transactionTimeout|t.idleTransactionTimeout|
-		t.clientIdleTimeout|t.serverResponseTimeout|t.leakDetectionThreshold|t.pinnedIdleTimeout != 0
+		t.clientIdleTimeout|t.serverResponseTimeout|t.leakDetectionThreshold|t.pinnedIdleTimeout|t.leaseTimeout != 0
 }
 
 // idleTracked reports whether the client's idle periods are timed
@@ -160,6 +178,8 @@ func (t *timeouts) of(kind timeoutKind) int64 {
 		return t.serverResponseTimeout
 	case timeoutPinnedIdle:
 		return t.pinnedIdleTimeout
+	case timeoutLease, timeoutLeaseCheckout:
+		return t.leaseTimeout
 	}
 	return 0
 }
@@ -212,7 +232,7 @@ func (s *session) noteActive(now int64) {
 
 // noteBusy arms the timer for a server that just became busy for this
 // session (a request sent with nothing pending before).
-func (s *session) noteBusy(busySince, queryStart int64) {
+func (s *session) noteBusy(busySince, queryStart, leaseStart int64) {
 	l := s.timeouts()
 	next := int64(0)
 	pick := func(d int64) {
@@ -228,6 +248,9 @@ func (s *session) noteBusy(busySince, queryStart int64) {
 	}
 	if l.transactionTimeout != 0 {
 		pick(busySince + l.transactionTimeout)
+	}
+	if l.leaseTimeout != 0 {
+		pick(serverTimes{busySince: busySince, leaseStart: leaseStart}.lease() + l.leaseTimeout)
 	}
 	if l.leakDetectionThreshold != 0 {
 		pick(busySince + l.leakDetectionThreshold)
@@ -249,6 +272,7 @@ type serverTimes struct {
 	pending                                      int
 	txStatus                                     byte
 	busySince, queryStart, lastRecv, idleTxSince int64
+	leaseStart                                   int64
 }
 
 // fire runs on the timer's goroutine: it finds what expired, acts on the
@@ -278,7 +302,7 @@ func (s *session) fire() {
 		sc.mu.Lock()
 		owned := sc.owner.Load() == s
 		if owned {
-			t = serverTimes{sc.pending, sc.txStatus, sc.busySince, sc.queryStart, sc.lastRecv.Load(), sc.idleTxSince}
+			t = serverTimes{sc.pending, sc.txStatus, sc.busySince, sc.queryStart, sc.lastRecv.Load(), sc.idleTxSince, sc.leaseStart}
 		}
 		sc.mu.Unlock()
 		if !owned {
@@ -303,6 +327,14 @@ func (s *session) fire() {
 		}
 		if l.transactionTimeout != 0 && t.busySince != 0 {
 			check(timeoutTransaction, t.busySince+l.transactionTimeout)
+		}
+		if l.leaseTimeout != 0 && t.busySince != 0 {
+			if start := t.lease(); w.leaseCancelled == start {
+				// Cancel sent: give the server cancelGrace to answer.
+				check(timeoutLease, w.leaseCancelAt+int64(cancelGrace))
+			} else {
+				check(timeoutLease, start+l.leaseTimeout)
+			}
 		}
 		if l.queryTimeout != 0 && t.pending > 0 {
 			if w.cancelled == t.queryStart {
@@ -339,6 +371,16 @@ func (s *session) fire() {
 		w.cancelled, w.cancelAt = t.queryStart, now
 		pick(now + int64(cancelGrace))
 	}
+	// lease_timeout outside a transaction block cancels the request, as
+	// query_timeout does; inside one it ends the session, as
+	// transaction_timeout does (the block cannot continue within the
+	// lease). After an unanswered cancel, the session ends too.
+	leaseCancelled := expired == timeoutLease && w.leaseCancelled == t.lease()
+	cancelLease := expired == timeoutLease && !leaseCancelled && t.pending > 0 && t.txStatus == wire.TxIdle
+	if cancelLease {
+		w.leaseCancelled, w.leaseCancelAt = t.lease(), now
+		pick(now + int64(cancelGrace))
+	}
 	w.mu.Unlock()
 
 	if leak {
@@ -347,7 +389,12 @@ func (s *session) fire() {
 	switch {
 	case expired < 0:
 	case retryQuery:
-		s.queryTimeout(sc)
+		s.cancelFor(timeoutQuery, sc)
+	case cancelLease:
+		s.cancelFor(timeoutLease, sc)
+	case leaseCancelled:
+		s.endForTimeout(timeoutLease, sc, errCancelUnanswered(timeoutLease, time.Duration(l.leaseTimeout)))
+		return // the session ends
 	default:
 		s.timedOut(expired, sc)
 		return // the session ends
@@ -357,13 +404,24 @@ func (s *session) fire() {
 	}
 }
 
-// queryTimeout cancels the running query; the server's 57014 reply is
-// rewritten to name query_timeout, and if no reply comes within cancelGrace
-// the next fire closes the connection.
-func (s *session) queryTimeout(sc *serverConn) {
-	s.dbp.timeoutCounts[timeoutQuery].Add(1)
-	s.log.Warn("query_timeout reached; cancelling the query",
-		zap.Duration("query_timeout", time.Duration(s.timeouts().queryTimeout)), zap.Uint64("conn_id", sc.ID()),
+// lease is when the lease being timed began: the start of the checkout
+// wait that got the connection, or (session mode, a pinned client: no
+// wait) when the connection became busy.
+func (t serverTimes) lease() int64 {
+	if t.leaseStart != 0 {
+		return t.leaseStart
+	}
+	return t.busySince
+}
+
+// cancelFor cancels the running query for query_timeout or lease_timeout
+// (kind); the server's 57014 reply is rewritten to name the limit, and if
+// no reply comes within cancelGrace the next fire closes the connection.
+func (s *session) cancelFor(kind timeoutKind, sc *serverConn) {
+	s.dbp.timeoutCounts[kind].Add(1)
+	limit := time.Duration(s.timeouts().of(kind))
+	s.log.Warn(kind.limitName()+" reached; cancelling the query",
+		zap.Duration(kind.limitName(), limit), zap.Uint64("conn_id", sc.ID()),
 		zap.String("query", s.queryText()))
 	sc.mu.Lock()
 	if sc.owner.Load() != s || sc.pending == 0 {
@@ -371,7 +429,7 @@ func (s *session) queryTimeout(sc *serverConn) {
 		return
 	}
 	sc.cancelling = true
-	sc.timeoutCancel.Store(true)
+	sc.timeoutCancel.Store(int32(kind) + 1)
 	sc.mu.Unlock()
 	// In the background: the cancel grace runs from now, and a server that
 	// does not close the cancel connection must not hold the watchdog.
@@ -392,6 +450,13 @@ func (s *session) timedOut(kind timeoutKind, sc *serverConn) {
 	if kind != timeoutQuery { // counted when the query was cancelled
 		s.dbp.timeoutCounts[kind].Add(1)
 	}
+	s.endForTimeout(kind, sc, errTimedOut(kind, limit))
+}
+
+// endForTimeout is timedOut with the client's error werr (counted by the
+// caller).
+func (s *session) endForTimeout(kind timeoutKind, sc *serverConn, werr *wire.Error) {
+	limit := time.Duration(s.timeouts().of(kind))
 	fields := []zap.Field{zap.String("timeout", kind.String()), zap.Duration("limit", limit)}
 	if sc != nil {
 		fields = append(fields, zap.Uint64("conn_id", sc.ID()))
@@ -418,7 +483,7 @@ func (s *session) timedOut(kind timeoutKind, sc *serverConn) {
 		// cancel request if a query still runs. The client is told first.
 		sc.markBroken()
 	}
-	s.terminate(errTimedOut(kind, limit))
+	s.terminate(werr)
 }
 
 // dropServer detaches a hung sc from the session and closes it.
