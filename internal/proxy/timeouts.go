@@ -98,11 +98,12 @@ type watchdog struct {
 	timer     *time.Timer
 	leakSince int64 // busySince the leak warnings below refer to
 	leakNext  int64 // next multiple of the threshold to warn at
-	cancelled int64 // queryStart of the query cancelled by query_timeout
-	cancelAt  int64 // when that cancel was sent
-	// leaseCancelled is the start of the lease whose request lease_timeout
-	// cancelled (at leaseCancelAt).
-	leaseCancelled, leaseCancelAt int64
+	// cancelled is the queryStart of the query cancelled by query_timeout,
+	// or minus the start of the lease whose request lease_timeout
+	// cancelled (both are positive clock readings); cancelAt is when that
+	// cancel was sent.
+	cancelled int64
+	cancelAt  int64
 }
 
 // nanotime is the session clock: nanoseconds since the server started,
@@ -329,9 +330,9 @@ func (s *session) fire() {
 			check(timeoutTransaction, t.busySince+l.transactionTimeout)
 		}
 		if l.leaseTimeout != 0 && t.busySince != 0 {
-			if start := t.lease(); w.leaseCancelled == start {
+			if start := t.lease(); w.cancelled == -start {
 				// Cancel sent: give the server cancelGrace to answer.
-				check(timeoutLease, w.leaseCancelAt+int64(cancelGrace))
+				check(timeoutLease, w.cancelAt+int64(cancelGrace))
 			} else {
 				check(timeoutLease, start+l.leaseTimeout)
 			}
@@ -375,10 +376,10 @@ func (s *session) fire() {
 	// query_timeout does; inside one it ends the session, as
 	// transaction_timeout does (the block cannot continue within the
 	// lease). After an unanswered cancel, the session ends too.
-	leaseCancelled := expired == timeoutLease && w.leaseCancelled == t.lease()
+	leaseCancelled := expired == timeoutLease && w.cancelled == -t.lease()
 	cancelLease := expired == timeoutLease && !leaseCancelled && t.pending > 0 && t.txStatus == wire.TxIdle
 	if cancelLease {
-		w.leaseCancelled, w.leaseCancelAt = t.lease(), now
+		w.cancelled, w.cancelAt = -t.lease(), now
 		pick(now + int64(cancelGrace))
 	}
 	w.mu.Unlock()
