@@ -47,6 +47,7 @@ var poolMetricDefs = []metricDef{
 	{"poolerd_pool_health", "The pool's health state: 1 for the current state, 0 for the others.", []string{"state"}},
 	{"poolerd_pool_paused", "1 while the pool is paused (PAUSE), else 0.", nil},
 	{"poolerd_pool_max_size", "The pool's max_size (for saturation: server connections / max_size).", nil},
+	{"poolerd_pool_min_size_effective", "The floor of connections the pool keeps: min_size, or fewer while PostgreSQL refuses more (53300).", nil},
 	{"poolerd_unavailable_total", "Requests refused at once (08006) because connects fail and nothing is open.", nil},
 	{"poolerd_timeouts_total", "Timeouts by kind: checkout, query, transaction, idle_transaction, client_idle, server_response, pinned_idle, lease, lease_checkout.", []string{"kind"}},
 	{"poolerd_validation_failures_total", "Server connections that failed validation_query before use.", nil},
@@ -141,6 +142,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge("poolerd_pool_paused", b2f(ps.Paused), db, user)
 		gauge("poolerd_pool_max_size", float64(ps.MaxSize), db, user)
+		gauge("poolerd_pool_min_size_effective", float64(ps.EffectiveMinSize), db, user)
 		counter("poolerd_unavailable_total", float64(ps.FastFailures), db, user)
 		counter("poolerd_timeouts_total", float64(ps.Timeouts), db, user, "checkout")
 		for kind, n := range ps.SessionTimeouts {

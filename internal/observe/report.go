@@ -71,12 +71,15 @@ type HostHealth struct {
 
 // PoolCounts are the seed's pool statistics.
 type PoolCounts struct {
-	Total                 int     `json:"total"`
-	Idle                  int     `json:"idle"`
-	Active                int     `json:"active"`
-	Waiting               int     `json:"waiting"`
-	MaxSize               int     `json:"max_size"`
-	MinSize               int     `json:"min_size"`
+	Total   int `json:"total"`
+	Idle    int `json:"idle"`
+	Active  int `json:"active"`
+	Waiting int `json:"waiting"`
+	MaxSize int `json:"max_size"`
+	MinSize int `json:"min_size"`
+	// EffectiveMinSize is the floor kept now: min_size, or fewer while
+	// PostgreSQL refuses more connections (docs/operations.md).
+	EffectiveMinSize      int     `json:"effective_min_size"`
 	TotalAcquisitions     uint64  `json:"total_acquisitions"`
 	TotalReleases         uint64  `json:"total_releases"`
 	AvgAcquisitionTimeMs  float64 `json:"avg_acquisition_time_ms"`
@@ -159,7 +162,7 @@ func poolHealth(ps proxy.PoolStats) PoolHealth {
 		Name: ps.Database, User: ps.User, Health: st.State.String(),
 		Pool: PoolCounts{
 			Total: st.Total, Idle: st.Idle, Active: st.Active, Waiting: st.Waiting,
-			MaxSize: st.MaxSize, MinSize: st.MinSize,
+			MaxSize: st.MaxSize, MinSize: st.MinSize, EffectiveMinSize: st.EffectiveMinSize,
 			TotalAcquisitions: st.Acquisitions, TotalReleases: st.Releases,
 			AvgAcquisitionTimeMs:  ms(st.AvgWait()),
 			PeakActiveConnections: st.PeakActive,

@@ -49,7 +49,7 @@ func TestReportDocument(t *testing.T) {
 	created := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	checked := created.Add(time.Minute)
 	a := proxy.PoolStats{Database: "app", User: "app", Stats: pool.Stats{
-		State: pool.Healthy, MaxSize: 20, MinSize: 2, Total: 3, Idle: 1, Active: 2, Waiting: 1,
+		State: pool.Healthy, MaxSize: 20, MinSize: 2, EffectiveMinSize: 2, Total: 3, Idle: 1, Active: 2, Waiting: 1,
 		Acquisitions: 4, Releases: 3, WaitTotal: 10 * time.Millisecond, WaitMax: 7500 * time.Microsecond,
 		PeakActive: 3, Created: created, LastHealthCheck: checked, LastCheckLatency: 1500 * time.Microsecond}}
 	b := proxy.PoolStats{Database: "app", User: "aaa", Stats: pool.Stats{
@@ -61,8 +61,8 @@ func TestReportDocument(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pa := `{"name":"app","user":"app","status":"connected","health":"healthy","pool":{"total":3,"idle":1,"active":2,"waiting":1,"max_size":20,"min_size":2,"total_acquisitions":4,"total_releases":3,"avg_acquisition_time_ms":2.5,"peak_active_connections":3,"peak_wait_time_ms":7.5,"pool_created_at":"2026-01-02T03:04:05Z"},"latency_ms":1.5,"last_error":null,"last_health_check":"2026-01-02T03:05:05Z"}`
-	pb := `{"name":"app","user":"aaa","status":"disconnected","health":"unhealthy","pool":{"total":0,"idle":0,"active":0,"waiting":0,"max_size":0,"min_size":0,"total_acquisitions":0,"total_releases":0,"avg_acquisition_time_ms":0,"peak_active_connections":0,"peak_wait_time_ms":0,"pool_created_at":"2026-01-02T03:04:05Z"},"latency_ms":null,"last_error":"connection refused","last_health_check":null,"next_retry":"2026-01-02T03:05:05Z"}`
+	pa := `{"name":"app","user":"app","status":"connected","health":"healthy","pool":{"total":3,"idle":1,"active":2,"waiting":1,"max_size":20,"min_size":2,"effective_min_size":2,"total_acquisitions":4,"total_releases":3,"avg_acquisition_time_ms":2.5,"peak_active_connections":3,"peak_wait_time_ms":7.5,"pool_created_at":"2026-01-02T03:04:05Z"},"latency_ms":1.5,"last_error":null,"last_health_check":"2026-01-02T03:05:05Z"}`
+	pb := `{"name":"app","user":"aaa","status":"disconnected","health":"unhealthy","pool":{"total":0,"idle":0,"active":0,"waiting":0,"max_size":0,"min_size":0,"effective_min_size":0,"total_acquisitions":0,"total_releases":0,"avg_acquisition_time_ms":0,"peak_active_connections":0,"peak_wait_time_ms":0,"pool_created_at":"2026-01-02T03:04:05Z"},"latency_ms":null,"last_error":"connection refused","last_health_check":null,"next_retry":"2026-01-02T03:05:05Z"}`
 	want := `{"status":"healthy","timestamp":"2026-01-02T03:04:05Z","clients":5,"database":` + pa + `,"pools":[` + pb + `,` + pa + `]}`
 	if string(got) != want {
 		t.Errorf("/stats document\n got %s\nwant %s", got, want)

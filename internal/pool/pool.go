@@ -241,6 +241,13 @@ type Config[C Conn] struct {
 	// into the pool.
 	Admit   func() bool
 	Release func()
+	// Capacity, when set, reports whether a Connect error is the server
+	// refusing a connection for lack of connection slots (PostgreSQL's
+	// 53300), and names the limit. Such a refusal while the pool fills its
+	// floor (min_size) with at least one connection open and nobody
+	// waiting lowers the pool's effective floor to what is open, instead
+	// of counting as a failure; see EffectiveMinSize.
+	Capacity func(error) (limit string, ok bool)
 	// LongWait, when set, is called by the maintainer (without the pool's
 	// lock) with a snapshot of the pool when its first queued checkout has
 	// waited Settings.WaitWarning, at most once per LongWaitEvery.
@@ -261,6 +268,10 @@ type Stats struct {
 	// OldestWait is how long the first queued checkout has waited.
 	OldestWait       time.Duration
 	MaxSize, MinSize int
+	// EffectiveMinSize is the floor the pool keeps: MinSize (at least one
+	// for a Warm pool), or less while the server refuses more connections
+	// (Config.Capacity), raised again by one every BackoffMax.
+	EffectiveMinSize int
 	// Total counts open connections plus those being opened.
 	Total, Idle, Active, Opening, Waiting int
 	// Acquisitions counts successful checkouts; Hits reused an open
@@ -341,7 +352,15 @@ type Pool[C Conn] struct {
 	recycledNow int       // recycled in the current second
 	recycleSec  time.Time // start of that second
 	lastLongW   time.Time // when LongWait was last called
-	changed     chan struct{}
+	// floorCap, when not 0, lowers the floor to this many connections:
+	// the server refused more (Config.Capacity). floorRetry is when the
+	// maintainer next raises it by one (every BackoffMax), floorLogged the
+	// floor last logged.
+	floorCap, floorLogged int
+	floorRetry            time.Time
+	floorLimit            string // the limit that lowered it, and the
+	floorErr              error  // refusal, for the log
+	changed               chan struct{}
 
 	wake    chan struct{} // nudges the maintainer
 	done    chan struct{}
@@ -426,10 +445,10 @@ func (p *Pool[C]) WaitWarm(ctx context.Context, maxFailures int) error {
 	for {
 		p.mu.Lock()
 		st, fails, last, ch := p.stats.State, p.failures, p.lastErr, p.changed
-		open := p.total - p.opening
+		open, target := p.total-p.opening, max(p.warmTarget(), 1)
 		p.mu.Unlock()
 		switch {
-		case st == Healthy && open >= max(p.set().MinSize, 1):
+		case st == Healthy && open >= target:
 			return nil
 		case fails >= maxFailures:
 			return fmt.Errorf("%d connect attempts failed: %w", fails, last)
@@ -1000,6 +1019,7 @@ func (p *Pool[C]) statsLocked() Stats {
 	s := p.stats
 	s.Total, s.Idle, s.Active, s.Opening, s.Waiting = p.total, len(p.idle), p.active, p.opening, len(p.waiters)
 	s.Paused = p.paused
+	s.EffectiveMinSize = p.warmTarget()
 	if len(p.waiters) > 0 {
 		s.OldestWait = p.cfg.Now().Sub(p.waiters[0].since)
 	}
@@ -1072,6 +1092,17 @@ func (p *Pool[C]) connectFailedLocked(err error, attempt int) {
 	p.total--
 	p.releaseSlot()
 	p.stats.ConnectFailures++
+	if open := p.total - p.opening; p.cfg.Capacity != nil && len(p.waiters) == 0 && open > 0 && !p.closed {
+		if limit, ok := p.cfg.Capacity(err); ok {
+			// Filling the floor, and the server has no slot for it:
+			// serve with what is open rather than back off as if
+			// the server were failing.
+			p.lowerFloorLocked(p.total, limit, err) // those being opened may fit
+			p.evalLocked("min_size lowered")
+			p.broadcastLocked()
+			return
+		}
+	}
 	p.lastErr = err
 	if attempt <= p.failures {
 		// Started before the last failure (connects in flight together when
@@ -1120,6 +1151,7 @@ func (p *Pool[C]) adoptLocked(c C) {
 		p.log.Info("server connect succeeded; backoff ended", zap.Int("failed_attempts", p.failures))
 	}
 	p.failures, p.backoffN, p.lastErr = 0, 0, nil
+	p.logFloorLocked()
 	if p.closed {
 		e.state = stateActive
 		p.closeLocked(c)
@@ -1134,10 +1166,55 @@ func (p *Pool[C]) adoptLocked(c C) {
 // warmTarget is how many connections the pool wants open regardless of
 // demand.
 func (p *Pool[C]) warmTarget() int {
+	t := p.configuredFloor()
+	if p.floorCap > 0 && p.floorCap < t {
+		t = p.floorCap
+	}
+	return t
+}
+
+// configuredFloor is the floor the settings ask for.
+func (p *Pool[C]) configuredFloor() int {
 	if p.cfg.Warm {
 		return max(p.set().MinSize, 1)
 	}
 	return p.set().MinSize
+}
+
+// lowerFloorLocked lowers the floor to open connections (those open and
+// being opened): the server refused one more for lack of connection slots
+// (limit names which).
+func (p *Pool[C]) lowerFloorLocked(open int, limit string, err error) {
+	p.floorCap = open
+	p.floorRetry = p.cfg.Now().Add(p.set().BackoffMax)
+	p.floorLimit, p.floorErr = limit, err
+	p.logFloorLocked()
+}
+
+// logFloorLocked logs a lowered floor once the connects in flight have
+// settled it, unless it is the floor logged last (a retry refused again).
+func (p *Pool[C]) logFloorLocked() {
+	if p.floorCap == 0 || p.opening > 0 || p.floorCap == p.floorLogged {
+		return
+	}
+	p.floorLogged = p.floorCap
+	p.log.Warn("min_size lowered: PostgreSQL refuses more connections",
+		zap.Int("min_size", p.set().MinSize), zap.Int("effective_min_size", p.floorCap), zap.String("limit", p.floorLimit),
+		zap.Duration("retry_every", p.set().BackoffMax), zap.Error(p.floorErr))
+}
+
+// raiseFloorLocked lets a lowered floor try one connection more every
+// BackoffMax, and lifts the cap once it reaches the configured floor.
+func (p *Pool[C]) raiseFloorLocked(now time.Time) {
+	if p.floorCap == 0 || now.Before(p.floorRetry) {
+		return
+	}
+	p.floorCap++
+	p.floorRetry = now.Add(p.set().BackoffMax)
+	if p.floorCap >= p.configuredFloor() {
+		p.floorCap, p.floorLogged, p.floorErr = 0, 0, nil
+		p.log.Info("min_size restored: PostgreSQL accepts connections again", zap.Int("min_size", p.set().MinSize))
+	}
 }
 
 // evalLocked recomputes the health state after an event.
@@ -1243,6 +1320,7 @@ func (p *Pool[C]) maintain() {
 		p.probeIfDown(now)
 		p.mu.Lock()
 		p.recycleIdleLocked(now)
+		p.raiseFloorLocked(now)
 		p.fillLocked(now)
 		long := p.longWaitLocked(now)
 		tick := time.Second

@@ -858,3 +858,53 @@ func TestLongWait(t *testing.T) {
 		}
 	})
 }
+
+// TestFloorLoweredWhenServerFull: a min_size the server cannot give (its
+// connection slots run out after two) lowers the pool's effective floor to
+// what is open, without a failure, backoff or unhealthy state; every
+// BackoffMax one more is tried; once the server has room again the
+// floor climbs back to min_size.
+func TestFloorLoweredWhenServerFull(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		errFull := errors.New("too many connections")
+		var mu sync.Mutex
+		room, opened := 2, 0
+		cfg := baseConfig(&dialer{}, 6, 4)
+		cfg.Connect = func(ctx context.Context) (*fakeConn, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if opened >= room {
+				return nil, errFull
+			}
+			opened++
+			return &fakeConn{n: opened}, nil
+		}
+		cfg.Capacity = func(err error) (string, bool) { return "max_connections", errors.Is(err, errFull) }
+		p := New(cfg, new(atomic.Uint64))
+		defer p.Close()
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		st := p.Stats()
+		if st.Total != 2 || st.EffectiveMinSize != 2 || st.MinSize != 4 || st.Failures != 0 || st.State != Healthy {
+			t.Fatalf("with room for two: total %d, effective min %d (min %d), failures %d, state %s; want 2, 2 (4), 0, healthy",
+				st.Total, st.EffectiveMinSize, st.MinSize, st.Failures, st.State)
+		}
+		attempts := st.ConnectAttempts
+		time.Sleep(cfg.BackoffMax + time.Second) // one more tried, refused again
+		synctest.Wait()
+		st = p.Stats()
+		if st.ConnectAttempts != attempts+1 || st.EffectiveMinSize != 2 || st.Failures != 0 {
+			t.Fatalf("after one retry period: %d attempts (was %d), effective min %d, failures %d; want one attempt more, 2, 0",
+				st.ConnectAttempts, attempts, st.EffectiveMinSize, st.Failures)
+		}
+		mu.Lock()
+		room = 10
+		mu.Unlock()
+		time.Sleep(2 * cfg.BackoffMax)
+		synctest.Wait()
+		st = p.Stats()
+		if st.Total != 4 || st.EffectiveMinSize != 4 {
+			t.Fatalf("with room again: total %d, effective min %d; want 4, 4", st.Total, st.EffectiveMinSize)
+		}
+	})
+}

@@ -205,6 +205,7 @@ func newDBPool(srv *Server, key poolKey, route config.Route, warm, paused bool) 
 			srv.releaseServer(key.database, key.user)
 			d.fleetRelease()
 		},
+		Capacity: serverFull,
 		LongWait: d.warnLongWait,
 		Logger:   d.log,
 	}, &srv.connIDs)
@@ -472,6 +473,27 @@ func (d *dbPool) connectError(err error) *wire.Error {
 // transientRefusal reports whether a server's refusal of a login means it
 // is unavailable for now (starting up, shutting down, too many
 // connections) rather than that the login itself is wrong.
+// serverFull reports whether a connect error is PostgreSQL refusing the
+// login for lack of connection slots (53300), and names the limit from its
+// message: the pool then lowers its floor instead of backing off
+// (pool.Config.Capacity).
+func serverFull(err error) (limit string, ok bool) {
+	var se *backend.ServerError
+	if !errors.As(err, &se) || se.Code != "53300" {
+		return "", false
+	}
+	switch m := se.Message; {
+	case strings.Contains(m, "too many connections for role"):
+		return "the role's CONNECTION LIMIT (ALTER ROLE ... CONNECTION LIMIT)", true
+	case strings.Contains(m, "too many connections for database"):
+		return "the database's CONNECTION LIMIT (ALTER DATABASE ... CONNECTION LIMIT)", true
+	case strings.Contains(m, "reserved"):
+		return "max_connections minus the reserved slots (superuser_reserved_connections, reserved_connections)", true
+	default:
+		return "max_connections", true
+	}
+}
+
 func transientRefusal(code string) bool {
 	return len(code) == 5 && (code[:2] == "57" || code[:2] == "53")
 }
