@@ -34,6 +34,7 @@ const (
 	evictTimeout         = "timeout"
 	evictKilled          = "killed"
 	evictRoleChanged     = "role_changed"
+	evictTempSchema      = "temp_schema"
 )
 
 // maxParamCache bounds the learned startup-parameter values per pool.
@@ -376,6 +377,10 @@ func (loginQueuer) dequeued()                         {}
 func (d *dbPool) checkin(sc *serverConn) {
 	if sc.isBroken() {
 		d.pool.Discard(sc, evictBroken)
+		return
+	}
+	if sc.tempSchema.Load() {
+		d.pool.Discard(sc, evictTempSchema)
 		return
 	}
 	if d.route().MultiHost() && !d.roleSuits(sc) {

@@ -100,6 +100,15 @@ type serverConn struct {
 	// owner is the session holding the connection; nil while idle or while
 	// poolerd runs its own query. Changed only under mu.
 	owner atomic.Pointer[session]
+	// tempSchema: a statement that creates a temporary object was sent on
+	// it, so its backend has a temporary schema for good (DISCARD ALL drops
+	// the objects, not the schema). PostgreSQL re-plans a prepared
+	// statement when a backend's first temporary schema appears (a new
+	// temp table then shadows the name the plan resolved), but not in a
+	// backend that already has one: such a connection would give a later
+	// client's shared statements another meaning than a fresh backend
+	// does, so it is closed instead of going back to the pool (checkin).
+	tempSchema atomic.Bool
 	// copyIn is set when the server entered COPY FROM STDIN (the reader saw
 	// CopyInResponse) and cleared at ReadyForQuery or the client's CopyDone.
 	copyIn atomic.Bool

@@ -804,6 +804,11 @@ func (s *session) stateEffects(eff sqlscan.Effects, canRefuse bool) error {
 	if eff.Settings {
 		s.markSettings()
 	}
+	if eff.Temp {
+		if sc := s.server.Load(); sc != nil {
+			sc.tempSchema.Store(true)
+		}
+	}
 	return nil
 }
 

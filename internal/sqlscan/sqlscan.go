@@ -239,11 +239,15 @@ type Effects struct {
 	// DO and CALL (a procedure or DO block may COMMIT). A statement that
 	// only rolls back (ROLLBACK, ABORT) does not count.
 	Commits bool
+	// Temp: the text creates a temporary object (ON COMMIT DROP too):
+	// from then on the backend has a temporary schema, which changes how
+	// PostgreSQL treats plans prepared before (see the proxy's tempSchema).
+	Temp bool
 }
 
 // Interesting reports whether the text does anything a pooler must act on.
 func (e Effects) Interesting() bool {
-	return e.Settings || e.Pin != "" || e.Unpin || !e.Undo.Empty() || e.BeginTx || e.DeallocateAll || e.Deallocates > 0
+	return e.Settings || e.Pin != "" || e.Unpin || !e.Undo.Empty() || e.BeginTx || e.DeallocateAll || e.Deallocates > 0 || e.Temp
 }
 
 // maxWords is how many leading words of a statement are kept.
@@ -791,8 +795,11 @@ func statement(e *Effects, sql string, ws []token, f stmtFlags) {
 	// parentheses, in EXPLAIN ANALYZE), TEMP, TEMPORARY or pg_temp in a
 	// statement that creates something pins; a table ON COMMIT DROP is
 	// gone at the end of its transaction.
-	if f.temp && (f.create || f.into) && !f.onCommitDrop {
-		pin(PinTempTable)
+	if f.temp && (f.create || f.into) {
+		e.Temp = true
+		if !f.onCommitDrop {
+			pin(PinTempTable)
+		}
 	}
 	w0 := word(ws, 0)
 	switch {

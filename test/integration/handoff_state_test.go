@@ -189,7 +189,10 @@ func TestHandOffDiscardAllPipelined(t *testing.T) {
 // TestHandOffFailedParamSync: a parameter sync that fails (temp_buffers
 // cannot change once the backend used a temporary table) neither leaves
 // the previous client's role in place nor returns the connection to the
-// pool: B runs as its login role, and the connection is closed.
+// pool: B runs as its login role, and the connection is closed. The temp
+// table is made by a function, which poolerd cannot see into: one it sees
+// closes the connection when A is done with it (TestTempSchemaNotHandedOn),
+// and B's sync never meets that backend.
 func TestHandOffFailedParamSync(t *testing.T) {
 	fx := roleSetup(t)
 	p := roleStart(t, config.PoolTransaction, nil)
@@ -203,7 +206,13 @@ func TestHandOffFailedParamSync(t *testing.T) {
 	if got, _ := scanAsk(t, a, "SELECT current_user::text"); got != fx.role {
 		t.Fatalf("A's current_user: %q, want %s", got, fx.role)
 	}
-	for _, q := range []string{"BEGIN", "CREATE TEMP TABLE hs_t ON COMMIT DROP AS SELECT 1", "COMMIT"} {
+	mkTemp := relayName("hs_mk_temp")
+	if err := pg.Exec(ctx, pgtest.DBApp, "CREATE FUNCTION "+mkTemp+"() RETURNS int LANGUAGE plpgsql AS "+
+		"$$ BEGIN CREATE TEMP TABLE hs_t ON COMMIT DROP AS SELECT 1; RETURN 1; END $$"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pg.Exec(context.Background(), pgtest.DBApp, "DROP FUNCTION IF EXISTS "+mkTemp+"()") })
+	for _, q := range []string{"BEGIN", "SELECT " + mkTemp + "()", "COMMIT"} {
 		if _, err := a.Exec(ctx, q, pgx.QueryExecModeSimpleProtocol); err != nil {
 			t.Fatalf("A: %s: %v", q, err)
 		}
