@@ -366,6 +366,30 @@ type stmtOp struct {
 	name    string   // opEvict: the server-side name closed
 	gen     uint64   // opClientUnnamed: the session's unnamedGen for it
 	def     *stmtDef // the definition concerned
+	// drops are the DEALLOCATE ALL / DISCARD ALL sent after this entry
+	// while it was unanswered (opClientParse, opInject): if the server
+	// skips the entry, none of them may list its definition again when
+	// it is undone in turn (dropped.undo).
+	drops []*dropped
+}
+
+// dropped is what a DEALLOCATE ALL or DISCARD ALL took from a connection's
+// list of prepared definitions when it was sent: names, in LRU order, and
+// gone, those a Parse still unanswered then had added and the server then
+// skipped, which its undo must not list again.
+type dropped struct {
+	names []string
+	gone  map[string]bool
+}
+
+// undo lists again, if the statement failed or was skipped, what it took,
+// but what a skipped Parse had added. Called with sc.mu held.
+func (d *dropped) undo(sc *serverConn) {
+	for _, name := range d.names {
+		if !d.gone[name] {
+			sc.stmts.add(name)
+		}
+	}
 }
 
 // stmtQueue is a FIFO of stmtOp.
@@ -502,10 +526,12 @@ func (sc *serverConn) undoOpLocked(op stmtOp) {
 	case opClientParse:
 		op.sess.unmapStatement(op.client, op.def)
 		sc.stmts.remove(op.def.name)
+		op.forgetInDrops()
 	case opCacheHit:
 		op.sess.unmapStatement(op.client, op.def)
 	case opInject:
 		sc.stmts.remove(op.def.name)
+		op.forgetInDrops()
 	case opNopClose:
 		if op.ran {
 			sc.broken = true // the scratch statement stays on the server
@@ -522,6 +548,17 @@ func (sc *serverConn) undoOpLocked(op stmtOp) {
 		// the client's earlier one would remain; poolerd forgets that too.)
 		op.sess.unnamedVoid.Store(uint32(op.gen))
 		sc.unnamedBy = nil
+	}
+}
+
+// forgetInDrops tells the drops sent after a skipped Parse that its
+// definition is not on the server.
+func (op *stmtOp) forgetInDrops() {
+	for _, d := range op.drops {
+		if d.gone == nil {
+			d.gone = map[string]bool{}
+		}
+		d.gone[op.def.name] = true
 	}
 }
 

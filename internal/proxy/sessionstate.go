@@ -667,9 +667,18 @@ func (s *session) dropStatements(sc *serverConn, d dropAll, zb int) {
 	s.stmts = map[string]*stmtDef{}
 	s.stmu.Unlock()
 	sc.mu.Lock()
-	lru := sc.stmts.names()
+	took := &dropped{names: sc.stmts.names()}
 	sc.stmts.clear()
+	// A Parse not answered yet (an earlier batch's, or this one's) may be
+	// skipped: its undo then strikes its definition from what this drop's
+	// undo lists again.
+	for i := sc.stq.head; i < len(sc.stq.ops); i++ {
+		took.follow(&sc.stq.ops[i])
+	}
 	sc.mu.Unlock()
+	for i := range s.bops {
+		took.follow(&s.bops[i])
+	}
 	// DISCARD ALL does not unpin at its answer: what the client sent
 	// after it (LISTEN, a lock, a temp table, in the same text or
 	// pipelined behind it) may have created state again. Its Undo has the
@@ -690,10 +699,16 @@ func (s *session) dropStatements(sc *serverConn, d dropAll, zb int) {
 				}
 			}
 			s.stmu.Unlock()
-			for _, name := range lru {
-				sc.stmts.add(name)
-			}
+			took.undo(sc)
 		}}, zb)
+}
+
+// follow makes a queue entry that adds a definition tell d if it is
+// undone (stmtOp.forgetInDrops).
+func (d *dropped) follow(op *stmtOp) {
+	if op.kind == opClientParse || op.kind == opInject {
+		op.drops = append(op.drops, d)
+	}
 }
 
 // deallocate runs a client's DEALLOCATE of protocol-level statements: the

@@ -1119,8 +1119,12 @@ func sfEnvInt(name string, def int64) int64 {
 	return def
 }
 
-// sfFixedSeeds always run first in the short budget.
-var sfFixedSeeds = []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
+// sfFixedSeeds always run first in the short budget: twelve, then seeds
+// whose programs once differed. 20000947: a pipeline whose DISCARD ALL
+// failed with the Parse of its own statement, whose undo listed that
+// statement again (dropped.undo), so the next client's Parse of the same
+// text was answered from the cache and its Describe got 26000.
+var sfFixedSeeds = []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 20000947}
 
 // TestStateFuzz is the differential state fuzzer (see the top of this
 // file).
