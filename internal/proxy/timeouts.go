@@ -393,8 +393,14 @@ func (s *session) fire() {
 		s.cancelFor(timeoutQuery, sc)
 	case cancelLease:
 		s.cancelFor(timeoutLease, sc)
-	case leaseCancelled:
+	case leaseCancelled && t.pending > 0:
 		s.endForTimeout(timeoutLease, sc, errCancelUnanswered(timeoutLease, time.Duration(l.leaseTimeout)))
+		return // the session ends
+	case leaseCancelled:
+		// The cancel was answered, but the request had opened a block
+		// (BEGIN and a statement in one Query), which the lease cannot
+		// hold: ended as one inside a block is (counted at the cancel).
+		s.endForTimeout(timeoutLease, sc, errTimedOut(timeoutLease, time.Duration(l.leaseTimeout)))
 		return // the session ends
 	default:
 		s.timedOut(expired, sc)

@@ -9,9 +9,12 @@ package integration
 // each is its own kind in the timeout counts.
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/test/pgtest"
@@ -173,5 +176,37 @@ func TestLeaseSingleStatement(t *testing.T) {
 	}
 	if _, err := c.Exec(ctx, "SELECT 1"); err != nil {
 		t.Fatalf("after the cancel: %v", err)
+	}
+}
+
+// A request that opens a block itself (BEGIN and a statement in one Query)
+// is cancelled when the lease ends, as any request outside a block (57014);
+// the block it leaves open cannot be held past the lease either, so the
+// session then ends with 25P04 (within the cancel grace), counted once.
+func TestLeaseRequestThatOpensBlock(t *testing.T) {
+	t.Parallel()
+	p := startLeasePool(t, 600*time.Millisecond)
+	c := p.connect(t, "default_query_exec_mode=simple_protocol")
+	ctx := ctxTimeout(t, 30*time.Second)
+	_, err := c.Exec(ctx, "BEGIN; SELECT pg_sleep(5)")
+	if pe := toPgErr(t, err, "BEGIN; sleep"); pe.Code != "57014" || !strings.Contains(pe.Message, "lease_timeout") {
+		t.Fatalf("got %s %q, want 57014 naming lease_timeout", pe.Code, pe.Message)
+	}
+	eventually(t, 10*time.Second, "the session ended", func() bool {
+		_, err := c.Exec(ctx, "SELECT 1")
+		if err == nil {
+			return false
+		}
+		if pe, ok := errors.AsType[*pgconn.PgError](err); ok && pe.Code == "25P02" {
+			return false // the failed block, until the lease's end is acted on
+		}
+		pe := toPgErr(t, err, "after the cancel")
+		if pe.Code != "25P04" || pe.Severity != "FATAL" || !strings.Contains(pe.Message, "lease_timeout") {
+			t.Fatalf("got %s %s %q, want FATAL 25P04 naming lease_timeout", pe.Severity, pe.Code, pe.Message)
+		}
+		return true
+	})
+	if n := p.poolStats(t, pgtest.DBApp, pgtest.RoleApp).SessionTimeouts["lease"]; n != 1 {
+		t.Errorf("lease timeouts %d, want 1", n)
 	}
 }
