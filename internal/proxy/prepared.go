@@ -373,13 +373,17 @@ type stmtOp struct {
 	drops []*dropped
 }
 
-// dropped is what a DEALLOCATE ALL or DISCARD ALL took from a connection's
-// list of prepared definitions when it was sent: names, in LRU order, and
-// gone, those a Parse still unanswered then had added and the server then
-// skipped, which its undo must not list again.
+// dropped is what a DEALLOCATE ALL or DISCARD ALL of session sess took
+// from a connection's list of prepared definitions when it was sent: names,
+// in LRU order, and gone, those a Parse still unanswered then had added and
+// the server then skipped, which its undo must not list again; goneClient,
+// likewise, the client's statement names such a Parse (or a cache hit
+// answering one) had mapped, which its undo must not map again.
 type dropped struct {
-	names []string
-	gone  map[string]bool
+	sess       *session
+	names      []string
+	gone       map[string]bool
+	goneClient map[string]bool
 }
 
 // undo lists again, if the statement failed or was skipped, what it took,
@@ -529,6 +533,7 @@ func (sc *serverConn) undoOpLocked(op stmtOp) {
 		op.forgetInDrops()
 	case opCacheHit:
 		op.sess.unmapStatement(op.client, op.def)
+		op.forgetInDrops()
 	case opInject:
 		sc.stmts.remove(op.def.name)
 		op.forgetInDrops()
@@ -552,13 +557,22 @@ func (sc *serverConn) undoOpLocked(op stmtOp) {
 }
 
 // forgetInDrops tells the drops sent after a skipped Parse that its
-// definition is not on the server.
+// definition is not on the server (opClientParse, opInject) and that its
+// client's name maps nothing (opClientParse, opCacheHit).
 func (op *stmtOp) forgetInDrops() {
 	for _, d := range op.drops {
-		if d.gone == nil {
-			d.gone = map[string]bool{}
+		if op.kind != opCacheHit {
+			if d.gone == nil {
+				d.gone = map[string]bool{}
+			}
+			d.gone[op.def.name] = true
 		}
-		d.gone[op.def.name] = true
+		if op.kind != opInject && op.sess == d.sess {
+			if d.goneClient == nil {
+				d.goneClient = map[string]bool{}
+			}
+			d.goneClient[op.client] = true
+		}
 	}
 }
 

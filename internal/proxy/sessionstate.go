@@ -667,7 +667,7 @@ func (s *session) dropStatements(sc *serverConn, d dropAll, zb int) {
 	s.stmts = map[string]*stmtDef{}
 	s.stmu.Unlock()
 	sc.mu.Lock()
-	took := &dropped{names: sc.stmts.names()}
+	took := &dropped{sess: s, names: sc.stmts.names()}
 	sc.stmts.clear()
 	// A Parse not answered yet (an earlier batch's, or this one's) may be
 	// skipped: its undo then strikes its definition from what this drop's
@@ -692,7 +692,7 @@ func (s *session) dropStatements(sc *serverConn, d dropAll, zb int) {
 		undo: func(sc *serverConn) {
 			s.stmu.Lock()
 			for name, def := range before {
-				if s.stmts[name] == nil {
+				if s.stmts[name] == nil && !took.goneClient[name] {
 					s.stmtSet(name, def)
 				} else {
 					s.srv.stmts.release(def)
@@ -706,7 +706,8 @@ func (s *session) dropStatements(sc *serverConn, d dropAll, zb int) {
 // follow makes a queue entry that adds a definition tell d if it is
 // undone (stmtOp.forgetInDrops).
 func (d *dropped) follow(op *stmtOp) {
-	if op.kind == opClientParse || op.kind == opInject {
+	switch op.kind {
+	case opClientParse, opInject, opCacheHit:
 		op.drops = append(op.drops, d)
 	}
 }
