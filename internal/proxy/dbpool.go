@@ -390,6 +390,12 @@ func (d *dbPool) checkin(sc *serverConn) {
 	d.pool.Put(sc)
 }
 
+// poolDetail is the DETAIL of a refused checkout: the pool's counts.
+func (d *dbPool) poolDetail(st pool.Stats) string {
+	return fmt.Sprintf("pool %s/%s: total %d, idle %d, active %d, waiting %d, max_size %d",
+		d.key.database, d.key.user, st.Total, st.Idle, st.Active, st.Waiting, st.MaxSize)
+}
+
 // checkoutError turns a pool error into what the client sees.
 func (d *dbPool) checkoutError(err error) *wire.Error {
 	var te *pool.CheckoutTimeoutError
@@ -416,9 +422,8 @@ func (d *dbPool) checkoutError(err error) *wire.Error {
 		st := te.Stats
 		return &wire.Error{Severity: "ERROR", Code: "53300",
 			Message: fmt.Sprintf("no server connection available within checkout_timeout (%s)", d.route().Settings.CheckoutTimeout),
-			Detail: fmt.Sprintf("pool %s/%s: total %d, idle %d, active %d, waiting %d, max_size %d",
-				d.key.database, d.key.user, st.Total, st.Idle, st.Active, st.Waiting, st.MaxSize),
-			Hint: "raise max_size (POOLERD_MAX_SIZE) if PostgreSQL's max_connections allows it, shorten transactions, or raise checkout_timeout"}
+			Detail:  d.poolDetail(st),
+			Hint:    "raise max_size (POOLERD_MAX_SIZE) if PostgreSQL's max_connections allows it, shorten transactions, or raise checkout_timeout"}
 	case errors.As(err, &ue):
 		var se *backend.ServerError
 		var ae *backend.AuthError

@@ -210,8 +210,7 @@ func errCancelUnanswered(kind timeoutKind, limit time.Duration) *wire.Error {
 // errLeaseCheckout refuses a request whose checkout wait used up its
 // lease_timeout (limit); st is the pool at that moment.
 func errLeaseCheckout(limit time.Duration, d *dbPool, st pool.Stats) *wire.Error {
-	detail := fmt.Sprintf("pool %s/%s: total %d, idle %d, active %d, waiting %d, max_size %d",
-		d.key.database, d.key.user, st.Total, st.Idle, st.Active, st.Waiting, st.MaxSize)
+	detail := d.poolDetail(st)
 	if st.Paused {
 		detail += "; the database is paused (PAUSE on the admin console; RESUME ends it)"
 	}
