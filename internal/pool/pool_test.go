@@ -357,6 +357,11 @@ func TestRecoveringUntilMinSize(t *testing.T) {
 			case <-time.After(time.Second):
 			}
 		}
+		// The dialer runs on its own goroutines: the last change may land
+		// between reading the state for seen and the loop's own check.
+		if st := p.State(); len(seen) == 0 || seen[len(seen)-1] != st {
+			seen = append(seen, st)
+		}
 		if len(seen) < 2 || seen[0] != Recovering || seen[len(seen)-1] != Healthy {
 			t.Fatalf("transitions %v, want recovering then healthy", seen)
 		}

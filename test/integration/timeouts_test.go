@@ -502,17 +502,19 @@ func TestTimeoutTransaction(t *testing.T) {
 // affected.
 func TestTimeoutIdleTransaction(t *testing.T) {
 	t.Parallel()
-	p := startPoolerd(t, func(c *config.Config) { c.IdleTransactionTimeout = 300 * time.Millisecond })
+	// 1 s, not less: on a loaded CI machine a query and the 100 ms pause
+	// between queries have taken longer than 300 ms.
+	p := startPoolerd(t, func(c *config.Config) { c.IdleTransactionTimeout = time.Second })
 	tbl := toRowTable(t)
 	direct := relayDirect(t)
 
-	// Busy but never idle for 300ms: not ended.
+	// Busy but never idle for 1 s: not ended.
 	busy := p.connect(t, "default_query_exec_mode=simple_protocol")
 	ctx := ctxTimeout(t, 20*time.Second)
 	if _, err := busy.Exec(ctx, "BEGIN"); err != nil {
 		t.Fatal(err)
 	}
-	for end := time.Now().Add(time.Second); time.Now().Before(end); {
+	for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); {
 		if _, err := busy.Exec(ctx, "SELECT 1"); err != nil {
 			t.Fatalf("a working transaction was ended: %v", err)
 		}
@@ -532,7 +534,7 @@ func TestTimeoutIdleTransaction(t *testing.T) {
 	if !strings.Contains(e.Message, "idle_transaction_timeout") {
 		t.Errorf("message %q does not name idle_transaction_timeout", e.Message)
 	}
-	toBetween(t, "FATAL 25P03", at.Sub(idleSince), 200*time.Millisecond, 3*time.Second)
+	toBetween(t, "FATAL 25P03", at.Sub(idleSince), 900*time.Millisecond, 5*time.Second)
 	if d := updateWithLockTimeout(t, direct, tbl, 1, "3s"); d > 2*time.Second {
 		t.Errorf("the row lock was released only %s after the timeout", d)
 	}
@@ -557,7 +559,9 @@ func TestTimeoutIdleTransaction(t *testing.T) {
 // that keeps sending queries is not.
 func TestTimeoutClientIdle(t *testing.T) {
 	t.Parallel()
-	p := startPoolerd(t, func(c *config.Config) { c.ClientIdleTimeout = 300 * time.Millisecond })
+	// 1 s, not less: on a loaded CI machine a query and the 100 ms pause
+	// between queries have taken longer than 300 ms.
+	p := startPoolerd(t, func(c *config.Config) { c.ClientIdleTimeout = time.Second })
 
 	idle := dialFE(t, p.addr)
 	idle.login(pgtest.RoleApp, pgtest.Password)
@@ -567,10 +571,10 @@ func TestTimeoutClientIdle(t *testing.T) {
 	ctx := ctxTimeout(t, 20*time.Second)
 	activeDone := make(chan error, 1)
 	go func() {
-		// A query every 100 ms for a second, then one more at once: the
+		// A query every 100 ms for 1.5 s, then one more at once: the
 		// client is never idle for client_idle_timeout (the main
 		// goroutine may be slow to get to it on a loaded machine).
-		for end := time.Now().Add(time.Second); time.Now().Before(end); {
+		for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); {
 			if _, err := active.Exec(ctx, "SELECT 1"); err != nil {
 				activeDone <- err
 				return
@@ -578,7 +582,7 @@ func TestTimeoutClientIdle(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 		if _, err := active.Exec(ctx, "SELECT 2"); err != nil {
-			activeDone <- fmt.Errorf("active client after 1s: %w", err)
+			activeDone <- fmt.Errorf("active client after 1.5s: %w", err)
 			return
 		}
 		activeDone <- nil
@@ -588,7 +592,7 @@ func TestTimeoutClientIdle(t *testing.T) {
 	if !strings.Contains(e.Message, "client_idle_timeout") {
 		t.Errorf("message %q does not name client_idle_timeout", e.Message)
 	}
-	toBetween(t, "FATAL 57P05", at.Sub(since), 150*time.Millisecond, 2*time.Second)
+	toBetween(t, "FATAL 57P05", at.Sub(since), 900*time.Millisecond, 4*time.Second)
 	if err := <-activeDone; err != nil {
 		t.Fatalf("a client querying every 100ms was ended: %v", err)
 	}
