@@ -69,13 +69,16 @@ const handoffCols = 10
 // protocol-level ones that are not poolerd's (poolerd_s<N>, poolerd_nop),
 // and the session-level settings as a JSON object (pg_settings' source
 // session, without role and session_authorization, which the role columns
-// cover; and custom, the customized options a.b poolerd knows were
+// cover, and without txScopedSettings; and custom, the customized options a.b poolerd knows were
 // touched, which pg_settings does not list in PostgreSQL 15). Every name
 // is qualified with pg_catalog.
 func handoffSQL(custom []string) string {
 	settings := "SELECT name AS n, pg_catalog.current_setting(name) AS v FROM pg_catalog.pg_settings" +
 		" WHERE source OPERATOR(pg_catalog.=) 'session' AND name OPERATOR(pg_catalog.<>) 'role'" +
 		" AND name OPERATOR(pg_catalog.<>) 'session_authorization'"
+	for _, n := range txScopedSettings {
+		settings += " AND name OPERATOR(pg_catalog.<>) " + quoteLiteral(n)
+	}
 	if len(custom) > 0 {
 		lits := make([]string, len(custom))
 		for i, n := range custom {

@@ -1202,6 +1202,14 @@ func (sc *serverConn) applySnapshotLocked(rows map[string]string) {
 // role is not the session user: no parameter can have this name.
 const snapRoleRow = "poolerd role"
 
+// txScopedSettings are the settings of one transaction: PostgreSQL sets
+// them anew, from their default_ counterparts, when each transaction
+// starts, so they never carry anything from one client to the next. After
+// a SET TRANSACTION (or BEGIN ISOLATION LEVEL ...) pg_settings reports their
+// source as session for good, with the default value: the settings
+// snapshot and the hand-off check leave them out.
+var txScopedSettings = [...]string{"transaction_isolation", "transaction_read_only", "transaction_deferrable"}
+
 // snapshotSQL lists the session-level settings of a connection: what a
 // client's SET, RESET and set_config left behind (the reported parameters
 // are tracked through ParameterStatus instead), and the customized options
@@ -1209,8 +1217,12 @@ const snapRoleRow = "poolerd role"
 // snapRoleRow says that the role changed (by a DO block, a procedure, a
 // computed set_config: what the scanner cannot see).
 func snapshotSQL(custom []string) string {
+	notIn := "'role', 'session_authorization'"
+	for _, n := range txScopedSettings {
+		notIn += ", " + quoteLiteral(n)
+	}
 	q := "SELECT name, pg_catalog.current_setting(name) FROM pg_catalog.pg_settings " +
-		"WHERE source = 'session' AND name NOT IN ('role', 'session_authorization') " +
+		"WHERE source = 'session' AND name NOT IN (" + notIn + ") " +
 		"UNION ALL SELECT '" + snapRoleRow + "', current_user::pg_catalog.text WHERE current_user OPERATOR(pg_catalog.<>) session_user"
 	if len(custom) == 0 {
 		return q

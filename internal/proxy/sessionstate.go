@@ -126,8 +126,13 @@ func cstring(b []byte) (string, []byte, bool) {
 
 var nul = []byte{0}
 
-// nopQuery is the text of the scratch statement (NUL-terminated).
-var nopQuery = []byte("SELECT\x00")
+// nopQuery is the text of the scratch statement (NUL-terminated): one whose
+// Parse PostgreSQL refuses in a failed transaction block, as it refuses the
+// client's own, and whose parse analysis takes no snapshot. A SELECT's
+// takes the transaction's snapshot: the client's BEGIN ISOLATION LEVEL or
+// SET TRANSACTION right after it then failed (25001, "must be called before
+// any query"), where a direct connection runs it.
+var nopQuery = []byte("SHOW search_path\x00")
 
 // pushOp records a queue entry of the batch; zb is the number of
 // ReadyForQuery-producing messages before it in the batch.
@@ -190,7 +195,7 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 				s.hitDef, s.hitZB = def, zb // see retry.go
 			}
 			s.noteCacheHit(name, def)
-			// "SELECT", not an empty text: in a failed transaction block
+			// A SHOW, not an empty text: in a failed transaction block
 			// PostgreSQL refuses a Parse (25P02) unless its text is empty
 			// or ends the transaction, and refuses the client's Parse
 			// exactly then (txExit: ROLLBACK, COMMIT, ...).

@@ -1616,3 +1616,56 @@ func TestTxPreparedStatementMode(t *testing.T) {
 	})
 	errs.check(t, "statement mode clients")
 }
+
+// A client Parse of a statement the server connection already has (the
+// cache hit) is sent as a Parse of a scratch statement. Its parse analysis
+// must take no snapshot: a SELECT's took the transaction's snapshot, and
+// the client's SET TRANSACTION ISOLATION LEVEL right after BEGIN, or its
+// pipelined BEGIN ISOLATION LEVEL, then failed with 25001 ("must be called
+// before any query") where a direct connection runs it (the state fuzzer's
+// seed 50002140). Pool of one: the second client gets the first one's
+// server connection, where the statements are prepared.
+func TestTxPreparedCacheHitTakesNoSnapshot(t *testing.T) {
+	t.Parallel()
+	ctx := ctxTimeout(t, 30*time.Second)
+	p := txpStart(t, config.PoolTransaction, 1, 0)
+	// pgx's default mode prepares every statement (Parse, Describe, Sync),
+	// then runs it: inside the block, the second client's Parse is a hit.
+	for i := range 2 {
+		c, err := txpConnect(ctx, p.appDSN(), pgx.QueryExecModeCacheStatement)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range []string{"BEGIN", "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE", "COMMIT"} {
+			if _, err := c.Exec(ctx, q); err != nil {
+				t.Errorf("client %d: %s: %v", i, q, err)
+			}
+		}
+		_ = c.Close(ctx)
+	}
+	// One pipeline: a DO, a Sync, then BEGIN ISOLATION LEVEL under a name
+	// (Parse, Describe, Bind, Execute) and a Sync: the hit's scratch Parse
+	// is in BEGIN's implicit transaction.
+	steps := []txpStep{{name: "DO; Sync; Parse+Describe+Bind+Execute BEGIN ISOLATION LEVEL; Sync", rfq: 2, msgs: txpMsgs(
+		txpParse("", "DO $$ begin perform 1; end $$"), txpBind(""), txpExec(), txpSync(),
+		txpParse("iso", "BEGIN ISOLATION LEVEL REPEATABLE READ"), txpDescribeStmt("iso"), txpBind("iso"), txpExec(), txpSync())},
+		{name: "ROLLBACK", rfq: 1, msgs: txpMsgs(txpQuery("ROLLBACK"))},
+	}
+	golden, err := txpRunSteps(ctx, directDSN(pgtest.DBApp), steps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strings.Join(golden[0], " | ")
+	if !strings.Contains(want, "CommandComplete(BEGIN) | ReadyForQuery(T)") {
+		t.Fatalf("direct: %s", want)
+	}
+	for i := range 2 {
+		got, err := txpRunSteps(ctx, p.appDSN(), steps)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s := strings.Join(got[0], " | "); s != want {
+			t.Errorf("client %d (the second one's Parse is a cache hit):\n    got:  %s\n    want: %s", i, s, want)
+		}
+	}
+}
