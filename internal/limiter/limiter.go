@@ -17,6 +17,14 @@
 //	allowed = now ≥ allowAt        // then TAT := newTAT
 //	retry   = allowAt − now        // when denied
 //
+// A Deferred bucket takes part in a decision with an increment of 0: it
+// allows when TAT ≤ now + P, that is when it is not in debt, and its
+// retry is how long until the debt is paid off. Charge then adds a cost
+// measured afterwards to it unconditionally (newTAT = max(TAT, now) +
+// c·P/L), so a bucket may go into debt by any amount, up to MaxPer at a
+// time: the requests of its key wait, or are refused, until the debt has
+// been paid off at L per P.
+//
 // A Request names several buckets under one key. Allow computes every
 // bucket's newTAT from the same state and the same instant; if all allow,
 // all TATs are stored, otherwise none is, and the Decision names the
@@ -74,8 +82,15 @@ type Bucket struct {
 	Per time.Duration
 	// Cost is the number of units this request takes, usually 1; 0 means
 	// 1. A cost above Limit can never be allowed and is rejected with
-	// ErrInvalidRequest.
+	// ErrInvalidRequest. In a Charge, it is the cost measured: any
+	// non-negative number, 0 charging nothing.
 	Cost int64
+	// Deferred marks a bucket whose cost is known only once the request
+	// is over (the time it held a server, the rows it returned): Allow
+	// and AllowAll do not debit it, they only check that it is not in
+	// debt, and the cost is debited afterwards with Charge. Its Cost is
+	// ignored by Allow.
+	Deferred bool
 }
 
 // Request asks for every bucket at once, under one key. The caller builds
@@ -117,6 +132,13 @@ type Limiter interface {
 	// naming its denying bucket and retry. A non-nil error means no
 	// decision was made; ds is then zeroed.
 	AllowAll(ctx context.Context, reqs []Request, ds []Decision) (bool, error)
+	// Charge debits costs measured after the fact: every bucket of every
+	// request of reqs by its Cost, unconditionally (it may put the
+	// bucket into debt), as one atomic update. Buckets need not be
+	// Deferred; their Cost may exceed Limit. A non-nil error means
+	// nothing was charged, or, after a Redis timeout, that it is unknown
+	// whether it was.
+	Charge(ctx context.Context, reqs []Request) error
 }
 
 // Clock is implemented by limiters whose decisions follow their own clock,
@@ -133,6 +155,10 @@ type Clock interface {
 
 // MaxPer is the longest Bucket.Per accepted.
 const MaxPer = 366 * 24 * time.Hour
+
+// maxDebt bounds how far ahead of now a charged bucket's TAT may go, so
+// that charges cannot overflow it.
+const maxDebt = 2 * int64(MaxPer)
 
 // ErrInvalidRequest is wrapped by the errors Allow returns for a malformed
 // Request: an empty key, a bucket without a name or with a duplicate name,
@@ -193,9 +219,50 @@ func prepare(req Request, incs []int64) error {
 				return fmt.Errorf("%w: key %q: bucket %q appears twice", ErrInvalidRequest, req.Key, b.Name)
 			}
 		}
-		incs[i] = increment(b)
+		if !b.Deferred {
+			incs[i] = increment(b)
+		}
 	}
 	return nil
+}
+
+// prepareCharge validates reqs for Charge and stores every bucket's
+// increment in incs, as prepareAll does, except that a cost may exceed
+// the bucket's limit (its increment is then capped at MaxPer) and is
+// never taken as 1.
+func prepareCharge(reqs []Request, incs []int64) error {
+	off := 0
+	for i := range reqs {
+		req := &reqs[i]
+		if req.Key == "" {
+			return fmt.Errorf("%w: empty key", ErrInvalidRequest)
+		}
+		for j := range req.Buckets {
+			b := req.Buckets[j]
+			c := b.Cost
+			b.Cost = 0
+			if err := checkBucket(req.Key, &b); err != nil {
+				return err
+			}
+			if c < 0 {
+				return fmt.Errorf("%w: key %q: bucket %q: charged cost %d is negative", ErrInvalidRequest, req.Key, b.Name, c)
+			}
+			incs[off] = chargeIncrement(c, b.Limit, b.Per)
+			off++
+		}
+	}
+	return nil
+}
+
+// chargeIncrement returns cost·per/limit in nanoseconds, rounded down and
+// capped at MaxPer.
+func chargeIncrement(cost, limit int64, per time.Duration) int64 {
+	hi, lo := bits.Mul64(uint64(cost), uint64(per))
+	if hi >= uint64(limit) {
+		return int64(MaxPer) // the quotient would not fit in 64 bits
+	}
+	q, _ := bits.Div64(hi, lo, uint64(limit))
+	return int64(min(q, uint64(MaxPer)))
 }
 
 func checkBucket(key string, b *Bucket) error {
@@ -206,6 +273,8 @@ func checkBucket(key string, b *Bucket) error {
 		return fmt.Errorf("%w: key %q: bucket %q: limit %d is not positive", ErrInvalidRequest, key, b.Name, b.Limit)
 	case b.Per <= 0 || b.Per > MaxPer:
 		return fmt.Errorf("%w: key %q: bucket %q: period %v is not in (0, %v]", ErrInvalidRequest, key, b.Name, b.Per, MaxPer)
+	case b.Deferred:
+		return nil // its cost is not Allow's
 	case b.Cost < 0:
 		return fmt.Errorf("%w: key %q: bucket %q: cost %d is negative", ErrInvalidRequest, key, b.Name, b.Cost)
 	case b.Cost > b.Limit:

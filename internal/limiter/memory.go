@@ -229,6 +229,73 @@ func (m *Memory) AllowAll(ctx context.Context, reqs []Request, ds []Decision) (b
 	return allowed, nil
 }
 
+// Charge implements Limiter. It ignores ctx, as Allow does. It locks the
+// shards of all the requests' keys, in shard order, and adds every
+// bucket's cost.
+func (m *Memory) Charge(_ context.Context, reqs []Request) error {
+	n := bucketCount(reqs)
+	var incBuf [2 * inlineBuckets]int64
+	incs := incBuf[:]
+	if n > len(incBuf) {
+		incs = make([]int64, n)
+	}
+	incs = incs[:n]
+	if err := prepareCharge(reqs, incs); err != nil {
+		return err
+	}
+	var lockBuf [inlineBuckets]int
+	locks := lockBuf[:0]
+	for i := range reqs {
+		k := m.shardOf(reqs[i].Key)
+		if j, found := slices.BinarySearch(locks, k); !found {
+			locks = slices.Insert(locks, j, k)
+		}
+	}
+	now := m.nanos()
+	for _, k := range locks {
+		m.shards[k].mu.Lock()
+	}
+	off := 0
+	for i := range reqs {
+		req := &reqs[i]
+		m.shards[m.shardOf(req.Key)].charge(req, incs[off:off+len(req.Buckets)], now)
+		off += len(req.Buckets)
+	}
+	for i := len(locks) - 1; i >= 0; i-- {
+		sh := &m.shards[locks[i]]
+		sh.decided(now)
+		sh.mu.Unlock()
+	}
+	return nil
+}
+
+// charge adds incs to the TATs of req's buckets in sh (locked) at now.
+func (sh *shard) charge(req *Request, incs []int64, now int64) {
+	state := sh.keys[req.Key]
+	grown := false
+	for i := range req.Buckets {
+		if incs[i] == 0 {
+			continue
+		}
+		slot := find(state, req.Buckets[i].Name, i)
+		tat := now
+		if slot >= 0 && state[slot].tat > now {
+			tat = state[slot].tat
+		}
+		tat = min(tat+incs[i], now+maxDebt)
+		if slot >= 0 {
+			state[slot].tat = tat
+		} else {
+			state = append(state, bucketTAT{req.Buckets[i].Name, tat})
+			grown = true
+		}
+	}
+	if grown {
+		sh.keys[req.Key] = state
+		sh.peak = max(sh.peak, len(sh.keys))
+	}
+}
+
 // check computes, in sh (locked) at now, the TAT every bucket of req would
 // have once debited (into tats, with each bucket's index in the key's
 // state, or -1, into slots). It returns the key's state and the index of

@@ -44,11 +44,12 @@ const (
 // each request i: the bucket (1-based within the request) with the longest
 // retry, the first one on ties, or 0 when the request's buckets had room,
 // and that retry in µs}; allowed is 1 when every request had room, and
-// only then is any key written.
+// only then is any key written (not those of Deferred buckets, whose
+// increment is 0: they are only checked).
 var allowScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local tats = {}
+local tats, incs = {}, {}
 local reply = {1}
 local k, a = 1, 2
 for r = 1, tonumber(ARGV[1]) do
@@ -64,6 +65,7 @@ for r = 1, tonumber(ARGV[1]) do
       tat = now
     end
     tats[k] = tat + inc
+    incs[k] = inc
     local retry = tats[k] - per - now
     if retry > worstRetry then
       worst, worstRetry = j, retry
@@ -78,11 +80,40 @@ for r = 1, tonumber(ARGV[1]) do
 end
 if reply[1] == 1 then
   for i = 1, #KEYS do
-    redis.call('SET', KEYS[i], string.format('%.17g', tats[i]),
-      'PX', math.floor((tats[i] - now) / 1000) + 1)
+    if incs[i] > 0 then
+      redis.call('SET', KEYS[i], string.format('%.17g', tats[i]),
+        'PX', math.floor((tats[i] - now) / 1000) + 1)
+    end
   end
 end
 return reply
+`)
+
+// chargeScript adds costs measured after the fact: for every key, TAT :=
+// max(TAT, now) + inc, on the server's clock, whatever the result (a
+// bucket may go into debt, by at most 2·MaxPer). KEYS are the buckets'
+// state keys, ARGV their increments in nanoseconds, in the same order; a
+// bucket's period does not matter here (its expiry is its TAT). It
+// returns the number of keys written.
+var chargeScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local cap = tonumber(ARGV[#KEYS + 1]) / 1000
+local n = 0
+for i = 1, #KEYS do
+  local inc = tonumber(ARGV[i]) / 1000
+  if inc > 0 then
+    local tat = tonumber(redis.call('GET', KEYS[i]))
+    if not tat or tat < now then
+      tat = now
+    end
+    tat = math.min(tat + inc, now + cap)
+    redis.call('SET', KEYS[i], string.format('%.17g', tat),
+      'PX', math.floor((tat - now) / 1000) + 1)
+    n = n + 1
+  end
+end
+return n
 `)
 
 // Redis is a Limiter whose state lives in Redis, so that every poolerd
@@ -212,6 +243,39 @@ func (r *Redis) AllowAll(ctx context.Context, reqs []Request, ds []Decision) (bo
 		}
 	}
 	return true, nil
+}
+
+// Charge implements Limiter, in one script call over the keys of every
+// bucket of reqs that has a cost; errors and timeouts are as for Allow
+// (after a timeout the charge may or may not have been made), and the
+// Redis Cluster caveat of AllowAll applies to several requests.
+func (r *Redis) Charge(ctx context.Context, reqs []Request) error {
+	n := bucketCount(reqs)
+	incs := make([]int64, n)
+	if err := prepareCharge(reqs, incs); err != nil {
+		return err
+	}
+	keys := make([]string, 0, n)
+	args := make([]any, 0, n+1)
+	k := 0
+	for _, req := range reqs {
+		tag := r.prefix + "{" + req.Key + "}:"
+		for _, b := range req.Buckets {
+			if incs[k] > 0 {
+				keys = append(keys, tag+b.Name)
+				args = append(args, incs[k])
+			}
+			k++
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	args = append(args, maxDebt)
+	_, err := r.call(ctx, "charge", func(ctx context.Context) (any, error) {
+		return chargeScript.Run(ctx, r.client, keys, args...).Result()
+	})
+	return err
 }
 
 // decodeReply fills ds from allowScript's reply.

@@ -178,6 +178,8 @@ func (s *scripted) AllowAll(ctx context.Context, reqs []Request, ds []Decision) 
 	return d.Allowed, err
 }
 
+func (s *scripted) Charge(context.Context, []Request) error { return nil }
+
 func TestWaitLimiterError(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		boom := errors.New("boom")
