@@ -427,6 +427,14 @@ type RateLimitRule struct {
 	Queries      *RateBucket `mapstructure:"queries"`
 	Transactions *RateBucket `mapstructure:"transactions"`
 	Connections  *RateBucket `mapstructure:"connections"`
+	// Measured buckets: what requests cost the database, charged when
+	// each transaction (or statement outside one) ends: ServerTime in
+	// milliseconds of server connection time, Rows in DataRows returned,
+	// Bytes in bytes returned. A key in debt waits or is refused at its
+	// next transaction.
+	ServerTime *RateBucket `mapstructure:"server_time"`
+	Rows       *RateBucket `mapstructure:"rows"`
+	Bytes      *RateBucket `mapstructure:"bytes"`
 	// Mode is reject (error 53400) or wait (delay, up to MaxWait).
 	Mode    string        `mapstructure:"mode"`
 	MaxWait time.Duration `mapstructure:"max_wait"`

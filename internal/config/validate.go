@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/url"
 	"os"
@@ -453,7 +454,8 @@ func (c *Config) validateRateLimits(bad func(string, ...any)) {
 		for _, b := range []struct {
 			name string
 			b    *RateBucket
-		}{{"queries", r.Queries}, {"transactions", r.Transactions}, {"connections", r.Connections}} {
+		}{{"queries", r.Queries}, {"transactions", r.Transactions}, {"connections", r.Connections},
+			{"server_time", r.ServerTime}, {"rows", r.Rows}, {"bytes", r.Bytes}} {
 			if b.b == nil {
 				continue
 			}
@@ -461,9 +463,12 @@ func (c *Config) validateRateLimits(bad func(string, ...any)) {
 			if b.b.Limit <= 0 || b.b.Per <= 0 {
 				bad("%s %s needs a positive limit and per, e.g. {limit: 50, per: 1s}", where, b.name)
 			}
+			if b.name == "server_time" && b.b.Limit > maxServerTimeMillis {
+				bad("%s server_time limit %d is above %d (milliseconds)", where, b.b.Limit, int64(maxServerTimeMillis))
+			}
 		}
 		if n == 0 {
-			bad("%s has no bucket: set queries, transactions or connections", where)
+			bad("%s has no bucket: set queries, transactions, connections, server_time, rows or bytes", where)
 		}
 		switch r.Mode {
 		case "reject":
@@ -747,3 +752,7 @@ func (c *Config) validateHandoff(bad func(string, ...any)) {
 		bad("verify_handoff_sample_rate %v is not a share from 0 to 1, e.g. 0.01 to check every 100th hand-off", c.VerifyHandoffSampleRate)
 	}
 }
+
+// maxServerTimeMillis bounds a server_time bucket's limit, which the proxy
+// counts in microseconds: about 292 years, far above any useful budget.
+const maxServerTimeMillis = math.MaxInt64 / 1000

@@ -112,7 +112,7 @@ func errRateLimited(severity string, r *rateRule, d limiter.Decision) *wire.Erro
 	}
 	return &wire.Error{Severity: severity, Code: "53400",
 		Message: fmt.Sprintf("rate limit exceeded: rule %q, bucket %s", r.cfg.Name, d.Bucket),
-		Detail:  fmt.Sprintf("retry in %s", retry),
+		Detail:  fmt.Sprintf("limit %s; retry in %s", r.limitText(d.Bucket), retry),
 		Hint:    "slow down, or ask the operator to raise the rule's limit (rate_limits in the poolerd configuration)"}
 }
 
@@ -252,3 +252,6 @@ func errTimedOut(kind timeoutKind, limit time.Duration) *wire.Error {
 			Hint:    "the PostgreSQL server or the network to it looks hung; check them, then reconnect"}
 	}
 }
+
+// errChargeQueueFull: measured costs came faster than Redis took them.
+var errChargeQueueFull = errors.New("the queue of charges for Redis is full")

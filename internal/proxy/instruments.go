@@ -188,6 +188,9 @@ type rateMetrics struct {
 	redisErrors  prometheus.Counter
 	redisLatency prometheus.Histogram
 	refusals     *prometheus.CounterVec // limit
+	charged      *prometheus.CounterVec // rule, bucket: units of measured buckets
+	debt         *prometheus.CounterVec // rule, bucket, outcome: requests held back by a measured bucket in debt
+	chargeErrors prometheus.Counter
 }
 
 func newRateMetrics() *rateMetrics {
@@ -210,6 +213,18 @@ func newRateMetrics() *rateMetrics {
 			Help:    "Latency of Redis rate-limit checks.",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1},
 		}),
+		charged: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "poolerd_ratelimit_charged_total",
+			Help: "What transactions cost, charged to measured buckets, by rule and bucket: server_time in milliseconds, rows, bytes.",
+		}, []string{"rule", "bucket"}),
+		debt: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "poolerd_ratelimit_debt_total",
+			Help: "Transactions that found a measured bucket (server_time, rows, bytes) in debt, by rule, bucket and outcome: waited (then allowed) or rejected.",
+		}, []string{"rule", "bucket", "outcome"}),
+		chargeErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "poolerd_ratelimit_charge_errors_total",
+			Help: "Measured costs that could not be charged (Redis failed or was too slow); their keys were not held back for them.",
+		}),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "poolerd_connection_limit_refusals_total",
 			Help: "Client connections refused by a connection limit: max_client_conn, max_db_client_connections, max_user_client_connections.",
@@ -218,5 +233,5 @@ func newRateMetrics() *rateMetrics {
 }
 
 func (m *rateMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.decisions, m.wait, m.redisErrors, m.redisLatency, m.refusals}
+	return []prometheus.Collector{m.decisions, m.wait, m.redisErrors, m.redisLatency, m.refusals, m.charged, m.debt, m.chargeErrors}
 }

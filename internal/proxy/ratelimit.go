@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"fmt"
 	"errors"
 	"net"
 	"slices"
@@ -27,6 +28,10 @@ type rateLimits struct {
 	onErrAllow bool
 	backend    string
 	closeOnce  sync.Once
+	// charges sends measured costs to Redis off the servers' readers;
+	// nil with the memory backend (charged in place) or without
+	// measured buckets.
+	charges *charger
 }
 
 // rateRule is one compiled rule.
@@ -45,6 +50,57 @@ type rateRule struct {
 	// every decision, never changed.
 	request [2][]limiter.Bucket
 	login   []limiter.Bucket
+	// measured are the rule's measured buckets (server_time, rows,
+	// bytes): Deferred copies of them end request[1], so that a key in
+	// debt waits or is refused at its next transaction; chargeCosts
+	// charges each what a transaction cost.
+	measured []measuredBucket
+}
+
+// costKind is what a measured bucket counts.
+type costKind uint8
+
+const (
+	costServerTime costKind = iota // microseconds of server connection time
+	costRows                       // DataRows returned
+	costBytes                      // bytes returned
+)
+
+// measuredBucket is one measured bucket of a rule: what it counts, and the
+// bucket, in microseconds for server_time (its limit in milliseconds
+// times 1000), so that a short statement costs what it took.
+type measuredBucket struct {
+	kind   costKind
+	bucket limiter.Bucket
+}
+
+// requestCost is what one transaction (or statement outside one) cost the
+// database, measured by its server connection's reader.
+type requestCost struct {
+	serverMicros, rows, bytes int64
+}
+
+func (c requestCost) of(k costKind) int64 {
+	switch k {
+	case costServerTime:
+		return c.serverMicros
+	case costRows:
+		return c.rows
+	}
+	return c.bytes
+}
+
+// appendMeasured appends the measured bucket name of the configuration b,
+// if set, counting kind.
+func appendMeasured(to []measuredBucket, kind costKind, name string, b *config.RateBucket) []measuredBucket {
+	if b == nil {
+		return to
+	}
+	limit := b.Limit
+	if kind == costServerTime {
+		limit *= 1000 // configured in milliseconds, counted in microseconds
+	}
+	return append(to, measuredBucket{kind: kind, bucket: limiter.Bucket{Name: name, Limit: limit, Per: b.Per}})
 }
 
 // sessionRate is a rule that applies to a session, with the session's key.
@@ -72,6 +128,14 @@ func newRateLimits(cfg *config.Config) (*rateLimits, error) {
 		cr.request[0] = appendBucket(nil, "queries", r.Queries)
 		cr.request[1] = appendBucket(appendBucket(nil, "queries", r.Queries), "transactions", r.Transactions)
 		cr.login = appendBucket(nil, "connections", r.Connections)
+		cr.measured = appendMeasured(nil, costServerTime, "server_time", r.ServerTime)
+		cr.measured = appendMeasured(cr.measured, costRows, "rows", r.Rows)
+		cr.measured = appendMeasured(cr.measured, costBytes, "bytes", r.Bytes)
+		for _, m := range cr.measured {
+			b := m.bucket
+			b.Deferred = true
+			cr.request[1] = append(cr.request[1], b)
+		}
 		cr.preAuth = r.Match.Database == "" && r.Match.User == "" && r.Match.ApplicationName == "" &&
 			!slices.ContainsFunc(r.KeyBy, func(k string) bool { return k != "client" })
 		if m := r.Match.Client; m != "" {
@@ -98,6 +162,9 @@ func newRateLimits(cfg *config.Config) (*rateLimits, error) {
 		opts.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 		rl.redis = redis.NewClient(opts)
 		rl.lim = limiter.NewRedis(rl.redis, limiter.RedisOptions{Timeout: cfg.RedisTimeout})
+		if slices.ContainsFunc(rl.rules, func(r *rateRule) bool { return len(r.measured) > 0 }) {
+			rl.charges = newCharger(rl.lim)
+		}
 	default:
 		rl.lim = limiter.NewMemory(limiter.MemoryOptions{})
 	}
@@ -106,7 +173,12 @@ func newRateLimits(cfg *config.Config) (*rateLimits, error) {
 
 func (rl *rateLimits) close() {
 	if rl != nil && rl.redis != nil {
-		rl.closeOnce.Do(func() { _ = rl.redis.Close() })
+		rl.closeOnce.Do(func() {
+			if rl.charges != nil {
+				rl.charges.stop()
+			}
+			_ = rl.redis.Close()
+		})
 	}
 }
 
@@ -199,6 +271,19 @@ func (srv *Server) checkRate(ctx context.Context, log warnLogger, rates []sessio
 	ds = ds[:len(reqs)]
 	start := time.Now()
 	allowed, err := decide(ctx, rl.lim, reqs, ds)
+	var debts []debtSeen // measured buckets in debt at the first decision
+	if !allowed && err == nil {
+		debts = inDebt(rules, ds)
+		defer func() {
+			outcome := "rejected"
+			if allowed {
+				outcome = "waited"
+			}
+			for _, d := range debts {
+				srv.rateMet.debt.WithLabelValues(d.rule, d.bucket, outcome).Inc()
+			}
+		}()
+	}
 	var waited time.Duration
 	var w *clientWatch // made only for a wait
 	if !allowed && err == nil && waits && waitable(rules, ds) {
@@ -257,6 +342,47 @@ func (srv *Server) checkRate(ctx context.Context, log warnLogger, rates []sessio
 		srv.rateMet.decisions.WithLabelValues(r.cfg.Name, "all", outcome).Inc()
 	}
 	return nil
+}
+
+// limitText says what the rule's bucket name allows, for a refusal's
+// DETAIL: "50 per 1s", or for a measured bucket "5000 ms of server time
+// per 1m0s, used up by earlier transactions".
+func (r *rateRule) limitText(name string) string {
+	c := &r.cfg
+	for _, b := range []struct {
+		name, unit string
+		b          *config.RateBucket
+	}{{"queries", "", c.Queries}, {"transactions", "", c.Transactions}, {"connections", "", c.Connections},
+		{"server_time", " ms of server time", c.ServerTime}, {"rows", " rows", c.Rows}, {"bytes", " bytes", c.Bytes}} {
+		if b.name != name || b.b == nil {
+			continue
+		}
+		text := fmt.Sprintf("%d%s per %s", b.b.Limit, b.unit, b.b.Per)
+		if b.unit != "" {
+			text += ", used up by earlier transactions"
+		}
+		return text
+	}
+	return "of bucket " + name
+}
+
+// debtSeen is a measured bucket a decision found in debt.
+type debtSeen struct{ rule, bucket string }
+
+// inDebt returns the measured buckets that denied a decision (ds).
+func inDebt(rules []*rateRule, ds []limiter.Decision) []debtSeen {
+	var out []debtSeen
+	for i, d := range ds {
+		if d.Allowed {
+			continue
+		}
+		for _, m := range rules[i].measured {
+			if m.bucket.Name == d.Bucket {
+				out = append(out, debtSeen{rules[i].cfg.Name, d.Bucket})
+			}
+		}
+	}
+	return out
 }
 
 // decide is one decision over reqs, into ds: Allow for a single request,

@@ -93,6 +93,9 @@ type Server struct {
 	// Atomics, read and written by anyone.
 	conf  atomic.Pointer[config.Config]
 	rates atomic.Pointer[rateLimits] // nil without rules
+	// chargeWarned is when a lost measured charge was last logged (unix
+	// nanoseconds).
+	chargeWarned atomic.Int64
 	// clientTLS is the TLS configuration clients are served with; nil when
 	// client_tls_sslmode is disable. Loaded with the configuration.
 	clientTLS atomic.Pointer[tls.Config]
@@ -232,6 +235,10 @@ func (srv *Server) setRates(cfg *config.Config) {
 	if err != nil {
 		srv.log.Error("rate limits not applied", zap.Error(err))
 		return
+	}
+	if rl != nil && rl.charges != nil {
+		onErr := srv.chargeFailed
+		rl.charges.onErr.Store(&onErr)
 	}
 	if old := srv.rates.Swap(rl); old != nil && old.redis != nil {
 		// Checks already under way may still use the old Redis client:

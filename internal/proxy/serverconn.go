@@ -193,6 +193,11 @@ type serverConn struct {
 	// now running was sent (or the previous one answered), idleTxSince when
 	// the server became idle inside a transaction.
 	busySince, queryStart, idleTxSince int64
+	// cost is what the owner's transaction has cost so far (rows and
+	// bytes forwarded; reader goroutine), and spent what the last one cost
+	// in all, server time included, set when it ended for the owner's
+	// measured rate limits (settleRead).
+	cost, spent requestCost
 	// leaseStart is when the owner's checkout for its lease began waiting
 	// (lease_timeout; 0 where no wait began it: session mode, a pinned
 	// client's next transaction). Cleared with busySince.
@@ -500,6 +505,9 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 					sc.drop = true
 				}
 			case 'D':
+				if !sc.drop {
+					sc.cost.rows++
+				}
 				if sc.drop && (sc.snapZ.Load() == sc.zRecv || sc.checkZ.Load() == sc.zRecv || sc.syncAt(sc.zRecv)) {
 					sc.cur.Capture(maxCapture)
 				} else if sc.drop && sc.verifyZ.Load() == sc.zRecv {
@@ -679,6 +687,7 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 					copy(buf[out:], buf[off:off+n])
 				}
 				out += n
+				sc.cost.bytes += int64(n)
 			}
 		}
 		off += n
@@ -740,6 +749,9 @@ func (sc *serverConn) settleRead(rfqs, answered int, status byte, midFrame bool,
 	if own != nil && idleTx != 0 {
 		own.noteIdleInTx(idleTx)
 	}
+	if own != nil && idle != 0 {
+		own.chargeCosts(sc.spent) // the transaction is over: what it cost
+	}
 	if own != nil && idle != 0 && own.timeouts().idleTracked() {
 		own.noteActive(idle) // the client is idle from its last answer on
 	}
@@ -765,11 +777,13 @@ func (sc *serverConn) noteTimesLocked(rfqs, answered int, status byte, now int64
 	case pending > 0:
 		sc.queryStart = now // the next pipelined request is now running
 	case status == wire.TxIdle && !sc.unsynced:
+		sc.spent, sc.cost = sc.cost, requestCost{}
 		if sc.busySince != 0 {
 			d := uint64(now - sc.busySince)
 			m.xacts.Add(1)
 			m.xactNanos.Add(d)
 			sc.dbp.met.xactDur.Observe(float64(d) / 1e9)
+			sc.spent.serverMicros = int64(d / 1000)
 		}
 		sc.busySince, sc.idleTxSince, sc.queryStart, sc.leaseStart = 0, 0, 0, 0
 		return 0, now

@@ -1257,6 +1257,11 @@ func (s *session) attach(held *serverConn) error {
 			}
 			return errServerUnavailable(errServerBroken)
 		}
+		// What an earlier owner's transaction cost, if it ended without
+		// its ReadyForQuery (the client left mid-transaction), is not
+		// this owner's. Before the owner is stored: the reader's next
+		// read loads the owner first.
+		sc.cost = requestCost{}
 		sc.owner.Store(s)
 		sc.busy = true
 		sc.unsynced = false

@@ -143,7 +143,7 @@ func rlHammer(conns []*pgx.Conn, d time.Duration) rlResult {
 }
 
 // rlRetryRE is the DETAIL of a rate-limit refusal.
-var rlRetryRE = regexp.MustCompile(`^retry in (\S+)$`)
+var rlRetryRE = regexp.MustCompile(`^limit \d+[a-z ]* per \S+(, used up by earlier transactions)?; retry in (\S+)$`)
 
 // rlRetryAfter checks a refusal's fields against the rule and bucket and
 // returns the wait its DETAIL announces.
@@ -159,9 +159,9 @@ func rlRetryAfter(t *testing.T, pe *pgconn.PgError, severity, rule, bucket strin
 	if m == nil {
 		t.Fatalf("refusal DETAIL %q does not say when to retry", pe.Detail)
 	}
-	d, err := time.ParseDuration(m[1])
+	d, err := time.ParseDuration(m[2])
 	if err != nil || d <= 0 {
-		t.Fatalf("refusal DETAIL %q: retry %q is not a positive duration (%v)", pe.Detail, m[1], err)
+		t.Fatalf("refusal DETAIL %q: retry %q is not a positive duration (%v)", pe.Detail, m[2], err)
 	}
 	if !strings.Contains(pe.Hint, "rate_limits") {
 		t.Fatalf("refusal HINT %q does not name the setting", pe.Hint)
