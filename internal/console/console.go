@@ -56,6 +56,8 @@ type Snapshots interface {
 	LoginCount() int
 	// DatabaseTotals are the traffic totals since start by database.
 	DatabaseTotals() map[string]proxy.Totals
+	// RateLimits lists every bucket of every rate-limit rule.
+	RateLimits() []proxy.RateLimitInfo
 }
 
 // Averager gives the last stats period's rates and mean times by database

@@ -117,7 +117,10 @@ type fakeProxy struct {
 	resumeErr error
 	killed    []uint64
 	calls     []string
+	rates     []proxy.RateLimitInfo
 }
+
+func (f *fakeProxy) RateLimits() []proxy.RateLimitInfo { return f.rates }
 
 func (f *fakeProxy) Config() *config.Config                        { return f.cfg }
 func (f *fakeProxy) Version() string                               { return "test" }
@@ -297,6 +300,32 @@ func TestShowHelpAndVersion(t *testing.T) {
 	r = run(t, s, "select version;")
 	if r.val(t, 0, "version") != "PgBouncer 1.25.2 (poolerd test)" || r.tag != "SHOW" {
 		t.Errorf("SHOW VERSION: %+v", r)
+	}
+}
+
+// SHOW RATE_LIMITS: a row per bucket; measured buckets show what they
+// were charged and the waits their debt caused, count buckets NULL there.
+func TestShowRateLimits(t *testing.T) {
+	f := newFake(t)
+	f.rates = []proxy.RateLimitInfo{
+		{Rule: "share", Mode: "wait", KeyBy: "application_name", Bucket: "queries", Limit: 100, Per: time.Second,
+			MaxWait: 30 * time.Second, Unit: "requests", Refused: 2, Backend: "memory"},
+		{Rule: "share", Mode: "wait", KeyBy: "application_name", Bucket: "server_time", Measured: true, Limit: 30000,
+			Per: time.Minute, MaxWait: 30 * time.Second, Unit: "ms", Charged: 1234.5, DebtWaits: 7, Backend: "memory"},
+	}
+	r := run(t, testSession(f, false), "SHOW RATE_LIMITS")
+	for col, want := range map[string]string{"rule": "share", "bucket": "queries", "kind": "count", "limit": "100",
+		"unit": "requests", "per_seconds": "1", "mode": "wait", "max_wait_seconds": "30", "key_by": "application_name",
+		"backend": "memory", "refused": "2"} {
+		if got := r.val(t, 0, col); got != want {
+			t.Errorf("row 0 %s = %q, want %q", col, got, want)
+		}
+	}
+	for col, want := range map[string]string{"bucket": "server_time", "kind": "measured", "limit": "30000", "unit": "ms",
+		"per_seconds": "60", "charged": "1234.5", "debt_waits": "7"} {
+		if got := r.val(t, 1, col); got != want {
+			t.Errorf("row 1 %s = %q, want %q", col, got, want)
+		}
 	}
 }
 

@@ -16,7 +16,7 @@ import (
 )
 
 const adminHelp = "\n\tSHOW HELP|CONFIG|DATABASES|POOLS|CLIENTS|SERVERS|USERS|VERSION" +
-	"\n\tSHOW LISTS|STATE" +
+	"\n\tSHOW LISTS|STATE|PINNED|HOSTS|RATE_LIMITS" +
 	"\n\tSHOW STATS|STATS_TOTALS|STATS_AVERAGES|TOTALS" +
 	"\n\tSET key = arg" +
 	"\n\tRELOAD" +
@@ -43,7 +43,7 @@ func (c *Console) show(what, sql string) ([]byte, bool, *wire.Error) {
 		"STATS_AVERAGES": func() *resultSet { return c.showStatsTable(true) },
 		"TOTALS":         c.showTotals, "CLIENTS": c.showClients, "SERVERS": c.showServers, "DATABASES": c.showDatabases,
 		"USERS": c.showUsers, "CONFIG": c.showConfig, "LISTS": c.showLists, "PINNED": c.showPinned,
-		"HOSTS": c.showHosts,
+		"HOSTS": c.showHosts, "RATE_LIMITS": c.showRateLimits,
 	}[what]
 	if !ok {
 		return nil, false, errInvalidCommand(sql)
@@ -308,6 +308,27 @@ func (c *Console) showPinned() *resultSet {
 		addr, port := splitAddr(ci.RemoteAddr)
 		r.row(ci.User, ci.Database, addr, port, ci.AppName, ci.Pinned,
 			fmt.Sprintf("%.3f", ci.PinnedFor.Seconds()), fmt.Sprintf("%.3f", idle.Seconds()), int(ci.ServerPID), ci.ID)
+	}
+	return r
+}
+
+// showRateLimits lists every bucket of every rate-limit rule (a poolerd
+// addition): its limit, what it counts, and what it refused, charged and
+// delayed since the rules were compiled (start or reload).
+func (c *Console) showRateLimits() *resultSet {
+	r := newResult(text("rule"), text("bucket"), text("kind"), numeric("limit"), text("unit"), numeric("per_seconds"),
+		text("mode"), numeric("max_wait_seconds"), text("key_by"), text("backend"), numeric("refused"),
+		numeric("charged"), numeric("debt_waits"))
+	for _, rl := range c.p.RateLimits() {
+		kind := "count"
+		charged, waits := any(null{}), any(null{})
+		if rl.Measured {
+			kind = "measured"
+			charged, waits = strconv.FormatFloat(rl.Charged, 'f', -1, 64), strconv.FormatFloat(rl.DebtWaits, 'f', -1, 64)
+		}
+		r.row(rl.Rule, rl.Bucket, kind, rl.Limit, rl.Unit, strconv.FormatFloat(rl.Per.Seconds(), 'f', -1, 64),
+			rl.Mode, strconv.FormatFloat(rl.MaxWait.Seconds(), 'f', -1, 64), rl.KeyBy, rl.Backend,
+			strconv.FormatFloat(rl.Refused, 'f', -1, 64), charged, waits)
 	}
 	return r
 }

@@ -2,11 +2,15 @@ package proxy
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap"
 
+	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/internal/limiter"
 )
 
@@ -149,4 +153,95 @@ func (c *charger) run() {
 func (c *charger) stop() {
 	close(c.done)
 	<-c.stopped
+}
+
+// RateLimitInfo is one bucket of one rate-limit rule, for SHOW RATE_LIMITS:
+// its configuration and what it has done since the rules were last
+// compiled (start or reload; the counters are the metrics').
+type RateLimitInfo struct {
+	Rule, Mode, KeyBy, Bucket string
+	// Measured: charged when a transaction ends (server_time, rows,
+	// bytes); else counted when a request, transaction or login starts.
+	Measured bool
+	Limit    int64
+	Per      time.Duration
+	MaxWait  time.Duration
+	// Unit is what Limit counts: requests, transactions, logins, ms,
+	// rows or bytes.
+	Unit string
+	// Charged is what the measured bucket was charged, in Unit; Refused
+	// the requests this bucket denied and that were refused; DebtWaits
+	// the transactions a measured bucket in debt delayed.
+	Charged   float64
+	Refused   float64
+	DebtWaits float64
+	Backend   string
+}
+
+// RateLimits lists every bucket of every rate-limit rule, in the order of
+// the configuration.
+func (srv *Server) RateLimits() []RateLimitInfo {
+	rl := srv.rates.Load()
+	if rl == nil {
+		return nil
+	}
+	m := srv.rateMet
+	var out []RateLimitInfo
+	for _, r := range rl.rules {
+		c := &r.cfg
+		for _, b := range []struct {
+			name, unit string
+			measured   bool
+			b          *config.RateBucket
+		}{{"queries", "requests", false, c.Queries}, {"transactions", "transactions", false, c.Transactions},
+			{"connections", "logins", false, c.Connections}, {"server_time", "ms", true, c.ServerTime},
+			{"rows", "rows", true, c.Rows}, {"bytes", "bytes", true, c.Bytes}} {
+			if b.b == nil {
+				continue
+			}
+			info := RateLimitInfo{Rule: c.Name, Mode: c.Mode, KeyBy: strings.Join(c.KeyBy, ","), Bucket: b.name,
+				Measured: b.measured, Limit: b.b.Limit, Per: b.b.Per, Unit: b.unit, Backend: rl.backend,
+				Refused: counterValue(m.decisions, "rule", c.Name, "bucket", b.name, "outcome", "rejected")}
+			if c.Mode == "wait" {
+				info.MaxWait = c.MaxWait
+			}
+			if b.measured {
+				info.Charged = counterValue(m.charged, "rule", c.Name, "bucket", b.name)
+				info.DebtWaits = counterValue(m.debt, "rule", c.Name, "bucket", b.name, "outcome", "waited")
+			}
+			out = append(out, info)
+		}
+	}
+	return out
+}
+
+// counterValue reads the counter of vec with the labels kv (name, value,
+// name, value, ...: all of the vec's labels), 0 if it has none yet. It
+// reads the vec's series instead of asking for the counter, which would
+// create it.
+func counterValue(vec *prometheus.CounterVec, kv ...string) float64 {
+	ch := make(chan prometheus.Metric, 64)
+	go func() {
+		vec.Collect(ch)
+		close(ch)
+	}()
+	total := 0.0
+	for metric := range ch {
+		var m dto.Metric
+		if metric.Write(&m) != nil || 2*len(m.GetLabel()) != len(kv) {
+			continue
+		}
+		match := true
+		for _, l := range m.GetLabel() {
+			found := false
+			for i := 0; i+1 < len(kv); i += 2 {
+				found = found || kv[i] == l.GetName() && kv[i+1] == l.GetValue()
+			}
+			match = match && found
+		}
+		if match {
+			total += m.GetCounter().GetValue()
+		}
+	}
+	return total
 }

@@ -7,6 +7,7 @@ package integration
 import (
 	"context"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/test/pgtest"
 	"github.com/poolerd/poolerd/test/redistest"
 )
 
@@ -150,6 +152,18 @@ func TestRateLimitServerTimeShare(t *testing.T) {
 	}
 	if n := rlMetric(t, p, "poolerd_ratelimit_debt_total", "rule=share", "bucket=server_time", "outcome=waited"); n < 1 {
 		t.Errorf("poolerd_ratelimit_debt_total{waited} = %.0f: no transaction waited for a debt", n)
+	}
+	// SHOW RATE_LIMITS shows the measured bucket with the same figures.
+	tb := obShow(t, obAdmin(t, p.instance, pgtest.RoleApp), "SHOW RATE_LIMITS")
+	i := tb.must(t, "the server_time bucket", "rule", "share", "bucket", "server_time")
+	if tb.val(i, "kind") != "measured" || tb.val(i, "limit") != "1000" || tb.val(i, "unit") != "ms" || tb.val(i, "per_seconds") != "2" {
+		t.Errorf("SHOW RATE_LIMITS row: %s", tb)
+	}
+	if got, err := strconv.ParseFloat(tb.val(i, "charged"), 64); err != nil || got < float64(res.heavy)*200 {
+		t.Errorf("SHOW RATE_LIMITS charged %q, want at least %d ms", tb.val(i, "charged"), res.heavy*200)
+	}
+	if got, err := strconv.ParseFloat(tb.val(i, "debt_waits"), 64); err != nil || got < 1 {
+		t.Errorf("SHOW RATE_LIMITS debt_waits %q, want at least 1", tb.val(i, "debt_waits"))
 	}
 }
 
