@@ -373,6 +373,8 @@ type Database struct {
 	// MaxSizePerHost caps each server's connections of a pool (max_size
 	// caps them all together); 0: no cap of its own.
 	MaxSizePerHost int `mapstructure:"max_size_per_host"`
+	// HostSettings gives servers of Hosts settings of their own.
+	HostSettings []HostSetting `mapstructure:"host_settings"`
 	// DBName is the database name on the server; empty means Name (for "*",
 	// the name the client asked for).
 	DBName string `mapstructure:"dbname"`
@@ -411,6 +413,20 @@ type User struct {
 	FleetMaxServerConnections *int `mapstructure:"fleet_max_server_connections"`
 
 	Overrides `mapstructure:",squash"`
+}
+
+// HostSetting is what one server of a database entry's hosts sets for
+// itself; 0 inherits the entry's (or the pool's) value.
+type HostSetting struct {
+	// Host names the server as in the entry's hosts ("host" or
+	// "host:port").
+	Host string `mapstructure:"host"`
+	// IdleTimeout closes this server's idle connections sooner (or
+	// later) than the pool's idle_timeout.
+	IdleTimeout time.Duration `mapstructure:"idle_timeout"`
+	// MaxSizePerHost caps the pool's connections to this server, in
+	// place of the entry's max_size_per_host.
+	MaxSizePerHost int `mapstructure:"max_size_per_host"`
 }
 
 // RateLimitRule is one rate limit: clients matching Match share budgets

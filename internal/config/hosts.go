@@ -1,8 +1,10 @@
 package config
 
 import (
+	"cmp"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -129,6 +131,7 @@ func validateHosts(d Database, where string, bad func(string, ...any)) {
 	if d.MaxSizePerHost < 0 {
 		bad("%s max_size_per_host %d is negative: use 0 for no cap of its own", where, d.MaxSizePerHost)
 	}
+	validateHostSettings(d, where, bad)
 	if d.MaxReplicaLag < 0 {
 		bad("%s max_replica_lag %s is negative: use 0 to disable", where, d.MaxReplicaLag)
 	}
@@ -156,4 +159,56 @@ func AttrsMatch(attrs string, standby, readOnly, relaxed bool) bool {
 		return standby || relaxed
 	}
 	return true
+}
+
+// validateHostSettings checks database entry d's host_settings: each names
+// one of its hosts, once, with no negative value.
+func validateHostSettings(d Database, where string, bad func(string, ...any)) {
+	if len(d.HostSettings) == 0 {
+		return
+	}
+	if len(d.Hosts) == 0 {
+		bad("%s has host_settings but no hosts: host_settings applies to servers of hosts; with one server use idle_timeout and max_size", where)
+		return
+	}
+	port := cmp.Or(d.Port, 5432)
+	hosts, err := hostList(d, "", port)
+	if err != nil {
+		return // reported by validateHosts
+	}
+	seen := map[HostPort]bool{}
+	for i, hs := range d.HostSettings {
+		h, err := ParseHostPort(hs.Host, port)
+		switch {
+		case err != nil:
+			bad("%s host_settings[%d]: %v", where, i, err)
+			continue
+		case !slices.Contains(hosts, h):
+			bad("%s host_settings[%d]: %s is not one of its hosts", where, i, h)
+		case seen[h]:
+			bad("%s host_settings: %s is listed twice", where, h)
+		}
+		seen[h] = true
+		if hs.IdleTimeout < 0 {
+			bad("%s host_settings %s: idle_timeout %s is negative: use 0 to inherit", where, h, hs.IdleTimeout)
+		}
+		if hs.MaxSizePerHost < 0 {
+			bad("%s host_settings %s: max_size_per_host %d is negative: use 0 to inherit", where, h, hs.MaxSizePerHost)
+		}
+	}
+}
+
+// hostSettingsOf resolves database entry d's host_settings against its
+// servers (default port port); nil when it has none.
+func hostSettingsOf(d Database, port int) map[HostPort]HostSetting {
+	if len(d.HostSettings) == 0 {
+		return nil
+	}
+	out := make(map[HostPort]HostSetting, len(d.HostSettings))
+	for _, hs := range d.HostSettings {
+		if h, err := ParseHostPort(hs.Host, port); err == nil {
+			out[h] = hs
+		}
+	}
+	return out
 }

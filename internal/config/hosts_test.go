@@ -3,6 +3,7 @@ package config
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParseHostPort(t *testing.T) {
@@ -125,5 +126,48 @@ func TestUpstreamHostList(t *testing.T) {
 		if _, err := ParseUpstream(bad); err == nil {
 			t.Errorf("ParseUpstream(%q) accepted", bad)
 		}
+	}
+}
+
+// host_settings names servers of hosts (matched as hosts are: default port,
+// case), once each, with no negative value; the route gives each server its
+// own cap and idle timeout, the entry's cap to the others.
+func TestHostSettings(t *testing.T) {
+	hs := func(host string, idle time.Duration, max int) HostSetting {
+		return HostSetting{Host: host, IdleTimeout: idle, MaxSizePerHost: max}
+	}
+	for _, c := range []struct {
+		db   Database
+		want string
+	}{
+		{Database{Name: "a", Host: "x", HostSettings: []HostSetting{hs("x", time.Second, 0)}}, "no hosts"},
+		{Database{Name: "a", Hosts: []string{"p", "r"}, HostSettings: []HostSetting{hs("q", time.Second, 0)}}, "not one of its hosts"},
+		{Database{Name: "a", Hosts: []string{"p", "r"}, HostSettings: []HostSetting{hs("r", time.Second, 0), hs("R:5432", 0, 1)}}, "listed twice"},
+		{Database{Name: "a", Hosts: []string{"p", "r"}, HostSettings: []HostSetting{hs("r", -time.Second, 0)}}, "idle_timeout -1s is negative"},
+		{Database{Name: "a", Hosts: []string{"p", "r"}, HostSettings: []HostSetting{hs("r", 0, -1)}}, "max_size_per_host -1 is negative"},
+		{Database{Name: "a", Hosts: []string{"p", "r"}, HostSettings: []HostSetting{hs("r:x", 0, 1)}}, "not a port number"},
+	} {
+		cfg := Defaults()
+		cfg.Databases = []Database{c.db}
+		cfg.AuthType = AuthTrust
+		err := cfg.Validate()
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v, want an error naming %q", c.db, err, c.want)
+		}
+	}
+	cfg := Defaults()
+	cfg.AuthType = AuthTrust
+	cfg.Databases = []Database{{Name: "a", Port: 6000, Hosts: []string{"p", "R:7000"}, MaxSizePerHost: 4,
+		HostSettings: []HostSetting{hs("r:7000", 30*time.Second, 2)}}}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := cfg.Route("a", "u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, rr := HostPort{"p", 6000}, HostPort{"r", 7000}
+	if r.HostCap(p) != 4 || r.HostCap(rr) != 2 || r.HostIdleTimeout(p) != 0 || r.HostIdleTimeout(rr) != 30*time.Second || !r.HostCapped() {
+		t.Errorf("route: caps %d, %d; idle timeouts %s, %s", r.HostCap(p), r.HostCap(rr), r.HostIdleTimeout(p), r.HostIdleTimeout(rr))
 	}
 }

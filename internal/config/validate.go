@@ -633,6 +633,36 @@ type Route struct {
 	// max_size_per_host (0: none).
 	MaxLag  time.Duration
 	PerHost int
+	// HostSettings are the servers' own settings (host_settings), by
+	// server; nil without any.
+	HostSettings map[HostPort]HostSetting
+}
+
+// HostCap is server h's connection cap: its own max_size_per_host, or the
+// entry's (0: none).
+func (r *Route) HostCap(h HostPort) int {
+	if hs, ok := r.HostSettings[h]; ok && hs.MaxSizePerHost > 0 {
+		return hs.MaxSizePerHost
+	}
+	return r.PerHost
+}
+
+// HostCapped reports whether any server of the route has a cap.
+func (r *Route) HostCapped() bool {
+	if r.PerHost > 0 {
+		return true
+	}
+	for _, hs := range r.HostSettings {
+		if hs.MaxSizePerHost > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// HostIdleTimeout is server h's own idle_timeout (0: the pool's).
+func (r *Route) HostIdleTimeout(h HostPort) time.Duration {
+	return r.HostSettings[h].IdleTimeout
 }
 
 // MultiHost reports whether the route chooses among servers or by role.
@@ -668,6 +698,7 @@ func (c *Config) Route(database, user string) (Route, error) {
 	}
 	r.Hosts, _ = hostList(Database{Host: r.Host, Port: r.Port, Hosts: d.Hosts}, r.Host, r.Port) // validated
 	r.Attrs, r.Balance, r.MaxLag, r.PerHost = d.TargetSessionAttrs, d.LoadBalanceHosts, d.MaxReplicaLag, d.MaxSizePerHost
+	r.HostSettings = hostSettingsOf(d, r.Port)
 	if u := c.upstream; u != nil && d.Host == "" && len(d.Hosts) == 0 && len(u.Hosts) > 0 {
 		r.Hosts = u.Hosts // the upstream URL's host list
 	}

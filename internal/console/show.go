@@ -339,10 +339,17 @@ func (c *Console) showRateLimits() *resultSet {
 // in a row.
 func (c *Console) showHosts() *resultSet {
 	r := newResult(text("database"), text("user"), text("host"), text("role"), int4("connections"),
-		int4("connect_failures"), text("last_error"))
+		int4("connect_failures"), text("last_error"), int4("idle"), int4("active"), numeric("hits"), numeric("misses"),
+		numeric("hit_rate"), numeric("evictions"), numeric("idle_timeout_seconds"), int4("max_size"))
 	for _, ps := range c.sortedPools() {
 		for _, h := range ps.Hosts {
-			r.row(ps.Database, ps.User, h.Host, h.Role, h.Open, h.Failures, h.LastErr)
+			var evictions uint64
+			for _, n := range h.Closes {
+				evictions += n
+			}
+			r.row(ps.Database, ps.User, h.Host, h.Role, h.Open, h.Failures, h.LastErr, h.Idle, max(h.Open-h.Idle, 0),
+				h.Hits, h.Misses, strconv.FormatFloat(h.HitRate(), 'f', 4, 64), evictions,
+				strconv.FormatFloat(h.IdleTimeout.Seconds(), 'f', -1, 64), h.MaxSize)
 		}
 	}
 	return r

@@ -36,6 +36,10 @@ var poolMetricDefs = []metricDef{
 	{"poolerd_server_tls_connections", "Open server connections that use TLS, by TLS version.", []string{"version"}},
 	{"poolerd_server_host_connections", "Open server connections per server of the pool, with the server's role at its latest login (primary, standby, unknown).", []string{"host", "role"}},
 	{"poolerd_server_host_connect_failures", "Failed connects in a row to each server of the pool (0 once one succeeds).", []string{"host"}},
+	{"poolerd_server_host_idle_connections", "Idle server connections per server of the pool.", []string{"host"}},
+	{"poolerd_server_host_active_connections", "Server connections per server of the pool that are not idle (held by a client, or being checked).", []string{"host"}},
+	{"poolerd_server_host_checkouts_total", "Checkouts per server of the pool: hit (an open connection reused), miss (one opened for it).", []string{"host", "result"}},
+	{"poolerd_server_host_evictions_total", "Server connections the pool closed per server of the pool, by reason: evictions (as poolerd_server_evictions_total) and recycles (max_lifetime, max_queries, idle_timeout).", []string{"host", "reason"}},
 	{"poolerd_checkouts_total", "Server connections handed to clients.", nil},
 	{"poolerd_pool_hits_total", "Checkouts served by an open connection.", nil},
 	{"poolerd_pool_misses_total", "Checkouts served by a newly opened connection.", nil},
@@ -120,6 +124,13 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		for _, h := range ps.Hosts {
 			gauge("poolerd_server_host_connections", float64(h.Open), db, user, h.Host, h.Role)
 			gauge("poolerd_server_host_connect_failures", float64(h.Failures), db, user, h.Host)
+			gauge("poolerd_server_host_idle_connections", float64(h.Idle), db, user, h.Host)
+			gauge("poolerd_server_host_active_connections", float64(max(h.Open-h.Idle, 0)), db, user, h.Host)
+			counter("poolerd_server_host_checkouts_total", float64(h.Hits), db, user, h.Host, "hit")
+			counter("poolerd_server_host_checkouts_total", float64(h.Misses), db, user, h.Host, "miss")
+			for reason, n := range h.Closes {
+				counter("poolerd_server_host_evictions_total", float64(n), db, user, h.Host, reason)
+			}
 		}
 		counter("poolerd_checkouts_total", float64(ps.Acquisitions), db, user)
 		counter("poolerd_pool_hits_total", float64(ps.Hits), db, user)

@@ -65,8 +65,22 @@ type HostHealth struct {
 	Host            string `json:"host"`
 	Role            string `json:"role"`
 	Connections     int    `json:"connections"`
+	Idle            int    `json:"idle"`
+	Active          int    `json:"active"`
 	ConnectFailures int    `json:"connect_failures"`
 	LastError       string `json:"last_error,omitempty"`
+	// Hits and Misses are its checkouts that reused an open connection or
+	// got one opened for them; HitRate the share of hits (0 before any).
+	Hits    uint64  `json:"hits"`
+	Misses  uint64  `json:"misses"`
+	HitRate float64 `json:"hit_rate"`
+	// Evictions are its connections the pool closed, by reason (evictions
+	// and recycles).
+	Evictions map[string]uint64 `json:"evictions,omitempty"`
+	// IdleTimeout and MaxSize are its own settings (host_settings);
+	// omitted when it has none.
+	IdleTimeoutSeconds float64 `json:"idle_timeout_seconds,omitempty"`
+	MaxSize            int     `json:"max_size,omitempty"`
 }
 
 // PoolCounts are the seed's pool statistics.
@@ -173,7 +187,9 @@ func poolHealth(ps proxy.PoolStats) PoolHealth {
 	if len(ps.Hosts) > 1 {
 		for _, h := range ps.Hosts {
 			ph.Hosts = append(ph.Hosts, HostHealth{Host: h.Host, Role: h.Role, Connections: h.Open,
-				ConnectFailures: h.Failures, LastError: h.LastErr})
+				Idle: h.Idle, Active: max(h.Open-h.Idle, 0), ConnectFailures: h.Failures, LastError: h.LastErr,
+				Hits: h.Hits, Misses: h.Misses, HitRate: h.HitRate(), Evictions: h.Closes,
+				IdleTimeoutSeconds: h.IdleTimeout.Seconds(), MaxSize: h.MaxSize})
 		}
 	}
 	switch {

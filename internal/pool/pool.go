@@ -46,7 +46,14 @@ type Entry struct {
 	// share is the part of the pool the connection is in, as its user
 	// says (SetShare; the proxy's event loops), for TryGetNear.
 	share atomic.Int32
+	// idleTimeout, when positive, replaces Settings.IdleTimeout for this
+	// connection (SetIdleTimeout: a per-server idle_timeout).
+	idleTimeout atomic.Int64
 }
+
+// SetIdleTimeout gives the connection an idle timeout of its own, in place
+// of the pool's IdleTimeout; 0 goes back to the pool's.
+func (e *Entry) SetIdleTimeout(d time.Duration) { e.idleTimeout.Store(int64(d)) }
 
 // SetShare says which part of the pool the connection is in now (an event
 // loop's share): TryGetNear prefers connections of the asker's share.
@@ -248,6 +255,13 @@ type Config[C Conn] struct {
 	// waiting lowers the pool's effective floor to what is open, instead
 	// of counting as a failure; see EffectiveMinSize.
 	Capacity func(error) (limit string, ok bool)
+	// CheckedOut, when set, is told of every checkout, fresh when the
+	// connection was opened for it (a miss); Closed of every connection
+	// the pool recycles or is told to discard, and of those it closes for
+	// a pause, a reconnect or a lowered max_size, with the reason. Both
+	// run under the pool's lock and must only count.
+	CheckedOut func(c C, fresh bool)
+	Closed     func(c C, reason string)
 	// LongWait, when set, is called by the maintainer (without the pool's
 	// lock) with a snapshot of the pool when its first queued checkout has
 	// waited Settings.WaitWarning, at most once per LongWaitEvery.
@@ -508,7 +522,7 @@ func (p *Pool[C]) TryGetNear(share int32) (C, bool) {
 	copy(p.idle[i:], p.idle[i+1:])
 	p.idle[n-1] = zero
 	p.idle = p.idle[:n-1]
-	p.checkoutLocked(c)
+	p.checkoutLocked(c, false)
 	p.stats.Hits++
 	return c, true
 }
@@ -647,7 +661,7 @@ func (p *Pool[C]) wait(w *waiter[C], done <-chan struct{}, expired <-chan time.T
 		c := p.idle[n-1]
 		p.idle[n-1] = zero
 		p.idle = p.idle[:n-1]
-		p.checkoutLocked(c)
+		p.checkoutLocked(c, false)
 		p.stats.Hits++
 		p.mu.Unlock()
 		return c, false, nil
@@ -738,11 +752,11 @@ func (p *Pool[C]) Put(c C) {
 		// Shutting down, paused, reconnecting, or over a lowered max_size.
 		switch {
 		case p.paused:
-			p.countEvictionLocked("paused")
+			p.countEvictionLocked(c, "paused")
 		case e.gen < p.gen:
-			p.countEvictionLocked("reconnect")
+			p.countEvictionLocked(c, "reconnect")
 		case !p.closed:
-			p.countEvictionLocked("over_max_size")
+			p.countEvictionLocked(c, "over_max_size")
 		}
 		p.closeLocked(c)
 		p.mu.Unlock()
@@ -773,7 +787,7 @@ func (p *Pool[C]) Discard(c C, reason string) {
 		p.mu.Unlock()
 		return
 	}
-	p.countEvictionLocked(reason)
+	p.countEvictionLocked(c, reason)
 	p.closeLocked(c)
 	if !p.closed && len(p.waiters) > p.opening && p.total < p.set().MaxSize {
 		p.startConnectLocked()
@@ -820,7 +834,7 @@ func (p *Pool[C]) Pause() {
 	p.mu.Lock()
 	p.paused = true
 	for len(p.idle) > 0 {
-		p.countEvictionLocked("paused")
+		p.countEvictionLocked(p.idle[len(p.idle)-1], "paused")
 		p.closeLocked(p.idle[len(p.idle)-1])
 	}
 	p.broadcastLocked()
@@ -844,7 +858,7 @@ func (p *Pool[C]) Reconnect() {
 	p.gen++
 	for i := 0; i < len(p.idle); {
 		if c := p.idle[i]; c.PoolEntry().gen < p.gen {
-			p.countEvictionLocked("reconnect")
+			p.countEvictionLocked(c, "reconnect")
 			p.closeLocked(c)
 			continue
 		}
@@ -929,7 +943,10 @@ func (p *Pool[C]) Idle() []C {
 	return append([]C(nil), p.idle...)
 }
 
-func (p *Pool[C]) checkoutLocked(c C) {
+func (p *Pool[C]) checkoutLocked(c C, fresh bool) {
+	if p.cfg.CheckedOut != nil {
+		p.cfg.CheckedOut(c, fresh)
+	}
 	e := c.PoolEntry()
 	e.state = stateActive
 	e.uses++
@@ -958,7 +975,7 @@ func (p *Pool[C]) handOffLocked(c C, fresh bool) {
 	if len(p.waiters) > 0 {
 		w := p.waiters[0]
 		p.removeWaiterLocked(w)
-		p.checkoutLocked(c)
+		p.checkoutLocked(c, fresh)
 		w.ch <- result[C]{conn: c, fresh: fresh}
 		return
 	}
@@ -1259,7 +1276,10 @@ func (p *Pool[C]) setStateLocked(next State, reason string) {
 	}
 }
 
-func (p *Pool[C]) countEvictionLocked(reason string) {
+func (p *Pool[C]) countEvictionLocked(c C, reason string) {
+	if p.cfg.Closed != nil {
+		p.cfg.Closed(c, reason)
+	}
 	if p.stats.Evictions == nil {
 		p.stats.Evictions = map[string]uint64{}
 	}
@@ -1284,7 +1304,7 @@ func (p *Pool[C]) CloseIdle() bool {
 	if len(p.idle) == 0 {
 		return false
 	}
-	p.countEvictionLocked("make_room")
+	p.countEvictionLocked(p.idle[0], "make_room")
 	p.closeLocked(p.idle[0])
 	return true
 }
@@ -1416,10 +1436,18 @@ func (p *Pool[C]) recycleReason(e *Entry, now time.Time, idle bool) string {
 		return RecycleLifetime
 	case set.MaxQueries > 0 && e.queries.Load() >= set.MaxQueries:
 		return RecycleQueries
-	case idle && set.IdleTimeout > 0 && now.Sub(e.lastUsed) >= set.IdleTimeout && p.total > p.warmTarget():
+	case idle && e.idleFor(set) > 0 && now.Sub(e.lastUsed) >= e.idleFor(set) && p.total > p.warmTarget():
 		return RecycleIdle
 	}
 	return ""
+}
+
+// idleFor is the connection's idle timeout: its own, or the pool's.
+func (e *Entry) idleFor(set *Settings) time.Duration {
+	if d := time.Duration(e.idleTimeout.Load()); d > 0 {
+		return d
+	}
+	return set.IdleTimeout
 }
 
 func (p *Pool[C]) recycleBudgetLocked(now time.Time) bool {
@@ -1455,6 +1483,9 @@ func (p *Pool[C]) recycleLocked(c C, reason string, now time.Time) {
 		p.stats.RecycledQueries++
 	case RecycleIdle:
 		p.stats.RecycledIdle++
+	}
+	if p.cfg.Closed != nil {
+		p.cfg.Closed(c, reason)
 	}
 	p.log.Info("server connection recycled", zap.Uint64("conn_id", e.ID()), zap.String("reason", reason),
 		zap.Duration("lifetime", now.Sub(e.created).Round(time.Millisecond)), zap.Uint64("queries", e.queries.Load()))

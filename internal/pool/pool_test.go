@@ -3,6 +3,8 @@ package pool
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -910,6 +912,47 @@ func TestFloorLoweredWhenServerFull(t *testing.T) {
 		st = p.Stats()
 		if st.Total != 4 || st.EffectiveMinSize != 4 {
 			t.Fatalf("with room again: total %d, effective min %d; want 4, 4", st.Total, st.EffectiveMinSize)
+		}
+	})
+}
+
+// CheckedOut is told of each checkout, fresh for a connection opened for
+// it; Closed of each discard and recycle with its reason. A connection's
+// own idle timeout replaces the pool's.
+func TestCheckoutAndCloseHooks(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &dialer{}
+		cfg := baseConfig(d, 5, 0)
+		cfg.IdleTimeout = time.Hour
+		var mu sync.Mutex
+		var events []string
+		cfg.CheckedOut = func(c *fakeConn, fresh bool) {
+			mu.Lock()
+			defer mu.Unlock()
+			events = append(events, fmt.Sprintf("out %d fresh=%v", c.n, fresh))
+		}
+		cfg.Closed = func(c *fakeConn, reason string) {
+			mu.Lock()
+			defer mu.Unlock()
+			events = append(events, fmt.Sprintf("closed %d %s", c.n, reason))
+		}
+		p := New(cfg, new(atomic.Uint64))
+		defer p.Close()
+		ctx := context.Background()
+		a, _ := p.Get(ctx) // opened for this checkout
+		p.Put(a)
+		a, _ = p.Get(ctx) // the idle one
+		b, _ := p.Get(ctx)
+		p.Discard(b, "broken")
+		a.SetIdleTimeout(10 * time.Second)
+		p.Put(a)
+		time.Sleep(11 * time.Second) // a's own idle timeout, not the pool's hour
+		synctest.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		want := []string{"out 1 fresh=true", "out 1 fresh=false", "out 2 fresh=true", "closed 2 broken", "closed 1 idle_timeout"}
+		if !slices.Equal(events, want) {
+			t.Fatalf("events %q, want %q", events, want)
 		}
 	})
 }

@@ -182,12 +182,23 @@ func newDBPool(srv *Server, key poolKey, route config.Route, warm, paused bool) 
 		Probe:       d.probe,
 		Validate:    d.validate,
 		Paused:      paused,
+		CheckedOut: func(sc *serverConn, fresh bool) {
+			if sc.hostSt == nil {
+				return
+			}
+			if fresh {
+				sc.hostSt.misses.Add(1)
+			} else {
+				sc.hostSt.hits.Add(1)
+			}
+		},
+		Closed: func(sc *serverConn, reason string) { d.hosts.closedFor(sc.host, reason) },
 		Admit: func() bool {
-			if r := d.route(); r.PerHost > 0 && !d.hosts.anyRoom(r.Hosts, r.PerHost) {
-				// Every server is at max_size_per_host: wait as for a
+			if r := d.route(); r.HostCapped() && !d.hosts.anyRoomIn(r) {
+				// Every server is at its max_size_per_host: wait as for a
 				// full pool (a close nudges the pool).
-				d.limitHit.Store(&serverLimit{key: "max_size_per_host", max: r.PerHost,
-					whose: fmt.Sprintf("each server of database %q", key.database), count: r.PerHost})
+				d.limitHit.Store(&serverLimit{key: "max_size_per_host", max: r.HostCap(r.Hosts[0]),
+					whose: fmt.Sprintf("each server of database %q", key.database), count: r.HostCap(r.Hosts[0])})
 				return false
 			}
 			if !d.fleetAdmit() {
@@ -283,6 +294,10 @@ func (d *dbPool) adopt(bc *backend.Conn, h config.HostPort) *serverConn {
 func (d *dbPool) adoptCounted(bc *backend.Conn, h config.HostPort) *serverConn {
 	sc := newServerConn(d, bc)
 	sc.host = h
+	sc.hostSt = d.hosts.stateOf(h)
+	if idle := d.route().HostIdleTimeout(h); idle > 0 {
+		sc.Entry.SetIdleTimeout(idle)
+	}
 	d.mu.Lock()
 	if d.defaults == nil {
 		d.defaults = maps.Clone(bc.Params)

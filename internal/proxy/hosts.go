@@ -3,11 +3,13 @@ package proxy
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -51,6 +53,13 @@ type hostState struct {
 	standby  bool      // role at the latest login
 	known    bool      // a login reported its role
 	lastErr  string
+	// closes counts its connections the pool closed, by reason
+	// (evictions and recycles).
+	closes map[string]uint64
+	// Checkouts of its connections: hits reused an open one, misses got
+	// one opened for them. Counted by the pool's CheckedOut hook without
+	// hs.mu (a connection keeps its hostState, serverConn.hostSt).
+	hits, misses atomic.Uint64
 }
 
 func (hs *hostSet) get(h config.HostPort) *hostState {
@@ -142,19 +151,6 @@ func (hs *hostSet) reserve(h config.HostPort, max int) bool {
 	return true
 }
 
-// anyRoom reports whether one of hosts has fewer than max connections open
-// or opening.
-func (hs *hostSet) anyRoom(hosts []config.HostPort, max int) bool {
-	hs.mu.Lock()
-	defer hs.mu.Unlock()
-	for _, h := range hosts {
-		if st := hs.get(h); st.open+st.opening < max {
-			return true
-		}
-	}
-	return false
-}
-
 func (hs *hostSet) done(h config.HostPort) {
 	hs.mu.Lock()
 	hs.get(h).opening--
@@ -167,17 +163,84 @@ func (hs *hostSet) closed(h config.HostPort) {
 	hs.mu.Unlock()
 }
 
-// HostInfo is one server of a pool, for the metrics and /stats.
+// stateOf returns h's state, for a connection to keep (serverConn.hostSt).
+func (hs *hostSet) stateOf(h config.HostPort) *hostState {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	return hs.get(h)
+}
+
+// closedFor counts a connection to h the pool closed, with the reason.
+func (hs *hostSet) closedFor(h config.HostPort, reason string) {
+	hs.mu.Lock()
+	st := hs.get(h)
+	if st.closes == nil {
+		st.closes = map[string]uint64{}
+	}
+	st.closes[reason]++
+	hs.mu.Unlock()
+}
+
+// anyRoomIn reports whether one of r's servers has fewer connections open
+// or opening than its cap (HostCap; a server without one has room).
+func (hs *hostSet) anyRoomIn(r *config.Route) bool {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	for _, h := range r.Hosts {
+		if c := r.HostCap(h); c <= 0 || hs.get(h).open+hs.get(h).opening < c {
+			return true
+		}
+	}
+	return false
+}
+
+// HostInfo is one server of a pool, for the metrics, /stats and SHOW
+// HOSTS.
 type HostInfo struct {
 	Host     string // host:port
 	Role     string // primary, standby or unknown
 	Open     int    // connections open to it
 	Failures int    // failed connects in a row
 	LastErr  string
+	// Idle of Open are idle in the pool, the others active (checked out
+	// or logging in).
+	Idle int
+	// Hits are checkouts that reused an open connection to it, Misses
+	// those that got one opened for them.
+	Hits, Misses uint64
+	// Closes counts its connections the pool closed, by reason: the
+	// evictions (poolerd_server_evictions_total's reasons) and recycles
+	// (max_lifetime, max_queries, idle_timeout).
+	Closes map[string]uint64
+	// IdleTimeout and MaxSize are its own idle_timeout and cap
+	// (host_settings, else max_size_per_host; 0: the pool's / none).
+	IdleTimeout time.Duration
+	MaxSize     int
 }
 
-// snapshot lists the pool's servers in the route's order.
-func (hs *hostSet) snapshot(hosts []config.HostPort) []HostInfo {
+// HitRate is the share of its checkouts that reused an open connection;
+// 0 before any.
+func (h HostInfo) HitRate() float64 {
+	if h.Hits+h.Misses == 0 {
+		return 0
+	}
+	return float64(h.Hits) / float64(h.Hits+h.Misses)
+}
+
+// idleByHost counts the pool's idle connections by server.
+func (d *dbPool) idleByHost() map[config.HostPort]int {
+	idle := d.pool.Idle()
+	out := make(map[config.HostPort]int, 2)
+	for _, sc := range idle {
+		out[sc.host]++
+	}
+	return out
+}
+
+// snapshot lists the pool's servers in the route's order; idle counts the
+// idle connections by server.
+func (hs *hostSet) snapshot(r *config.Route, idle map[config.HostPort]int) []HostInfo {
+	hosts := r.Hosts
 	hs.mu.Lock()
 	defer hs.mu.Unlock()
 	out := make([]HostInfo, 0, len(hosts))
@@ -190,7 +253,9 @@ func (hs *hostSet) snapshot(hosts []config.HostPort) []HostInfo {
 				role = "standby"
 			}
 		}
-		out = append(out, HostInfo{Host: h.String(), Role: role, Open: st.open, Failures: st.failures, LastErr: st.lastErr})
+		out = append(out, HostInfo{Host: h.String(), Role: role, Open: st.open, Failures: st.failures, LastErr: st.lastErr,
+			Idle: idle[h], Hits: st.hits.Load(), Misses: st.misses.Load(), Closes: maps.Clone(st.closes),
+			IdleTimeout: r.HostIdleTimeout(h), MaxSize: r.HostCap(h)})
 	}
 	return out
 }
@@ -214,8 +279,8 @@ func (d *dbPool) connectAmong(ctx context.Context, r *config.Route, creds backen
 		if ctx.Err() != nil {
 			break
 		}
-		if !d.hosts.reserve(h, r.PerHost) {
-			why = append(why, fmt.Sprintf("%s: at max_size_per_host (%d)", h, r.PerHost))
+		if !d.hosts.reserve(h, r.HostCap(h)) {
+			why = append(why, fmt.Sprintf("%s: at max_size_per_host (%d)", h, r.HostCap(h)))
 			continue
 		}
 		bc, err := backend.Connect(ctx, backend.Target{Host: h.Host, Port: h.Port, TLS: tlsCfg}, r.DBName, creds, nil)

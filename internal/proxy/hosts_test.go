@@ -39,8 +39,8 @@ func TestHostOrder(t *testing.T) {
 	if got := hs.order(hosts, config.BalanceLeastConns, now); got[0] != c || got[2] != a {
 		t.Errorf("least-connections: %v", got)
 	}
-	snap := hs.snapshot(hosts)
-	if snap[0].Role != "primary" || snap[0].Open != 2 || snap[2].Role != "unknown" {
+	snap := hs.snapshot(&config.Route{Hosts: hosts}, map[config.HostPort]int{a: 1})
+	if snap[0].Role != "primary" || snap[0].Open != 2 || snap[0].Idle != 1 || snap[2].Role != "unknown" {
 		t.Errorf("snapshot %+v", snap)
 	}
 }

@@ -2,8 +2,8 @@ package proxy
 
 import (
 	"context"
-	"fmt"
 	"errors"
+	"fmt"
 	"net"
 	"slices"
 	"strings"

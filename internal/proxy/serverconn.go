@@ -44,9 +44,10 @@ const maxCapture = 4096
 type serverConn struct {
 	pool.Entry
 	*backend.Conn
-	dbp  *dbPool
-	log  *zap.Logger
-	host config.HostPort // the server it is connected to
+	dbp    *dbPool
+	log    *zap.Logger
+	host   config.HostPort // the server it is connected to
+	hostSt *hostState      // host's figures (checkouts), set at adoption
 
 	// Reader goroutine only.
 	cur     wire.Cursor
@@ -271,7 +272,7 @@ func (sc *serverConn) Close() error {
 		sc.mu.Unlock()
 		if sc.host.Host != "" {
 			sc.dbp.hosts.closed(sc.host)
-			if sc.dbp.route().PerHost > 0 {
+			if sc.dbp.route().HostCapped() {
 				sc.dbp.pool.Nudge() // a server has room again (see Admit)
 			}
 		}

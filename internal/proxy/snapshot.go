@@ -251,7 +251,7 @@ func (p *dbPool) snapshot(oldest *[len(pinReasons)]time.Duration) PoolStats {
 	st := p.pool.Stats()
 	route := p.route()
 	ps := PoolStats{Database: p.key.database, User: p.key.user, Mode: route.Settings.PoolMode, ServerUser: route.ServerUser,
-		TLSConnections: p.tlsConnections(), Hosts: p.hosts.snapshot(route.Hosts),
+		TLSConnections: p.tlsConnections(), Hosts: p.hosts.snapshot(route, p.idleByHost()),
 		Stats: st, SessionTimeouts: make(map[string]uint64, numTimeoutKinds), Leaks: p.leaks.Load(),
 		Clients: p.clients.Load(), Traffic: p.traffic(st),
 		PreparedCacheHits: p.ctr.cacheHits.Load(), PreparedEvictions: p.ctr.stmtEvictions.Load(),

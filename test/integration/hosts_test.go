@@ -7,6 +7,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strconv"
 	"strings"
@@ -335,5 +336,132 @@ func TestHostsMaxSizePerHost(t *testing.T) {
 		}
 	case <-time.After(15 * time.Second):
 		t.Fatal("the fifth request still waits after a connection closed")
+	}
+}
+
+// Per-server figures and settings: a replica with host_settings of its own
+// (max_size_per_host 1, idle_timeout 1 s) beside a primary with the
+// entry's cap (3). Each server's checkouts (hit or miss), idle and active
+// connections and the connections the pool closed show in SHOW HOSTS,
+// /stats and the metrics; the replica's idle connection is closed after
+// its own idle_timeout while the primary's stay.
+func TestHostsFiguresAndSettings(t *testing.T) {
+	primary, replica := startPair(t)
+	ctx := ctxTimeout(t, 60*time.Second)
+	p := obStart(t, obOpts{metrics: true, http: true, mutate: func(c *config.Config) {
+		c.Upstream = primary.DSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp)
+		c.PoolMode = config.PoolTransaction
+		c.MaxSize = 10
+		c.MinSize = 0
+		c.IdleTimeout = time.Hour
+		c.CheckoutTimeout = 20 * time.Second
+		c.Databases = []config.Database{{Name: "any", DBName: pgtest.DBApp, Hosts: []string{primary.Addr(), replica.Addr()},
+			MaxSizePerHost: 3, HostSettings: []config.HostSetting{{Host: replica.Addr(), IdleTimeout: time.Second, MaxSizePerHost: 1}}}}
+	}})
+	dsn := p.dsn(pgtest.RoleApp, pgtest.Password, "any", "default_query_exec_mode=simple_protocol")
+	ports := map[int]int{}
+	var held []*pgx.Conn
+	for range 4 {
+		c := connectDSN(t, dsn)
+		if _, err := c.Exec(ctx, "BEGIN"); err != nil {
+			t.Fatal(err)
+		}
+		port, _ := serverOf(t, ctx, c)
+		ports[port]++
+		held = append(held, c)
+	}
+	if ports[primary.Port] != 3 || ports[replica.Port] != 1 {
+		t.Fatalf("connections per server %v, want 3 on the primary (max_size_per_host) and 1 on the replica (its own)", ports)
+	}
+	adm := obAdmin(t, p.instance, pgtest.RoleApp)
+	hosts := obShow(t, adm, "SHOW HOSTS")
+	pr := hosts.must(t, "the primary", "database", "any", "host", primary.Addr())
+	rr := hosts.must(t, "the replica", "database", "any", "host", replica.Addr())
+	for _, c := range []struct {
+		row                                             int
+		conns, active, misses, maxSize, idleTimeoutSecs string
+	}{{pr, "3", "3", "3", "3", "0"}, {rr, "1", "1", "1", "1", "1"}} {
+		// Each connection was opened for a checkout (a miss); the pool's
+		// warm connection served a login's check before (a hit).
+		for col, want := range map[string]string{"connections": c.conns, "active": c.active, "idle": "0", "misses": c.misses,
+			"max_size": c.maxSize, "idle_timeout_seconds": c.idleTimeoutSecs} {
+			if got := hosts.val(c.row, col); got != want {
+				t.Errorf("SHOW HOSTS %s %s = %q, want %q\n%s", hosts.val(c.row, "host"), col, got, want, hosts)
+			}
+		}
+	}
+	for _, c := range held {
+		if _, err := c.Exec(ctx, "COMMIT"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 20 {
+		if _, err := held[0].Exec(ctx, "SELECT 1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The replica's connection has been idle for its idle_timeout (the
+	// pool recycles once a second); the primary's stay.
+	eventually(t, 10*time.Second, "the replica's idle connection to be closed", func() bool {
+		tb := obShow(t, adm, "SHOW HOSTS")
+		return tb.val(tb.must(t, "the replica", "host", replica.Addr()), "connections") == "0"
+	})
+	hosts = obShow(t, adm, "SHOW HOSTS")
+	pr = hosts.must(t, "the primary", "database", "any", "host", primary.Addr())
+	if hosts.val(pr, "connections") != "3" || hosts.val(pr, "idle") != "3" || hosts.val(pr, "evictions") != "0" {
+		t.Errorf("the primary's connections were not kept:\n%s", hosts)
+	}
+	// The 20 queries reused open connections, of either server.
+	rr = hosts.must(t, "the replica", "database", "any", "host", replica.Addr())
+	hitsP, _ := strconv.Atoi(hosts.val(pr, "hits"))
+	hitsR, _ := strconv.Atoi(hosts.val(rr, "hits"))
+	rate, _ := strconv.ParseFloat(hosts.val(pr, "hit_rate"), 64)
+	if hitsP+hitsR < 20 || rate < float64(hitsP)/float64(hitsP+3)-0.001 || rate > float64(hitsP)/float64(hitsP+3)+0.001 {
+		t.Errorf("hits %d + %d, primary hit rate %.4f; want the 20 queries to reuse connections, and the rate hits/(hits+3 misses)\n%s",
+			hitsP, hitsR, rate, hosts)
+	}
+
+	_, body := obGet(t, p, "/stats")
+	var report struct {
+		Pools []struct {
+			Name  string
+			Hosts []struct {
+				Host               string
+				Connections, Idle  int
+				Hits, Misses       uint64
+				HitRate            float64 `json:"hit_rate"`
+				Evictions          map[string]uint64
+				IdleTimeoutSeconds float64 `json:"idle_timeout_seconds"`
+				MaxSize            int     `json:"max_size"`
+			}
+		}
+	}
+	if err := json.Unmarshal(body, &report); err != nil {
+		t.Fatalf("/stats: %v\n%s", err, body)
+	}
+	found := false
+	for _, pool := range report.Pools {
+		for _, h := range pool.Hosts {
+			if pool.Name != "any" || h.Host != replica.Addr() {
+				continue
+			}
+			found = true
+			if h.Connections != 0 || h.Misses != 1 || h.Evictions["idle_timeout"] != 1 || h.IdleTimeoutSeconds != 1 || h.MaxSize != 1 {
+				t.Errorf("/stats replica: %+v", h)
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("/stats has no replica of pool any:\n%s", body)
+	}
+	host := "host=" + replica.Addr()
+	if v := rlMetric(t, p, "poolerd_server_host_evictions_total", host, "reason=idle_timeout"); v != 1 {
+		t.Errorf("poolerd_server_host_evictions_total{replica, idle_timeout} = %v, want 1", v)
+	}
+	if v := rlMetric(t, p, "poolerd_server_host_checkouts_total", host, "result=miss"); v != 1 {
+		t.Errorf("poolerd_server_host_checkouts_total{replica, miss} = %v, want 1", v)
+	}
+	if v := rlMetric(t, p, "poolerd_server_host_idle_connections", "host="+primary.Addr()); v != 3 {
+		t.Errorf("poolerd_server_host_idle_connections{primary} = %v, want 3", v)
 	}
 }
