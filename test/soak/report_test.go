@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/prometheus/common/expfmt"
@@ -23,6 +24,7 @@ type sample struct {
 	goroutines int
 	fds        int
 	rss        int64
+	heap       int64 // Go heap in use (go_memstats_heap_inuse_bytes)
 	clients    int
 	sockets    socketCounts
 }
@@ -134,6 +136,7 @@ func (s *soak) sampleNow(label string) sample {
 	m.goroutines = int(val("go_goroutines"))
 	m.fds = int(val("process_open_fds"))
 	m.rss = int64(val("process_resident_memory_bytes"))
+	m.heap = int64(val("go_memstats_heap_inuse_bytes"))
 	m.clients = int(val("poolerd_clients"))
 	m.sockets = s.socketsNow()
 	return m
@@ -210,6 +213,11 @@ func (s *soak) report(base, end sample) {
 	l("open files (baseline → after)", fmt.Sprintf("%d → %d", base.fds, end.fds))
 	l("open files after the load, by kind", end.sockets)
 	l("RSS (baseline → after)", fmt.Sprintf("%.1f MiB → %.1f MiB", base.rssMiB(), end.rssMiB()))
+	if sl, ok := s.memorySlope(); ok {
+		l(fmt.Sprintf("memory slope over the last %s of the load (least squares, %d samples)", sl.window.Round(time.Minute), sl.n),
+			fmt.Sprintf("RSS %+.1f MiB/h, Go heap %+.1f MiB/h (bound when the window is %s or more: %d and %d MiB/h)",
+				sl.rssPerHour, sl.heapPerHour, slopeMinWindow, rssSlopeBound, heapSlopeBound))
+	}
 	l("failed checks", map[bool]string{true: "some (see the test output)", false: "none"}[s.t.Failed()])
 
 	fmt.Fprintf(&b, "\n## p99 latency per minute (short pgx transfers: BEGIN, 6 statements, COMMIT)\n\n| minute | transfers | p99 |\n|---|---|---|\n")
@@ -302,4 +310,95 @@ func (s *soak) plot() string {
 	fmt.Fprintf(&b, `<text x="%d" y="%.0f">seconds since start: 0 … %.0f; red lines: faults</text>`+"\n", left, last-8, tMax)
 	b.WriteString("</svg>\n")
 	return b.String()
+}
+
+// slope is how poolerd's memory moved during the load: the least-squares
+// slope of RSS and of the Go heap over the samples of its last three
+// quarters (the last 45 minutes of an hour), in MiB per hour.
+type slope struct {
+	window                  time.Duration
+	n                       int
+	rssPerHour, heapPerHour float64
+}
+
+// Bounds of the memory slope, checked when the window is at least
+// slopeMinWindow (a shorter one is dominated by warm-up and faults). A leak
+// of 1 KiB per transaction at the soak's rate is hundreds of MiB an hour.
+const (
+	slopeMinWindow = 30 * time.Minute
+	rssSlopeBound  = 16 // MiB per hour
+	heapSlopeBound = 8  // MiB per hour
+)
+
+// memorySlope computes the slope of the load's samples (label ""); false
+// with fewer than 10 of them.
+func (s *soak) memorySlope() (slope, bool) {
+	s.smMu.Lock()
+	var load []sample
+	for _, m := range s.samples {
+		if m.label == "" && m.rss > 0 {
+			load = append(load, m)
+		}
+	}
+	s.smMu.Unlock()
+	if len(load) < 10 {
+		return slope{}, false
+	}
+	from := load[0].at + (load[len(load)-1].at-load[0].at)/4
+	i := 0
+	for i < len(load) && load[i].at < from {
+		i++
+	}
+	load = load[i:]
+	if len(load) < 10 {
+		return slope{}, false
+	}
+	fit := func(y func(sample) float64) float64 {
+		var sx, sy, sxx, sxy float64
+		for _, m := range load {
+			x := m.at.Hours()
+			sx += x
+			sy += y(m)
+			sxx += x * x
+			sxy += x * y(m)
+		}
+		n := float64(len(load))
+		den := n*sxx - sx*sx
+		if den == 0 {
+			return 0
+		}
+		return (n*sxy - sx*sy) / den
+	}
+	const mib = 1 << 20
+	return slope{
+		window:      load[len(load)-1].at - load[0].at,
+		n:           len(load),
+		rssPerHour:  fit(func(m sample) float64 { return float64(m.rss) / mib }),
+		heapPerHour: fit(func(m sample) float64 { return float64(m.heap) / mib }),
+	}, true
+}
+
+// memorySlope fits the load's last three quarters: the warm-up and the
+// samples after the load are left out.
+func TestMemorySlope(t *testing.T) {
+	s := &soak{}
+	const mib = 1 << 20
+	// Warm-up: 100 MiB in the first 15 minutes, then 4 MiB/h of RSS and a
+	// flat heap with noise, then the settle samples far above.
+	for i := 0; i <= 120; i++ {
+		at := time.Duration(i) * 30 * time.Second
+		rss := 20.0 + 100*min(at.Minutes()/15, 1) + 4*at.Hours() + float64(i%3)
+		s.samples = append(s.samples, sample{at: at, rss: int64(rss * mib), heap: int64((30 + float64(i%2)) * mib)})
+	}
+	s.samples = append(s.samples, sample{at: 61 * time.Minute, label: "after", rss: 900 * mib, heap: 900 * mib})
+	sl, ok := s.memorySlope()
+	if !ok || sl.window != 45*time.Minute || sl.n != 91 {
+		t.Fatalf("%+v, %v: want the last 45 minutes, 91 samples", sl, ok)
+	}
+	if sl.rssPerHour < 3.5 || sl.rssPerHour > 4.5 || sl.heapPerHour < -0.5 || sl.heapPerHour > 0.5 {
+		t.Errorf("slopes RSS %.2f, heap %.2f MiB/h; want about 4 and 0", sl.rssPerHour, sl.heapPerHour)
+	}
+	if _, ok := (&soak{samples: s.samples[:5]}).memorySlope(); ok {
+		t.Error("a slope from 5 samples")
+	}
 }

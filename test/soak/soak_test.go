@@ -604,6 +604,15 @@ func (s *soak) checkAll(base, end sample) {
 		t.Errorf("the idle clients never all logged in (%d logins)", s.idleLogins.Load())
 	}
 
+	// Memory flat over a long run (the pool manager document's "no growth
+	// over a day"): the slope of the load's last three quarters.
+	if sl, ok := s.memorySlope(); ok && sl.window >= slopeMinWindow {
+		if sl.rssPerHour > rssSlopeBound || sl.heapPerHour > heapSlopeBound {
+			t.Errorf("memory grew during the load: RSS %+.1f MiB/h, Go heap %+.1f MiB/h over the last %s (bounds %d and %d MiB/h)",
+				sl.rssPerHour, sl.heapPerHour, sl.window.Round(time.Minute), rssSlopeBound, heapSlopeBound)
+		}
+	}
+
 	// Resources back to the baseline.
 	if !backToBase(base, end) {
 		t.Errorf("not back to the baseline after the load: goroutines %d → %d, RSS %.1f → %.1f MiB, open files %d → %d:\nbaseline: %s\nafter:    %s",
