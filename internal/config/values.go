@@ -62,6 +62,13 @@ func SetValue(c *Config, key, value string) error {
 	return nil
 }
 
+// IsDurationKey reports whether the top-level key name holds a duration.
+func IsDurationKey(name string) bool {
+	var c Config
+	f, ok := fieldByTag(reflect.ValueOf(&c).Elem(), name)
+	return ok && isKey(name) && f.Type() == reflect.TypeFor[time.Duration]()
+}
+
 func isKey(name string) bool {
 	for _, k := range Keys() {
 		if k.Name == name {

@@ -502,6 +502,11 @@ func TestControl(t *testing.T) {
 		{"WAIT_CLOSE app", "WAIT_CLOSE", "WAIT_CLOSE app"},
 		{"SHUTDOWN WAIT_FOR_CLIENTS", "SHUTDOWN", "SHUTDOWN WAIT_FOR_CLIENTS"},
 		{"SET max_size = 7", "SET max_size=7", "SET max_size=7"},
+		// PgBouncer's names and seconds.
+		{"SET server_idle_timeout = 30", "SET idle_timeout=30s", "SET idle_timeout=30s"},
+		{"SET default_pool_size = 15", "SET max_size=15", "SET max_size=15"},
+		{"SET query_timeout = 1", "SET query_timeout=1s", "SET query_timeout=1s"},
+		{"SET verbose = 1", "SET log_level=debug", "SET log_level=debug"},
 		{"SET upstream = 'postgres://app:hunter2@h/app'", "SET upstream=" + config.FormatValue(f.cfg, "upstream"),
 			"SET upstream=postgres://app:hunter2@h/app"},
 	} {

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/internal/pgbini"
 	"github.com/poolerd/poolerd/internal/proxy"
 	"github.com/poolerd/poolerd/internal/wire"
 )
@@ -121,13 +122,18 @@ func (s *session) set(key, value string) ([]byte, bool, *wire.Error) {
 		return nil, false, errAdminAccess()
 	}
 	p := s.c.p
-	key = strings.ToLower(key)
+	// PgBouncer's names and units (server_idle_timeout = 30, seconds).
+	key, value, err := pgbini.SetKey(key, value)
+	if err != nil {
+		return nil, false, &wire.Error{Severity: "ERROR", Code: "08P01", Message: "SET failed", Detail: err.Error(),
+			Hint: "SHOW CONFIG lists the keys that can be set"}
+	}
 	if proxy.RestartRequired(key) {
 		return nil, false, adminError("SET failed: %s can only change with a restart", key)
 	}
 	if err := p.Set(key, value); err != nil {
 		return nil, false, &wire.Error{Severity: "ERROR", Code: "08P01", Message: "SET failed", Detail: err.Error(),
-			Hint: "SHOW CONFIG lists the keys; durations need a unit (30s), lists are comma-separated"}
+			Hint: "SHOW CONFIG lists the keys; durations are seconds (30) or have a unit (30s, 500ms), lists are comma-separated"}
 	}
 	// Never the password of the upstream or Redis URL.
 	s.log.Info("admin console: setting changed", zap.String(key, config.Redact(key, value)))

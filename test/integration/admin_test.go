@@ -1613,7 +1613,18 @@ func TestAdminSet(t *testing.T) {
 		t.Errorf("listen %q after a refused SET", v)
 	}
 	obErr(t, adm, "SET http_listen = '127.0.0.1:1'", "08P01", "SET failed: http_listen can only change with a restart")
-	for _, q := range []string{"SET no_such_key = 1", "SET max_size = 0", "SET max_size = lots", "SET query_timeout = 5",
+	// PgBouncer's names and units: a plain number of seconds, its key
+	// names for poolerd's keys; a PgBouncer setting poolerd has no
+	// equivalent of is refused saying so.
+	obCmd(t, adm, "SET query_timeout = 5", "SET query_timeout=5s")
+	obCmd(t, adm, "SET server_idle_timeout = 90", "SET idle_timeout=90s")
+	if v := obConfigValue(t, adm, "idle_timeout"); v != "1m30s" {
+		t.Errorf("idle_timeout %q after SET server_idle_timeout = 90", v)
+	}
+	if pe := obErr(t, adm, "SET unix_socket_dir = '/tmp'", "08P01", "SET failed"); !strings.Contains(pe.Detail, "no equivalent in poolerd") {
+		t.Errorf("SET unix_socket_dir: detail %q", pe.Detail)
+	}
+	for _, q := range []string{"SET no_such_key = 1", "SET max_size = 0", "SET max_size = lots", "SET query_timeout = -5",
 		"SET pool_mode = statements"} {
 		pe := obErr(t, adm, q, "08P01", "SET failed")
 		if pe.Detail == "" {

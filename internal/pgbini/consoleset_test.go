@@ -1,0 +1,41 @@
+package pgbini
+
+import (
+	"strings"
+	"testing"
+)
+
+// SetKey takes PgBouncer's names and units for the console's SET.
+func TestSetKey(t *testing.T) {
+	for _, c := range []struct{ key, value, wantKey, wantValue, err string }{
+		{"server_idle_timeout", "30", "idle_timeout", "30s", ""},
+		{"SERVER_LIFETIME", "3600", "max_lifetime", "1h", ""},
+		{"query_timeout", "1", "query_timeout", "1s", ""},
+		{"query_timeout", "1.5", "query_timeout", "1.5s", ""},
+		{"query_timeout", "500ms", "query_timeout", "500ms", ""},
+		{"query_wait_timeout", "120", "checkout_timeout", "2m", ""},
+		{"default_pool_size", "20", "max_size", "20", ""},
+		{"max_size", "20", "max_size", "20", ""},
+		{"log_connections", "0", "log_connections", "0", ""}, // poolerd takes 0 and 1 for booleans
+		{"verbose", "2", "log_level", "debug", ""},
+		{"verbose", "0", "log_level", "info", ""},
+		{"server_login_retry", "5", "reconnect_backoff_max", "5s", ""},
+		{"admin_users", "a, b", "admin_users", "a, b", ""},
+		{"no_such_key", "1", "no_such_key", "1", ""},
+		{"query_timeout", "-1", "", "", "not a time in seconds"},
+		{"unix_socket_dir", "/tmp", "", "", "no equivalent in poolerd"},
+		{"listen_port", "7000", "", "", "configuration file"},
+		{"verbose", "lots", "", "", "not a verbosity"},
+	} {
+		k, v, err := SetKey(c.key, c.value)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("SetKey(%q, %q) = %q, %q, %v; want an error with %q", c.key, c.value, k, v, err, c.err)
+			}
+			continue
+		}
+		if err != nil || k != c.wantKey || v != c.wantValue {
+			t.Errorf("SetKey(%q, %q) = %q, %q, %v; want %q, %q", c.key, c.value, k, v, err, c.wantKey, c.wantValue)
+		}
+	}
+}
