@@ -232,6 +232,9 @@ type Config struct {
 	secrets map[string]userSecret
 	// hbaRules are the access rules, from AuthHBAFile or AuthHBARules.
 	hbaRules hba.Rules
+	// comboWarnings are what validation accepted but Warnings reports (a
+	// database's min_size above a user's max_size).
+	comboWarnings []string
 }
 
 // Values of verify_handoff.

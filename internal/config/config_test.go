@@ -199,8 +199,6 @@ func TestRejects(t *testing.T) {
 		{"db override", up + "databases:\n  - name: a\n    max_size: 0\n", "database \"a\" max_size 0"},
 		{"md5 secret with scram", up + "users:\n  - name: bob\n    password: md5" + strings.Repeat("a", 32) + "\n", "md5 secret"},
 		{"password without user", up + "databases:\n  - name: a\n    password: x\n", "no user"},
-		{"override combination", up + "databases:\n  - name: a\n    min_size: 5\nusers:\n  - name: bob\n    password: pw\n    max_size: 3\n",
-			`database "a" with user "bob": min_size (5) exceeds max_size (3)`},
 		{"bad upstream", "upstream: mysql://x\n", "scheme"},
 		{"bad upstream sslmode", "upstream: postgres://a:b@h/d?sslmode=bogus\n", "sslmode=bogus"},
 	} {
@@ -210,6 +208,31 @@ func TestRejects(t *testing.T) {
 				t.Fatalf("want error containing %q, got %v", tc.want, err)
 			}
 		})
+	}
+}
+
+// A database's min_size above a user's max_size is accepted, as PgBouncer
+// accepts it (its own test.ini has one): a warning, and that pair's pool
+// is capped.
+func TestMinAboveMaxOfAPairWarns(t *testing.T) {
+	c, err := load(t, "upstream: postgres://app:secret@db/app\ndatabases:\n  - name: a\n    min_size: 5\nusers:\n  - name: bob\n    password: pw\n    max_size: 3\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `database "a" with user "bob": min_size (5) exceeds max_size (3); that pool keeps at most 3`
+	if w := c.Warnings(); !slices.Contains(w, want) {
+		t.Errorf("warnings %q, want %q", w, want)
+	}
+	r, err := c.Route("a", "bob")
+	if err != nil || r.Settings.MinSize != 3 || r.Settings.MaxSize != 3 {
+		t.Errorf("route a/bob: %v, min %d max %d; want min_size capped at 3", err, r.Settings.MinSize, r.Settings.MaxSize)
+	}
+	if r, _ := c.Route("a", "alice"); r.Settings.MinSize != 5 {
+		t.Errorf("route a/alice: min %d, want 5", r.Settings.MinSize)
+	}
+	// Validating again (SET, reload) does not repeat the warning.
+	if err := c.Validate(); err != nil || len(c.Warnings()) != 1 {
+		t.Errorf("after a second Validate: %v, warnings %q", err, c.Warnings())
 	}
 }
 

@@ -157,6 +157,7 @@ type userSecret struct {
 func (c *Config) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	c.comboWarnings = nil
 
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		bad("listen %q is not host:port (POOLERD_LISTEN / --listen), e.g. 127.0.0.1:6432", c.Listen)
@@ -376,7 +377,15 @@ func (c *Config) Validate() error {
 				continue
 			}
 			var combo []error
-			c.PoolSettings.Effective(d.Overrides, u.Overrides).validate("", func(f string, a ...any) { combo = append(combo, fmt.Errorf(f, a...)) })
+			eff := c.PoolSettings.Effective(d.Overrides, u.Overrides)
+			if eff.MaxSize >= 1 && eff.MinSize > eff.MaxSize {
+				// As PgBouncer: the pair's pool is simply capped (Route
+				// clamps min_size); often a pair no client uses.
+				c.comboWarnings = append(c.comboWarnings, fmt.Sprintf("database %q with user %q: min_size (%d) exceeds max_size (%d); that pool keeps at most %d",
+					d.Name, u.Name, eff.MinSize, eff.MaxSize, eff.MaxSize))
+				eff.MinSize = eff.MaxSize
+			}
+			eff.validate("", func(f string, a ...any) { combo = append(combo, fmt.Errorf(f, a...)) })
 			for _, e := range combo {
 				bad("database %q with user %q: %w", d.Name, u.Name, e)
 			}
@@ -395,7 +404,7 @@ func (c *Config) ServesNoDatabase() bool {
 // at start: PgBouncer starts with its packaged sample, which lists no
 // database and has an empty userlist, and so does poolerd; it says so.
 func (c *Config) Warnings() []string {
-	var w []string
+	w := slices.Clone(c.comboWarnings)
 	if c.ServesNoDatabase() {
 		w = append(w, "no databases: every client but the admin console's is refused (3D000 no such database); set upstream (e.g. --upstream postgres://user:password@127.0.0.1:5432/db) or list entries under databases ([databases] in a pgbouncer.ini)")
 	}
@@ -735,6 +744,9 @@ func (c *Config) Route(database, user string) (Route, error) {
 		}
 	}
 	r.Settings = c.PoolSettings.Effective(overrides...)
+	// A database's min_size above a user's max_size (a warning, as
+	// PgBouncer accepts it): the pool is capped.
+	r.Settings.MinSize = min(r.Settings.MinSize, r.Settings.MaxSize)
 	return r, nil
 }
 
