@@ -292,6 +292,12 @@ type PoolSettings struct {
 	MaxSize int `mapstructure:"max_size"`
 	// MinSize is how many server connections a pool keeps open.
 	MinSize int `mapstructure:"min_size"`
+	// ReservePoolSize more connections (beyond MaxSize) a pool may open
+	// for requests that have waited ReservePoolTimeout, closed again when
+	// they come back with nobody waiting (PgBouncer's reserve pool); 0,
+	// or a ReservePoolTimeout of 0, disables it.
+	ReservePoolSize    int           `mapstructure:"reserve_pool_size"`
+	ReservePoolTimeout time.Duration `mapstructure:"reserve_pool_timeout"`
 	// CheckoutTimeout is how long a client waits in the queue for a server
 	// connection before it gets SQLSTATE 53300.
 	CheckoutTimeout time.Duration `mapstructure:"checkout_timeout"`
@@ -485,6 +491,8 @@ type Overrides struct {
 	PinnedIdleTimeout      *time.Duration `mapstructure:"pinned_idle_timeout"`
 	MaxSize                *int           `mapstructure:"max_size"`
 	MinSize                *int           `mapstructure:"min_size"`
+	ReservePoolSize        *int           `mapstructure:"reserve_pool_size"`
+	ReservePoolTimeout     *time.Duration `mapstructure:"reserve_pool_timeout"`
 	CheckoutTimeout        *time.Duration `mapstructure:"checkout_timeout"`
 	ServerResetQuery       *string        `mapstructure:"server_reset_query"`
 	ServerConnectTimeout   *time.Duration `mapstructure:"server_connect_timeout"`
@@ -546,6 +554,7 @@ func Defaults() Config {
 			IdleTimeout:            60 * time.Second,
 			LeakDetectionThreshold: 30 * time.Second,
 			WaitWarning:            10 * time.Second,
+			ReservePoolTimeout:     5 * time.Second,
 		},
 		StartupMode:          StartupWait,
 		ReconnectBackoffBase: time.Second,

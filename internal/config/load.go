@@ -68,6 +68,8 @@ func Keys() []Key {
 		{Name: "pinned_idle_timeout", Help: "end a pinned client idle outside a transaction this long (0 = off)"},
 		{Name: "max_size", Flag: "pool-size", Help: "most server connections per (database, user) pool"},
 		{Name: "min_size", Flag: "min-pool-size", Help: "server connections a pool keeps open"},
+		{Name: "reserve_pool_size", Help: "connections a pool may open beyond max_size for requests that waited reserve_pool_timeout (0 = none)"},
+		{Name: "reserve_pool_timeout", Help: "how long a request waits before a reserve connection is opened for it (0 = never)"},
 		{Name: "checkout_timeout", Flag: "checkout-timeout", Help: "how long a client waits for a server connection (0 = no limit)"},
 		{Name: "server_reset_query", Help: "query run before a session-mode server connection is reused; empty disables"},
 		{Name: "server_connect_timeout", Help: "limit on dialing and logging in to PostgreSQL"},

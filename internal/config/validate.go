@@ -571,6 +571,9 @@ func (p PoolSettings) validate(where string, bad func(string, ...any)) {
 	if p.MinSize < 0 {
 		bad("%smin_size %d must not be negative", where, p.MinSize)
 	}
+	if p.ReservePoolSize < 0 {
+		bad("%sreserve_pool_size %d must not be negative (0: no reserve)", where, p.ReservePoolSize)
+	}
 	if p.MaxSize >= 1 && p.MinSize > p.MaxSize {
 		bad("%smin_size (%d) exceeds max_size (%d): reduce min_size to %d or raise max_size to %d", where, p.MinSize, p.MaxSize, p.MaxSize, p.MinSize)
 	}

@@ -430,7 +430,7 @@ func (c *Console) showDatabases() *resultSet {
 		}
 		st := state.Databases[n]
 		maxServers, maxClients := cfg.DBLimits(n)
-		r.row(n, host, route.Port, dbname, forceUser, set.MaxSize, set.MinSize, 0, int(set.MaxLifetime/time.Second),
+		r.row(n, host, route.Port, dbname, forceUser, set.MaxSize, set.MinSize, set.ReservePoolSize, int(set.MaxLifetime/time.Second),
 			poolMode, null{}, maxServers, row.servers, maxClients, row.clients, b2i(state.Paused || st.Paused), b2i(st.Disabled))
 	}
 	return r
@@ -454,10 +454,13 @@ func (c *Console) showUsers() *resultSet {
 	names := append([]string{adminDatabase}, cfg.UserNames()...)
 	sort.Strings(names[1:])
 	for _, n := range names {
-		poolSize, poolMode := "", any(null{})
+		poolSize, reserveSize, poolMode := "", "", any(null{})
 		if o, ok := overrides[n]; ok {
 			if o.MaxSize != nil {
 				poolSize = fmt.Sprintf("%9d", *o.MaxSize)
+			}
+			if o.ReservePoolSize != nil {
+				reserveSize = fmt.Sprintf("%9d", *o.ReservePoolSize)
 			}
 			if o.PoolMode != nil {
 				poolMode = *o.PoolMode
@@ -467,7 +470,7 @@ func (c *Console) showUsers() *resultSet {
 		if n != adminDatabase {
 			maxServers, maxClients = cfg.UserLimits(n)
 		}
-		r.row(n, poolSize, "", poolMode, maxServers, servers[n], maxClients, clients[n])
+		r.row(n, poolSize, reserveSize, poolMode, maxServers, servers[n], maxClients, clients[n])
 	}
 	return r
 }

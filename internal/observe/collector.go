@@ -43,6 +43,7 @@ var poolMetricDefs = []metricDef{
 	{"poolerd_checkouts_total", "Server connections handed to clients.", nil},
 	{"poolerd_pool_hits_total", "Checkouts served by an open connection.", nil},
 	{"poolerd_pool_misses_total", "Checkouts served by a newly opened connection.", nil},
+	{"poolerd_pool_reserve_connections_total", "Connections opened beyond max_size from the reserve (reserve_pool_size), for requests that waited reserve_pool_timeout.", nil},
 	{"poolerd_server_recycles_total", "Idle server connections closed by recycling, by reason (max_lifetime, max_queries, idle_timeout).", []string{"reason"}},
 	{"poolerd_server_evictions_total", "Server connections closed because they could not be reused, by reason.", []string{"reason"}},
 	{"poolerd_server_connect_attempts_total", "Attempts to open a server connection.", nil},
@@ -135,6 +136,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter("poolerd_checkouts_total", float64(ps.Acquisitions), db, user)
 		counter("poolerd_pool_hits_total", float64(ps.Hits), db, user)
 		counter("poolerd_pool_misses_total", float64(ps.Misses), db, user)
+		counter("poolerd_pool_reserve_connections_total", float64(ps.ReserveOpened), db, user)
 		counter("poolerd_server_recycles_total", float64(ps.RecycledLifetime), db, user, pool.RecycleLifetime)
 		counter("poolerd_server_recycles_total", float64(ps.RecycledQueries), db, user, pool.RecycleQueries)
 		counter("poolerd_server_recycles_total", float64(ps.RecycledIdle), db, user, pool.RecycleIdle)

@@ -65,7 +65,6 @@ const (
 	adviceTCPOnly     = "poolerd listens on TCP only (listen): point clients that used the Unix socket at host=127.0.0.1 and the listen port"
 	adviceKeepalive   = "poolerd keeps Go's TCP keepalive (15 s) on every connection; to end dead or silent peers use server_response_timeout and client_idle_timeout"
 	adviceDNS         = "poolerd resolves host names with the system resolver at each connect: nothing to set"
-	adviceReserve     = "poolerd has no reserve pool: add it to the pool size (max_size); checkout_timeout bounds the wait"
 	adviceStartupParm = "not stored by poolerd: set it in PostgreSQL with ALTER DATABASE … SET (or ALTER ROLE … SET), or in the client's connection string"
 	adviceAuthQuery   = "as in PgBouncer: users not in auth_file are looked up with auth_query as auth_user, whose password comes from auth_file (docs/security.md)"
 	adviceAuthDB      = "poolerd runs auth_query in the database the client asks for: remove it (auth_user must be able to log in to each database)"
@@ -98,8 +97,8 @@ func Rules() []Rule {
 		{Section: "pgbouncer", Key: "pool_mode", To: "pool_mode", kind: kindString, Default: "session"},
 		{Section: "pgbouncer", Key: "default_pool_size", To: "max_size", kind: kindInt},
 		{Section: "pgbouncer", Key: "min_pool_size", To: "min_size", kind: kindInt},
-		{Section: "pgbouncer", Key: "reserve_pool_size", Note: adviceReserve},
-		{Section: "pgbouncer", Key: "reserve_pool_timeout", Note: adviceReserve},
+		{Section: "pgbouncer", Key: "reserve_pool_size", To: "reserve_pool_size", kind: kindInt},
+		{Section: "pgbouncer", Key: "reserve_pool_timeout", To: "reserve_pool_timeout", kind: kindSeconds, Note: "0 never opens the reserve, as in PgBouncer"},
 		{Section: "pgbouncer", Key: "max_client_conn", To: "max_client_conn", kind: kindInt, Default: "100"},
 		{Section: "pgbouncer", Key: "max_db_connections", To: "max_db_connections", kind: kindInt},
 		{Section: "pgbouncer", Key: "max_user_connections", To: "max_user_connections", kind: kindInt},
@@ -191,8 +190,8 @@ func Rules() []Rule {
 		{Section: "databases", Key: "auth_dbname", Note: adviceAuthDB},
 		{Section: "databases", Key: "pool_size", To: "max_size", kind: kindInt},
 		{Section: "databases", Key: "min_pool_size", To: "min_size", kind: kindInt},
-		{Section: "databases", Key: "reserve_pool", Note: adviceReserve},
-		{Section: "databases", Key: "reserve_pool_size", Note: adviceReserve},
+		{Section: "databases", Key: "reserve_pool", To: "reserve_pool_size", kind: kindInt, Note: "PgBouncer's name before 1.24"},
+		{Section: "databases", Key: "reserve_pool_size", To: "reserve_pool_size", kind: kindInt},
 		{Section: "databases", Key: "pool_mode", To: "pool_mode", kind: kindString},
 		{Section: "databases", Key: "max_db_connections", To: "max_db_connections", kind: kindInt},
 		{Section: "databases", Key: "max_db_client_connections", To: "max_db_client_connections", kind: kindInt},
@@ -207,7 +206,7 @@ func Rules() []Rule {
 		// [users] parameters.
 		{Section: "users", Key: "pool_mode", To: "pool_mode", kind: kindString},
 		{Section: "users", Key: "pool_size", To: "max_size", kind: kindInt},
-		{Section: "users", Key: "reserve_pool_size", Note: adviceReserve},
+		{Section: "users", Key: "reserve_pool_size", To: "reserve_pool_size", kind: kindInt},
 		{Section: "users", Key: "max_user_connections", To: "max_user_connections", kind: kindInt},
 		{Section: "users", Key: "max_user_client_connections", To: "max_user_client_connections", kind: kindInt},
 		{Section: "users", Key: "query_timeout", To: "query_timeout", kind: kindSeconds},

@@ -178,6 +178,7 @@ func TestMultiDatabase(t *testing.T) {
 		"stats_period":             "30s",
 		"log_connections":          false,
 		"validation_interval":      "30s",
+		"reserve_pool_size":        5,
 	}
 	for k, v := range wantTop {
 		if !reflect.DeepEqual(res.Tree[k], v) {
@@ -189,7 +190,7 @@ func TestMultiDatabase(t *testing.T) {
 		map[string]any{"name": "foodb", "host": defaultSocketDir()},
 		map[string]any{"name": "bardb", "host": "localhost", "dbname": "bazdb"},
 		map[string]any{"name": "forcedb", "host": "localhost", "port": 300, "user": "baz", "password": "foo"},
-		map[string]any{"name": "nondefaultdb", "host": defaultSocketDir(), "max_size": 50, "pool_mode": "session", "max_db_connections": 60},
+		map[string]any{"name": "nondefaultdb", "host": defaultSocketDir(), "max_size": 50, "reserve_pool_size": 10, "pool_mode": "session", "max_db_connections": 60},
 		map[string]any{"name": "my-db", "host": "10.0.0.5", "dbname": "my db"},
 		map[string]any{"name": "*", "host": "testserver"},
 	}
@@ -202,8 +203,8 @@ func TestMultiDatabase(t *testing.T) {
 	}
 	wantIgnored := []string{
 		"[databases] forcedb: client_encoding", "[databases] forcedb: datestyle", "[databases] forcedb: connect_query",
-		"[databases] nondefaultdb: reserve_pool", "[databases] my-db: application_name",
-		"reserve_pool_size", "ignore_startup_parameters", "logfile", "pidfile", "tcp_keepalive",
+		"[databases] my-db: application_name",
+		"ignore_startup_parameters", "logfile", "pidfile", "tcp_keepalive",
 	}
 	if got := settings(res); !reflect.DeepEqual(got, wantIgnored) {
 		t.Errorf("not honoured\n got %q\nwant %q", got, wantIgnored)

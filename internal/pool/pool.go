@@ -202,7 +202,16 @@ type Settings struct {
 	// WaitWarning: when the first queued checkout has waited this long,
 	// Config.LongWait is told (at most once per LongWaitEvery); 0 never.
 	WaitWarning time.Duration
+	// ReserveSize connections may be opened beyond MaxSize for checkouts
+	// that have waited ReserveTimeout (PgBouncer's reserve pool); such a
+	// connection is closed when it comes back with nobody waiting. 0, or
+	// a ReserveTimeout of 0, disables it.
+	ReserveSize    int
+	ReserveTimeout time.Duration
 }
+
+// reserve reports whether the reserve pool is on.
+func (s *Settings) reserve() bool { return s.ReserveSize > 0 && s.ReserveTimeout > 0 }
 
 // LongWaitEvery is the least time between two LongWait calls of a pool.
 const LongWaitEvery = 10 * time.Second
@@ -291,8 +300,11 @@ type Stats struct {
 	// Acquisitions counts successful checkouts; Hits reused an open
 	// connection, Misses got a newly opened one.
 	Acquisitions, Hits, Misses uint64
-	Releases                   uint64
-	Timeouts                   uint64
+	// ReserveOpened counts connects started beyond MaxSize, from the
+	// reserve (Settings.ReserveSize).
+	ReserveOpened uint64
+	Releases      uint64
+	Timeouts      uint64
 	// ConnectAttempts and ConnectFailures count every connect; Failures is
 	// the number of failures in a row now, NextRetry when the next attempt
 	// is due while failing.
@@ -676,7 +688,11 @@ func (p *Pool[C]) wait(w *waiter[C], done <-chan struct{}, expired <-chan time.T
 	if p.total < p.set().MaxSize && !p.paused {
 		p.startConnectLocked()
 	}
+	reserveWatch := p.set().reserve() && len(p.waiters) == 1 && p.total >= p.set().MaxSize
 	p.mu.Unlock()
+	if reserveWatch {
+		p.nudge() // the maintainer times the reserve from this first waiter
+	}
 
 	timedOut := false
 	select {
@@ -748,13 +764,21 @@ func (p *Pool[C]) Put(c C) {
 	p.stats.Releases++
 	now := p.cfg.Now()
 	e.lastUsed = now
-	if p.closed || p.paused || e.gen < p.gen || p.total > p.set().MaxSize {
-		// Shutting down, paused, reconnecting, or over a lowered max_size.
+	set := p.set()
+	over := p.total > set.MaxSize
+	// A reserve connection serves whoever waits, and closes when nobody
+	// does.
+	reserveBusy := over && set.reserve() && p.total <= set.MaxSize+set.ReserveSize && len(p.waiters) > 0
+	if p.closed || p.paused || e.gen < p.gen || over && !reserveBusy {
+		// Shutting down, paused, reconnecting, over a lowered max_size, or
+		// a reserve connection nobody waits for.
 		switch {
 		case p.paused:
 			p.countEvictionLocked(c, "paused")
 		case e.gen < p.gen:
 			p.countEvictionLocked(c, "reconnect")
+		case !p.closed && set.reserve() && p.total <= set.MaxSize+set.ReserveSize:
+			p.countEvictionLocked(c, "reserve_idle")
 		case !p.closed:
 			p.countEvictionLocked(c, "over_max_size")
 		}
@@ -791,6 +815,8 @@ func (p *Pool[C]) Discard(c C, reason string) {
 	p.closeLocked(c)
 	if !p.closed && len(p.waiters) > p.opening && p.total < p.set().MaxSize {
 		p.startConnectLocked()
+	} else if !p.closed && p.set().reserve() {
+		p.fillReserveLocked(p.cfg.Now())
 	}
 	p.mu.Unlock()
 	p.log.Debug("server connection discarded", zap.Uint64("conn_id", e.ID()), zap.String("reason", reason))
@@ -981,6 +1007,11 @@ func (p *Pool[C]) handOffLocked(c C, fresh bool) {
 	}
 	c.PoolEntry().state = stateIdle
 	p.idle = append(p.idle, c)
+	if p.total > p.set().MaxSize && p.set().reserve() {
+		// A reserve connection whose waiter was served meanwhile.
+		p.countEvictionLocked(c, "reserve_idle")
+		p.closeLocked(c)
+	}
 }
 
 func (p *Pool[C]) removeWaiterLocked(w *waiter[C]) bool {
@@ -1347,6 +1378,7 @@ func (p *Pool[C]) maintain() {
 		if p.failures > 0 {
 			tick = min(p.cfg.ProbeInterval, max(p.nextAttempt.Sub(now), time.Millisecond))
 		}
+		tick = p.reserveTickLocked(now, tick)
 		p.mu.Unlock()
 		if long {
 			p.cfg.LongWait(p.Stats())
@@ -1425,6 +1457,43 @@ func (p *Pool[C]) fillLocked(now time.Time) {
 			break // backing off
 		}
 	}
+	p.fillReserveLocked(now)
+}
+
+// fillReserveLocked opens reserve connections, beyond MaxSize, for the
+// checkouts that have waited ReserveTimeout and no connect in progress
+// covers, up to ReserveSize.
+func (p *Pool[C]) fillReserveLocked(now time.Time) {
+	set := p.set()
+	if !set.reserve() || p.closed || p.paused || p.total < set.MaxSize {
+		return
+	}
+	due := 0
+	for _, w := range p.waiters {
+		if now.Sub(w.since) >= set.ReserveTimeout {
+			due++
+		}
+	}
+	for range min(due-p.opening, set.MaxSize+set.ReserveSize-p.total) {
+		before := p.opening
+		p.startConnectLocked()
+		if p.opening == before {
+			break // backing off, or a shared limit said no
+		}
+		p.stats.ReserveOpened++
+		p.log.Info("reserve connection opened: a request waited reserve_pool_timeout",
+			zap.Int("open", p.total), zap.Int("max_size", set.MaxSize), zap.Int("reserve_pool_size", set.ReserveSize))
+	}
+}
+
+// reserveTickLocked is how long until the first queued checkout is due a
+// reserve connection, when that is sooner than tick.
+func (p *Pool[C]) reserveTickLocked(now time.Time, tick time.Duration) time.Duration {
+	set := p.set()
+	if !set.reserve() || len(p.waiters) == 0 || p.total < set.MaxSize {
+		return tick
+	}
+	return min(tick, max(set.ReserveTimeout-now.Sub(p.waiters[0].since), time.Millisecond))
 }
 
 // recycleReason says why an idle connection should be closed now, if it

@@ -956,3 +956,81 @@ func TestCheckoutAndCloseHooks(t *testing.T) {
 		}
 	})
 }
+
+// The reserve: a checkout that has waited ReserveTimeout on a full pool
+// gets a connection beyond MaxSize (at most ReserveSize of them), which is
+// closed when it comes back with nobody waiting. A checkout served sooner
+// opens none.
+func TestReservePool(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &dialer{}
+		cfg := baseConfig(d, 2, 0)
+		cfg.ReserveSize, cfg.ReserveTimeout = 1, 5*time.Second
+		var closed []string
+		var mu sync.Mutex
+		cfg.Closed = func(c *fakeConn, reason string) {
+			mu.Lock()
+			defer mu.Unlock()
+			closed = append(closed, reason)
+		}
+		p := New(cfg, new(atomic.Uint64))
+		defer p.Close()
+		ctx := context.Background()
+		a, _ := p.Get(ctx)
+		b, _ := p.Get(ctx)
+
+		// Served by a Put before the reserve timeout: no reserve.
+		got := make(chan *fakeConn, 2)
+		go func() {
+			c, _ := p.GetWith(NewWaiter[*fakeConn](), time.Minute, nil)
+			got <- c
+		}()
+		time.Sleep(4 * time.Second)
+		p.Put(a)
+		a = <-got
+		if st := p.Stats(); st.ReserveOpened != 0 || st.Total != 2 {
+			t.Fatalf("served before the timeout: %+v", st)
+		}
+
+		// Two waiters past the timeout: one reserve connection (ReserveSize 1).
+		start := time.Now()
+		for range 2 {
+			go func() {
+				c, _ := p.GetWith(NewWaiter[*fakeConn](), time.Minute, nil)
+				got <- c
+			}()
+		}
+		synctest.Wait()
+		time.Sleep(4900 * time.Millisecond)
+		synctest.Wait()
+		if st := p.Stats(); st.Total != 2 || st.Waiting != 2 {
+			t.Fatalf("before reserve_pool_timeout: %+v", st)
+		}
+		c := <-got
+		if waited := time.Since(start); waited < 5*time.Second || waited > 5*time.Second+100*time.Millisecond {
+			t.Errorf("the reserve connection came after %s, want reserve_pool_timeout (5s)", waited)
+		}
+		synctest.Wait()
+		if st := p.Stats(); st.Total != 3 || st.ReserveOpened != 1 || st.Waiting != 1 {
+			t.Fatalf("after reserve_pool_timeout: %+v, want 3 open (one reserve), one still waiting", st)
+		}
+		// A connection coming back goes to the waiter, even the reserve
+		// one; with nobody waiting, the reserve one closes.
+		p.Put(c)
+		c = <-got
+		p.Put(c)
+		synctest.Wait()
+		mu.Lock()
+		reasons := slices.Clone(closed)
+		mu.Unlock()
+		if st := p.Stats(); st.Total != 2 || !slices.Equal(reasons, []string{"reserve_idle"}) {
+			t.Fatalf("after the burst: %+v, closed %v; want back at max_size, the reserve closed", st, reasons)
+		}
+		p.Put(a)
+		p.Put(b)
+		synctest.Wait()
+		if st := p.Stats(); st.Total != 2 || st.Idle != 2 {
+			t.Fatalf("the pool's own connections: %+v", st)
+		}
+	})
+}

@@ -158,6 +158,8 @@ func poolSettings(cfg *config.Config, route *config.Route) pool.Settings {
 		RecycleRate:        cfg.RecycleRate,
 		WaitUnavailable:    route.MultiHost(),
 		WaitWarning:        set.WaitWarning,
+		ReserveSize:        set.ReservePoolSize,
+		ReserveTimeout:     set.ReservePoolTimeout,
 	}
 }
 
