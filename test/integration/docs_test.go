@@ -84,6 +84,10 @@ rate_limits:
     queries: {limit: 1, per: 300ms}
     mode: wait
     max_wait: 5s
+  - name: docs-measured
+    match: {application_name: docs-measured}
+    rows: {limit: 1, per: 1h}
+    mode: reject
 `, d.addr, d.http, pg.DSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp), pgtest.RoleApp, host, port, pgtest.DBApp)
 	file := filepath.Join(dir, "poolerd.yaml")
 	if err := os.WriteFile(file, []byte(conf), 0o600); err != nil {
@@ -177,6 +181,17 @@ func (d *docsDaemon) makeEvents(t *testing.T) {
 		if _, err := docsExec(ctx, wt, "SELECT 1"); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// A measured bucket: three rows put docs-measured in debt (charged),
+	// and its next transaction is refused for it (the charge lands just
+	// after the answer).
+	ms := d.connect(t, pgtest.DBApp, "application_name=docs-measured")
+	if _, err := docsExec(ctx, ms, "SELECT generate_series(1, 3)"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if _, err := docsExec(ctx, ms, "SELECT 1"); !errors.As(err, &pe) || pe.Code != "53400" {
+		t.Fatalf("docs-measured in debt: %v, want 53400", err)
 	}
 	// A second client of "limited" is refused by its connection limit.
 	d.connect(t, "limited")
