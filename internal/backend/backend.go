@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/poolerd/poolerd/internal/auth"
+	"github.com/poolerd/poolerd/internal/netopt"
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
@@ -37,6 +38,9 @@ type Target struct {
 	// Cancel requests are sent in plain TCP (PostgreSQL reads them before
 	// any pg_hba.conf rule applies).
 	TLS *TLS
+	// TCP sets the socket's keepalive and user timeout; nil means
+	// keepalive every 30 s.
+	TCP *netopt.TCP
 }
 
 // Network returns the network and address to dial.
@@ -98,6 +102,10 @@ type AuthError struct{ Err error }
 func (e *AuthError) Error() string { return e.Err.Error() }
 func (e *AuthError) Unwrap() error { return e.Err }
 
+// ServerKeepAlive is the keepalive period of server connections whose
+// Target sets no TCP options.
+const ServerKeepAlive = 30 * time.Second
+
 // Connect dials t and logs in as creds to database with the given extra
 // startup parameters, over TLS as t.TLS says. ctx bounds the whole exchange.
 func Connect(ctx context.Context, t Target, database string, creds Credentials, params map[string]string) (*Conn, error) {
@@ -121,8 +129,12 @@ func connect(ctx context.Context, t Target, database string, creds Credentials, 
 	}
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
-		_ = tc.SetKeepAlive(true)
-		_ = tc.SetKeepAlivePeriod(30 * time.Second)
+		if t.TCP != nil {
+			_ = t.TCP.Apply(tc)
+		} else {
+			_ = tc.SetKeepAlive(true)
+			_ = tc.SetKeepAlivePeriod(ServerKeepAlive)
+		}
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		_ = nc.SetDeadline(dl)

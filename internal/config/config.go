@@ -66,6 +66,16 @@ type Config struct {
 	// SOReusePort opens the listener with SO_REUSEPORT, so that a new
 	// poolerd can bind the same address while the old one drains.
 	SOReusePort bool `mapstructure:"so_reuseport"`
+	// TCP options of client and server sockets (PgBouncer's tcp_*):
+	// TCPKeepalive false turns keepalive off; a TCPKeepIdle or
+	// TCPKeepInterval of 0 keeps poolerd's period (15 s to clients, 30 s
+	// to PostgreSQL), a TCPKeepCount of 0 the system's; TCPUserTimeout 0
+	// leaves TCP_USER_TIMEOUT unset.
+	TCPKeepalive    bool          `mapstructure:"tcp_keepalive"`
+	TCPKeepIdle     time.Duration `mapstructure:"tcp_keepidle"`
+	TCPKeepInterval time.Duration `mapstructure:"tcp_keepintvl"`
+	TCPKeepCount    int           `mapstructure:"tcp_keepcnt"`
+	TCPUserTimeout  time.Duration `mapstructure:"tcp_user_timeout"`
 	// TakeoverSocket is the Unix socket on which a running poolerd hands
 	// its listening socket to a new one started with --takeover; empty
 	// turns the hand-over off.
@@ -561,6 +571,7 @@ func Defaults() Config {
 		ReconnectBackoffMax:  16 * time.Second,
 		RecycleRate:          1,
 		ClientLoginTimeout:   60 * time.Second,
+		TCPKeepalive:         true,
 		ShutdownTimeout:      30 * time.Second,
 		MaxClientConn:        10000,
 		RateLimitBackend:     "memory",

@@ -36,6 +36,11 @@ func Keys() []Key {
 	return []Key{
 		{Name: "listen", Flag: "listen", Help: "address clients connect to (host:port)"},
 		{Name: "so_reuseport", Help: "open the listener with SO_REUSEPORT, so that a new poolerd can bind the same address while this one drains"},
+		{Name: "tcp_keepalive", Help: "TCP keepalive on client and server sockets"},
+		{Name: "tcp_keepidle", Help: "idle time before the first keepalive probe (0 = poolerd's: 15s to clients, 30s to servers)"},
+		{Name: "tcp_keepintvl", Help: "time between keepalive probes (0 = as tcp_keepidle's default)"},
+		{Name: "tcp_keepcnt", Help: "unanswered keepalive probes before the connection is dropped (0 = the system's)"},
+		{Name: "tcp_user_timeout", Help: "drop a connection whose sent data stays unacknowledged this long (Linux TCP_USER_TIMEOUT; 0 = off)"},
 		{Name: "event_loops", Help: "event loops reading client and server connections: off (a goroutine per connection), auto (one per 2 CPUs), or a number"},
 		{Name: "takeover_socket", Help: "Unix socket on which this poolerd hands its listening socket to one started with --takeover; empty turns it off"},
 		{Name: "http_listen", Flag: "http-listen", Help: "address of the HTTP health and metrics server; empty disables it"},

@@ -159,6 +159,17 @@ func (c *Config) Validate() error {
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	c.comboWarnings = nil
 
+	for _, d := range []struct {
+		key string
+		v   time.Duration
+	}{{"tcp_keepidle", c.TCPKeepIdle}, {"tcp_keepintvl", c.TCPKeepInterval}, {"tcp_user_timeout", c.TCPUserTimeout}} {
+		if d.v < 0 {
+			bad("%s %s is negative: use 0 for the default", d.key, d.v)
+		}
+	}
+	if c.TCPKeepCount < 0 {
+		bad("tcp_keepcnt %d is negative: use 0 for the system's", c.TCPKeepCount)
+	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		bad("listen %q is not host:port (POOLERD_LISTEN / --listen), e.g. 127.0.0.1:6432", c.Listen)
 	}

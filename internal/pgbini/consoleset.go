@@ -18,6 +18,17 @@ import (
 // PgBouncer setting cannot be set at run time.
 func SetKey(key, value string) (string, string, error) {
 	key = strings.ToLower(key)
+	// A PgBouncer setting of the same name as poolerd's key is read in
+	// PgBouncer's unit (tcp_user_timeout: milliseconds).
+	for _, r := range Rules() {
+		if r.Section == "pgbouncer" && r.Key == key && r.To == key && r.Honoured() && r.kind != kindSpecial && r.kind != kindPath {
+			v, err := setValue(r, value)
+			if err != nil {
+				return "", "", fmt.Errorf("%s: %w", key, err)
+			}
+			return key, v, nil
+		}
+	}
 	if hasKey(key) {
 		if config.IsDurationKey(key) {
 			if _, err := strconv.ParseFloat(strings.TrimSpace(value), 64); err == nil {

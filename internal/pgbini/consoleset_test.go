@@ -16,12 +16,16 @@ func TestSetKey(t *testing.T) {
 		{"query_wait_timeout", "120", "checkout_timeout", "2m", ""},
 		{"default_pool_size", "20", "max_size", "20", ""},
 		{"max_size", "20", "max_size", "20", ""},
-		{"log_connections", "0", "log_connections", "0", ""}, // poolerd takes 0 and 1 for booleans
+		{"log_connections", "0", "log_connections", "false", ""},
 		{"verbose", "2", "log_level", "debug", ""},
 		{"verbose", "0", "log_level", "info", ""},
 		{"server_login_retry", "5", "reconnect_backoff_max", "5s", ""},
-		{"admin_users", "a, b", "admin_users", "a, b", ""},
+		{"admin_users", "a, b", "admin_users", "a,b", ""},
 		{"no_such_key", "1", "no_such_key", "1", ""},
+		{"tcp_user_timeout", "2500", "tcp_user_timeout", "2.5s", ""}, // PgBouncer's milliseconds
+		{"tcp_keepidle", "60", "tcp_keepidle", "1m", ""},
+		{"tcp_keepalive", "0", "tcp_keepalive", "false", ""},
+		{"tcp_user_timeout", "soon", "", "", "not a time in milliseconds"},
 		{"query_timeout", "-1", "", "", "not a time in seconds"},
 		{"unix_socket_dir", "/tmp", "", "", "no equivalent in poolerd"},
 		{"listen_port", "7000", "", "", "configuration file"},

@@ -22,6 +22,7 @@ const (
 	kindPath                // a file name, relative ones taken from the ini's directory
 	kindInt                 // an integer
 	kindSeconds             // PgBouncer's seconds (possibly fractional) to a duration
+	kindMillis              // PgBouncer's milliseconds to a duration
 	kindBool                // 0/1, yes/no, on/off, true/false
 	kindList                // comma-separated names
 	kindSpecial             // translated by code in translate
@@ -63,7 +64,6 @@ func hasKey(name string) bool {
 
 const (
 	adviceTCPOnly     = "poolerd listens on TCP only (listen): point clients that used the Unix socket at host=127.0.0.1 and the listen port"
-	adviceKeepalive   = "poolerd keeps Go's TCP keepalive (15 s) on every connection; to end dead or silent peers use server_response_timeout and client_idle_timeout"
 	adviceDNS         = "poolerd resolves host names with the system resolver at each connect: nothing to set"
 	adviceStartupParm = "not stored by poolerd: set it in PostgreSQL with ALTER DATABASE … SET (or ALTER ROLE … SET), or in the client's connection string"
 	adviceAuthQuery   = "as in PgBouncer: users not in auth_file are looked up with auth_query as auth_user, whose password comes from auth_file (docs/security.md)"
@@ -151,13 +151,13 @@ func Rules() []Rule {
 		{Section: "pgbouncer", Key: "server_tls_protocols", To: "server_tls_protocols", kind: kindString, ifKey: true, Note: adviceTLSProto},
 		{Section: "pgbouncer", Key: "server_tls_ciphers", To: "server_tls_ciphers", kind: kindString, ifKey: true, Note: adviceTLSProto},
 		// Network.
-		{Section: "pgbouncer", Key: "tcp_defer_accept", Note: adviceKeepalive},
-		{Section: "pgbouncer", Key: "tcp_socket_buffer", Note: adviceKeepalive},
-		{Section: "pgbouncer", Key: "tcp_keepalive", Note: adviceKeepalive},
-		{Section: "pgbouncer", Key: "tcp_keepcnt", Note: adviceKeepalive},
-		{Section: "pgbouncer", Key: "tcp_keepidle", Note: adviceKeepalive},
-		{Section: "pgbouncer", Key: "tcp_keepintvl", Note: adviceKeepalive},
-		{Section: "pgbouncer", Key: "tcp_user_timeout", Note: adviceKeepalive},
+		{Section: "pgbouncer", Key: "tcp_defer_accept", Note: "not needed by poolerd: it reads a new client's startup packet when it arrives, bounded by client_login_timeout; remove it"},
+		{Section: "pgbouncer", Key: "tcp_socket_buffer", Note: "not needed by poolerd: it keeps the kernel's self-tuning socket buffers; remove it"},
+		{Section: "pgbouncer", Key: "tcp_keepalive", To: "tcp_keepalive", kind: kindBool},
+		{Section: "pgbouncer", Key: "tcp_keepcnt", To: "tcp_keepcnt", kind: kindInt, Note: "0 keeps the system's"},
+		{Section: "pgbouncer", Key: "tcp_keepidle", To: "tcp_keepidle", kind: kindSeconds, Note: "0 keeps poolerd's 15 s to clients and 30 s to servers (PgBouncer's: the system's, 2 hours on Linux)"},
+		{Section: "pgbouncer", Key: "tcp_keepintvl", To: "tcp_keepintvl", kind: kindSeconds, Note: "0 keeps poolerd's, as tcp_keepidle"},
+		{Section: "pgbouncer", Key: "tcp_user_timeout", To: "tcp_user_timeout", kind: kindMillis},
 		{Section: "pgbouncer", Key: "dns_max_ttl", Note: adviceDNS},
 		{Section: "pgbouncer", Key: "dns_nxdomain_ttl", Note: adviceDNS},
 		{Section: "pgbouncer", Key: "dns_zone_check_period", Note: adviceDNS},
@@ -532,6 +532,12 @@ func convert(k kind, v, file string) (any, error) {
 			return nil, err
 		}
 		return fmtDuration(d), nil
+	case kindMillis:
+		ms, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if err != nil || ms < 0 || ms > math.MaxInt64/int64(time.Millisecond) {
+			return nil, fmt.Errorf("%q is not a time in milliseconds", v)
+		}
+		return fmtDuration(time.Duration(ms) * time.Millisecond), nil
 	case kindBool:
 		switch strings.ToLower(v) {
 		case "1", "yes", "on", "true":

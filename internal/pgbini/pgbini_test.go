@@ -179,6 +179,7 @@ func TestMultiDatabase(t *testing.T) {
 		"log_connections":          false,
 		"validation_interval":      "30s",
 		"reserve_pool_size":        5,
+		"tcp_keepalive":            true,
 	}
 	for k, v := range wantTop {
 		if !reflect.DeepEqual(res.Tree[k], v) {
@@ -204,7 +205,7 @@ func TestMultiDatabase(t *testing.T) {
 	wantIgnored := []string{
 		"[databases] forcedb: client_encoding", "[databases] forcedb: datestyle", "[databases] forcedb: connect_query",
 		"[databases] my-db: application_name",
-		"ignore_startup_parameters", "logfile", "pidfile", "tcp_keepalive",
+		"ignore_startup_parameters", "logfile", "pidfile",
 	}
 	if got := settings(res); !reflect.DeepEqual(got, wantIgnored) {
 		t.Errorf("not honoured\n got %q\nwant %q", got, wantIgnored)

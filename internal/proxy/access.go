@@ -129,7 +129,8 @@ func (srv *Server) runAuthQuery(ctx context.Context, cfg *config.Config, route c
 	defer cancel()
 	creds := backend.Credentials{User: cfg.AuthUser, KeyCache: srv.scramKeys}
 	creds.Secret, _ = cfg.ClientSecret(cfg.AuthUser)
-	target := backend.Target{Host: route.Host, Port: route.Port, TLS: srv.serverTLSFor(route.ServerTLSMode)}
+	target := backend.Target{Host: route.Host, Port: route.Port, TLS: srv.serverTLSFor(route.ServerTLSMode),
+		TCP: tcpOptions(srv.cfg(), backend.ServerKeepAlive)}
 	bc, err := backend.Connect(ctx, target, route.DBName, creds, nil)
 	if err != nil {
 		return auth.Secret{}, false, fmt.Errorf("log in as auth_user: %w", err)

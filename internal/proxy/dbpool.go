@@ -315,7 +315,8 @@ func (d *dbPool) route() *config.Route { return d.routeP.Load() }
 
 func (d *dbPool) target() backend.Target {
 	r := d.route()
-	return backend.Target{Host: r.Host, Port: r.Port, TLS: d.srv.serverTLSFor(r.ServerTLSMode)}
+	return backend.Target{Host: r.Host, Port: r.Port, TLS: d.srv.serverTLSFor(r.ServerTLSMode),
+		TCP: tcpOptions(d.srv.cfg(), backend.ServerKeepAlive)}
 }
 
 // checkout is the one way to a server connection, for a client's request

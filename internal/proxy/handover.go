@@ -237,12 +237,16 @@ func (srv *Server) AdoptClient(f *os.File, state []byte) {
 		_ = nc.Close()
 		return
 	}
+	cfg := srv.cfg()
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
-		_ = tc.SetKeepAlive(true)
-		_ = tc.SetKeepAlivePeriod(clientKeepAlive)
+		if o := tcpOptions(cfg, clientKeepAlive); o != nil {
+			_ = o.Apply(tc)
+		} else {
+			_ = tc.SetKeepAlive(true)
+			_ = tc.SetKeepAlivePeriod(clientKeepAlive)
+		}
 	}
-	cfg := srv.cfg()
 	s := &session{srv: srv, conn: nc, id: srv.connIDs.Add(1), addr: nc.RemoteAddr().String(), connectedAt: st.ConnectedAt}
 	s.yieldFn = s.yieldLoop
 	s.log = sessionLog{s}

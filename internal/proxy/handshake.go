@@ -28,9 +28,13 @@ import (
 //
 // A TCP client's socket already has TCP_NODELAY and keepalive (every
 // clientKeepAlive): Go's accept sets them (the listener's defaults), and
-// setting them again would cost four system calls per connection.
+// setting them again would cost four system calls per connection; only
+// tcp_* keys that ask for something else are applied here.
 func (srv *Server) serveConn(nc net.Conn) {
 	cfg := srv.cfg()
+	if o := tcpOptions(cfg, clientKeepAlive); o != nil {
+		_ = o.Apply(nc)
+	}
 	s := &session{srv: srv, conn: nc, id: srv.connIDs.Add(1), addr: nc.RemoteAddr().String(), connectedAt: time.Now()}
 	s.yieldFn = s.yieldLoop
 	s.log = sessionLog{s}

@@ -283,7 +283,8 @@ func (d *dbPool) connectAmong(ctx context.Context, r *config.Route, creds backen
 			why = append(why, fmt.Sprintf("%s: at max_size_per_host (%d)", h, r.HostCap(h)))
 			continue
 		}
-		bc, err := backend.Connect(ctx, backend.Target{Host: h.Host, Port: h.Port, TLS: tlsCfg}, r.DBName, creds, nil)
+		bc, err := backend.Connect(ctx, backend.Target{Host: h.Host, Port: h.Port, TLS: tlsCfg,
+			TCP: tcpOptions(cfg, backend.ServerKeepAlive)}, r.DBName, creds, nil)
 		if err == nil {
 			d.hosts.opened(h) // counted before the reservation ends; adopt does not count again
 		}
