@@ -53,7 +53,7 @@ query_wait_timeout = 10
 %%include extra.ini
 `, pg.Host, pg.Port, pgtest.DBApp, pg.Host, pg.Port, pgtest.RoleApp, port, pgtest.RoleApp)
 	lcWrite(t, filepath.Join(dir, "pgbouncer.ini"), ini)
-	lcWrite(t, filepath.Join(dir, "extra.ini"), "idle_transaction_timeout = 30.5\ntcp_keepalive = 1\n")
+	lcWrite(t, filepath.Join(dir, "extra.ini"), "idle_transaction_timeout = 30.5\ntcp_defer_accept = 1\n")
 	lcWrite(t, filepath.Join(dir, "userlist.txt"), fmt.Sprintf("%q %q\n", pgtest.RoleApp, pgtest.Password))
 
 	proc := lcStartBinary(t, bin, "--config", filepath.Join(dir, "pgbouncer.ini"), "--http-listen=")
@@ -68,7 +68,7 @@ query_wait_timeout = 10
 		t.Errorf("current_database %q, want %q", db, pgtest.DBApp)
 	}
 	out := proc.stderr.String()
-	for _, want := range []string{"pgbouncer.ini settings poolerd does not honour", "logfile (pgbouncer.ini:", "tcp_keepalive (extra.ini:2)", "client_encoding"} {
+	for _, want := range []string{"pgbouncer.ini settings poolerd does not honour", "logfile (pgbouncer.ini:", "tcp_defer_accept (extra.ini:2)", "client_encoding"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
