@@ -21,6 +21,37 @@ func errInvalidCommand(sql string) *wire.Error {
 	return adminError("invalid command '%s', use SHOW HELP;", sql)
 }
 
+// notInPoolerd says why poolerd does not have one of PgBouncer's console
+// commands (SUSPEND, or what SHOW names) and what to use instead; "" for
+// any other.
+func notInPoolerd(what string) string {
+	switch what {
+	case "SUSPEND":
+		return "SUSPEND prepares PgBouncer's online restart by socket passing: poolerd's is --takeover with takeover_socket, or so_reuseport (docs/operations.md)"
+	case "FDS":
+		return "SHOW FDS lists the sockets PgBouncer passes in an online restart: poolerd's restart (--takeover) passes the listener and each client's state itself"
+	case "SOCKETS", "ACTIVE_SOCKETS":
+		return "poolerd does not list raw sockets: SHOW CLIENTS and SHOW SERVERS show every connection, with its state and addresses"
+	case "MEM":
+		return "poolerd has no slab caches to show: its memory is in /metrics (go_memstats_*, process_resident_memory_bytes)"
+	case "DNS_HOSTS", "DNS_ZONES":
+		return "poolerd keeps no DNS cache: host names are resolved at each connect by the system resolver"
+	case "PEERS", "PEER_POOLS":
+		return "poolerd has no peering: a cancel request reaches the poolerd holding its session through so_reuseport or a --takeover hand-over"
+	}
+	return ""
+}
+
+// errNotInPoolerd refuses one of PgBouncer's commands that poolerd does
+// not have (cmd as the client wrote it; what as notInPoolerd names it),
+// saying why.
+func errNotInPoolerd(cmd, what string) *wire.Error {
+	e := adminError("%s is not supported by poolerd", cmd)
+	e.Detail = notInPoolerd(what)
+	e.Hint = "SHOW HELP lists poolerd's commands"
+	return e
+}
+
 // query runs one console command and answers it. It returns true when
 // the session must end (SHUTDOWN).
 func (s *session) query(sql string) bool {
@@ -79,6 +110,8 @@ func (s *session) command(sql string) (out []byte, quit bool, werr *wire.Error) 
 			return nil, false, errInvalidCommand(sql)
 		}
 	case "PAUSE", "RESUME", "DISABLE", "ENABLE", "RECONNECT", "KILL", "KILL_CLIENT", "WAIT_CLOSE":
+	case "SUSPEND":
+		return nil, false, errNotInPoolerd("SUSPEND", "SUSPEND")
 	default:
 		return nil, false, errInvalidCommand(sql)
 	}

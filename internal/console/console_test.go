@@ -477,8 +477,16 @@ func TestCommandErrors(t *testing.T) {
 		{admin, "KILL nodb", "no such database: nodb"},
 		{admin, "SET listen = ':1'", "SET failed: listen can only change with a restart"},
 		{admin, "SET max_size = x", "SET failed"},
+		{admin, "SUSPEND", "SUSPEND is not supported by poolerd"},
+		{stats, "show mem", "SHOW MEM is not supported by poolerd"},
+		{stats, "SHOW PEER_POOLS", "SHOW PEER_POOLS is not supported by poolerd"},
+		{stats, "SHOW NOTHING", "invalid command 'SHOW NOTHING', use SHOW HELP;"},
 	} {
-		run(t, tc.s, tc.sql).wantError(t, "08P01", tc.msg)
+		r := run(t, tc.s, tc.sql)
+		r.wantError(t, "08P01", tc.msg)
+		if strings.Contains(tc.msg, "not supported") && (r.err == nil || r.err.Detail == "") {
+			t.Errorf("%s: no DETAIL says why", tc.sql)
+		}
 	}
 	if !slices.Equal(f.killed, []uint64{100}) {
 		t.Errorf("KillClient calls %v: the session's own id must not reach the proxy", f.killed)

@@ -46,6 +46,9 @@ func (c *Console) show(what, sql string) ([]byte, bool, *wire.Error) {
 		"HOSTS": c.showHosts, "RATE_LIMITS": c.showRateLimits,
 	}[what]
 	if !ok {
+		if notInPoolerd(what) != "" {
+			return nil, false, errNotInPoolerd("SHOW "+what, what)
+		}
 		return nil, false, errInvalidCommand(sql)
 	}
 	return build().done("SHOW"), false, nil
