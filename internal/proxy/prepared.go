@@ -134,9 +134,12 @@ func dropOf(e sqlscan.Effects) dropAll {
 	switch {
 	case !e.DeallocateAll:
 		return dropNone
-	case e.Unpin:
+	case e.FirstDropAllDiscard:
 		return dropDiscard
 	default:
+		// DEALLOCATE ALL first (a DISCARD ALL after it in the same text
+		// may fail, in a multi-statement Query always: the drop is final
+		// at the DEALLOCATE ALL's CommandComplete).
 		return dropDeallocate
 	}
 }

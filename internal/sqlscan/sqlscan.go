@@ -221,8 +221,11 @@ type Effects struct {
 	// AfterEndTx: a statement follows that end, and so runs outside any
 	// block the text opened or ended (it commits on its own).
 	EndTx, AfterEndTx bool
-	// DeallocateAll: DEALLOCATE ALL or DISCARD ALL.
-	DeallocateAll bool
+	// DeallocateAll: DEALLOCATE ALL or DISCARD ALL. FirstDropAllDiscard:
+	// the first of them in the text is a DISCARD ALL (its CommandComplete,
+	// not a later one's, is when the server has dropped every prepared
+	// statement; an error after it does not give them back).
+	DeallocateAll, FirstDropAllDiscard bool
 	// Deallocates counts the DEALLOCATE [PREPARE] name statements (see
 	// Deallocations).
 	Deallocates int
@@ -832,6 +835,7 @@ func statement(e *Effects, sql string, ws []token, f stmtFlags) {
 	case w0.is("discard"):
 		switch w1 := word(ws, 1); {
 		case w1.is("all"):
+			e.FirstDropAllDiscard = e.FirstDropAllDiscard || !e.DeallocateAll
 			e.Settings, e.DeallocateAll, e.Unpin = true, true, true
 			e.Undo = allKinds
 		case w1.is("temp"), w1.is("temporary"):

@@ -22,7 +22,7 @@ func TestScan(t *testing.T) {
 		{"SET SESSION AUTHORIZATION bob", Effects{Statements: 1, Pin: PinRole}},
 		{"RESET ALL", Effects{Statements: 1, Settings: true}},
 		{"select set_config('a.b', '1', false)", Effects{Statements: 1, Settings: true}},
-		{"DISCARD ALL", Effects{Statements: 1, Settings: true, DeallocateAll: true, Unpin: true, Undo: allKinds}},
+		{"DISCARD ALL", Effects{Statements: 1, Settings: true, DeallocateAll: true, FirstDropAllDiscard: true, Unpin: true, Undo: allKinds}},
 		{"DISCARD TEMP", Effects{Statements: 1, Undo: kindTempTable}},
 		{"CREATE TEMP TABLE t (a int)", Effects{Statements: 1, Pin: PinTempTable, Temp: true}},
 		{"create global temporary table t (a int)", Effects{Statements: 1, Pin: PinTempTable, Temp: true}},
@@ -65,6 +65,10 @@ func TestScan(t *testing.T) {
 		{"DEALLOCATE s1", Effects{Statements: 1, Deallocates: 1, Undo: kindPrepare}},
 		{"DEALLOCATE PREPARE \"S1\";", Effects{Statements: 1, Deallocates: 1, Undo: kindPrepare}},
 		{"DEALLOCATE ALL", Effects{Statements: 1, DeallocateAll: true, Undo: kindPrepare}},
+		// The first drop of every statement is the one whose answer makes
+		// it final.
+		{"DEALLOCATE ALL; DISCARD ALL", Effects{Statements: 2, Settings: true, DeallocateAll: true, Unpin: true, Undo: allKinds}},
+		{"DISCARD ALL; DEALLOCATE ALL", Effects{Statements: 2, Settings: true, DeallocateAll: true, FirstDropAllDiscard: true, Unpin: true, Undo: allKinds}},
 		{"DEALLOCATE s1; SELECT 1; deallocate s2", Effects{Statements: 3, Deallocates: 2, Undo: kindPrepare}},
 		{"SELECT E'\\'; LISTEN x'", Effects{Statements: 1}},
 		{"SELECT 'it''s; LISTEN x'", Effects{Statements: 1}},

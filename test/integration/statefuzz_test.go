@@ -1129,8 +1129,11 @@ func sfEnvInt(name string, def int64) int64 {
 // 50002140: a pipelined BEGIN ISOLATION LEVEL whose Parse was answered
 // from the cache failed with 25001, the scratch Parse (then a SELECT)
 // having taken the transaction's snapshot (it fails about one run in ten;
-// TestTxPreparedCacheHitTakesNoSnapshot always).
-var sfFixedSeeds = []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 20000947, 30007593, 50002140}
+// TestTxPreparedCacheHitTakesNoSnapshot always). 60068749: DEALLOCATE ALL;
+// DISCARD ALL in one Query made one drop, undone by the DISCARD ALL's
+// error although the DEALLOCATE ALL had dropped everything: another
+// client's Bind got 26000.
+var sfFixedSeeds = []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 20000947, 30007593, 50002140, 60068749}
 
 // TestStateFuzz is the differential state fuzzer (see the top of this
 // file).

@@ -1669,3 +1669,38 @@ func TestTxPreparedCacheHitTakesNoSnapshot(t *testing.T) {
 		}
 	}
 }
+
+// DEALLOCATE ALL drops every prepared statement at its CommandComplete:
+// a DISCARD ALL after it in the same Query, which fails there (25001: a
+// multi-statement Query is a transaction block), gives nothing back. poolerd
+// made the whole text one drop, tagged DISCARD ALL and undone by its error:
+// it listed again a definition the server no longer had, and the next
+// client's Bind of it got 26000 (the state fuzzer's seed 60068749). Pool of
+// one: B prepares on the connection A's Query then empties.
+func TestTxPreparedDeallocateAllThenFailedDiscard(t *testing.T) {
+	t.Parallel()
+	ctx := ctxTimeout(t, 30*time.Second)
+	p := txpStart(t, config.PoolTransaction, 1, 0)
+	b, err := pgconn.Connect(ctx, p.appDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close(ctx)
+	if _, err := b.Prepare(ctx, "b_stmt", "SELECT 42", nil); err != nil {
+		t.Fatal(err)
+	}
+	a, err := pgconn.Connect(ctx, p.appDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close(ctx)
+	_, err = a.Exec(ctx, "DEALLOCATE ALL; DISCARD ALL").ReadAll()
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "25001" {
+		t.Fatalf("DEALLOCATE ALL; DISCARD ALL: %v, want 25001 (DISCARD ALL in a transaction block)", err)
+	}
+	r := b.ExecPrepared(ctx, "b_stmt", nil, nil, nil).Read()
+	if r.Err != nil || len(r.Rows) != 1 || string(r.Rows[0][0]) != "42" {
+		t.Fatalf("B's prepared statement after A's DEALLOCATE ALL: %v %q", r.Err, r.Rows)
+	}
+}
