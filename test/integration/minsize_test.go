@@ -44,14 +44,18 @@ func TestMinSizeLoweredToWhatServerGives(t *testing.T) {
 	eventually(t, 10*time.Second, "the min_size lowered WARN", func() bool {
 		return len(toLogEntries(t, p, "min_size lowered")) > 0
 	})
+	// PostgreSQL checks CONNECTION LIMIT against the backends it sees at
+	// login, so two logins at once may both pass: the pool may get 3 of
+	// the 2 on a loaded machine. The floor is what it got.
 	w := toLogEntries(t, p, "min_size lowered")[0]
-	if w.Level != "WARN" || !strings.Contains(w.str("limit"), "role's CONNECTION LIMIT") || w.str("effective_min_size") != "2" || w.str("min_size") != "4" {
-		t.Errorf("min_size lowered: want WARN naming the role's CONNECTION LIMIT, effective 2 of 4: %s", w.Raw)
+	if eff := w.str("effective_min_size"); w.Level != "WARN" || !strings.Contains(w.str("limit"), "role's CONNECTION LIMIT") ||
+		eff != "2" && eff != "3" || w.str("min_size") != "4" {
+		t.Errorf("min_size lowered: want WARN naming the role's CONNECTION LIMIT, effective 2 (or 3) of 4: %s", w.Raw)
 	}
 	time.Sleep(2500 * time.Millisecond) // retries, each refused again
 	st := p.poolStats(t, pgtest.DBApp, role)
-	if st.Total != 2 || st.EffectiveMinSize != 2 || st.Failures != 0 || st.State.String() != "healthy" {
-		t.Errorf("pool at the role's limit: total %d, effective min_size %d, failures %d, state %s; want 2, 2, 0, healthy",
+	if st.Total < 2 || st.Total > 3 || st.EffectiveMinSize != st.Total || st.Failures != 0 || st.State.String() != "healthy" {
+		t.Errorf("pool at the role's limit: total %d, effective min_size %d, failures %d, state %s; want 2 (or 3), the same, 0, healthy",
 			st.Total, st.EffectiveMinSize, st.Failures, st.State)
 	}
 	if n := len(toLogEntries(t, p, "min_size lowered")); n != 1 {
