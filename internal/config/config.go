@@ -483,6 +483,31 @@ type RuleMatch struct {
 	ApplicationName string `mapstructure:"application_name"`
 }
 
+// NamedBucket is one bucket a rule sets, with its key and what it counts.
+type NamedBucket struct {
+	Name string
+	// Unit is what Limit counts: requests, transactions, logins, ms, rows
+	// or bytes.
+	Unit string
+	// Measured: charged when a transaction ends (server_time, rows,
+	// bytes), not counted when a request starts.
+	Measured bool
+	*RateBucket
+}
+
+// Buckets lists the buckets the rule sets, in the order of the keys.
+func (r *RateLimitRule) Buckets() []NamedBucket {
+	var out []NamedBucket
+	for _, b := range []NamedBucket{{"queries", "requests", false, r.Queries}, {"transactions", "transactions", false, r.Transactions},
+		{"connections", "logins", false, r.Connections}, {"server_time", "ms", true, r.ServerTime},
+		{"rows", "rows", true, r.Rows}, {"bytes", "bytes", true, r.Bytes}} {
+		if b.RateBucket != nil {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
 // RateBucket is one budget of a rule.
 type RateBucket struct {
 	Limit int64         `mapstructure:"limit"`

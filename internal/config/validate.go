@@ -470,24 +470,16 @@ func (c *Config) validateRateLimits(bad func(string, ...any)) {
 			}
 			seen[r.Name] = true
 		}
-		n := 0
-		for _, b := range []struct {
-			name string
-			b    *RateBucket
-		}{{"queries", r.Queries}, {"transactions", r.Transactions}, {"connections", r.Connections},
-			{"server_time", r.ServerTime}, {"rows", r.Rows}, {"bytes", r.Bytes}} {
-			if b.b == nil {
-				continue
+		buckets := r.Buckets()
+		for _, b := range buckets {
+			if b.Limit <= 0 || b.Per <= 0 {
+				bad("%s %s needs a positive limit and per, e.g. {limit: 50, per: 1s}", where, b.Name)
 			}
-			n++
-			if b.b.Limit <= 0 || b.b.Per <= 0 {
-				bad("%s %s needs a positive limit and per, e.g. {limit: 50, per: 1s}", where, b.name)
-			}
-			if b.name == "server_time" && b.b.Limit > maxServerTimeMillis {
-				bad("%s server_time limit %d is above %d (milliseconds)", where, b.b.Limit, int64(maxServerTimeMillis))
+			if b.Name == "server_time" && b.Limit > maxServerTimeMillis {
+				bad("%s server_time limit %d is above %d (milliseconds)", where, b.Limit, int64(maxServerTimeMillis))
 			}
 		}
-		if n == 0 {
+		if len(buckets) == 0 {
 			bad("%s has no bucket: set queries, transactions, connections, server_time, rows or bytes", where)
 		}
 		switch r.Mode {

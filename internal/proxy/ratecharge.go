@@ -10,7 +10,6 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap"
 
-	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/internal/limiter"
 )
 
@@ -189,25 +188,16 @@ func (srv *Server) RateLimits() []RateLimitInfo {
 	var out []RateLimitInfo
 	for _, r := range rl.rules {
 		c := &r.cfg
-		for _, b := range []struct {
-			name, unit string
-			measured   bool
-			b          *config.RateBucket
-		}{{"queries", "requests", false, c.Queries}, {"transactions", "transactions", false, c.Transactions},
-			{"connections", "logins", false, c.Connections}, {"server_time", "ms", true, c.ServerTime},
-			{"rows", "rows", true, c.Rows}, {"bytes", "bytes", true, c.Bytes}} {
-			if b.b == nil {
-				continue
-			}
-			info := RateLimitInfo{Rule: c.Name, Mode: c.Mode, KeyBy: strings.Join(c.KeyBy, ","), Bucket: b.name,
-				Measured: b.measured, Limit: b.b.Limit, Per: b.b.Per, Unit: b.unit, Backend: rl.backend,
-				Refused: counterValue(m.decisions, "rule", c.Name, "bucket", b.name, "outcome", "rejected")}
+		for _, b := range c.Buckets() {
+			info := RateLimitInfo{Rule: c.Name, Mode: c.Mode, KeyBy: strings.Join(c.KeyBy, ","), Bucket: b.Name,
+				Measured: b.Measured, Limit: b.Limit, Per: b.Per, Unit: b.Unit, Backend: rl.backend,
+				Refused: counterValue(m.decisions, "rule", c.Name, "bucket", b.Name, "outcome", "rejected")}
 			if c.Mode == "wait" {
 				info.MaxWait = c.MaxWait
 			}
-			if b.measured {
-				info.Charged = counterValue(m.charged, "rule", c.Name, "bucket", b.name)
-				info.DebtWaits = counterValue(m.debt, "rule", c.Name, "bucket", b.name, "outcome", "waited")
+			if b.Measured {
+				info.Charged = counterValue(m.charged, "rule", c.Name, "bucket", b.Name)
+				info.DebtWaits = counterValue(m.debt, "rule", c.Name, "bucket", b.Name, "outcome", "waited")
 			}
 			out = append(out, info)
 		}

@@ -348,20 +348,16 @@ func (srv *Server) checkRate(ctx context.Context, log warnLogger, rates []sessio
 // DETAIL: "50 per 1s", or for a measured bucket "5000 ms of server time
 // per 1m0s, used up by earlier transactions".
 func (r *rateRule) limitText(name string) string {
-	c := &r.cfg
-	for _, b := range []struct {
-		name, unit string
-		b          *config.RateBucket
-	}{{"queries", "", c.Queries}, {"transactions", "", c.Transactions}, {"connections", "", c.Connections},
-		{"server_time", " ms of server time", c.ServerTime}, {"rows", " rows", c.Rows}, {"bytes", " bytes", c.Bytes}} {
-		if b.name != name || b.b == nil {
-			continue
+	for _, b := range r.cfg.Buckets() {
+		switch {
+		case b.Name != name:
+		case b.Name == "server_time":
+			return fmt.Sprintf("%d ms of server time per %s, used up by earlier transactions", b.Limit, b.Per)
+		case b.Measured:
+			return fmt.Sprintf("%d %s per %s, used up by earlier transactions", b.Limit, b.Unit, b.Per)
+		default:
+			return fmt.Sprintf("%d per %s", b.Limit, b.Per)
 		}
-		text := fmt.Sprintf("%d%s per %s", b.b.Limit, b.unit, b.b.Per)
-		if b.unit != "" {
-			text += ", used up by earlier transactions"
-		}
-		return text
 	}
 	return "of bucket " + name
 }
