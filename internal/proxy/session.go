@@ -515,14 +515,21 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 	}
 	// answered sends what this read holds before at and waits until the
 	// server has answered all of it (a refusal must reach the client after
-	// those answers). It returns false if the server was lost.
+	// those answers). The rest of the read is a batch of its own, begun as
+	// the read's first was: the connection, if the session still holds it
+	// (not released at the last answer: poolerd's own snapshot, pin check
+	// or hand-off check runs on it first), must stay unreleasable until
+	// that batch is sent, or the answer to poolerd's query would release it
+	// while frames handled for it wait to be sent (to the next connection
+	// attached: a Parse there twice, 42P05). It returns false if the server
+	// was lost or the session ended meanwhile.
 	answered := func(sc *serverConn, at int) bool {
 		if !s.flush(data(), b) {
 			return false
 		}
 		start, out, b.reqs = at, at, 0
 		s.waitAnswered(sc)
-		return true
+		return s.beginBatch()
 	}
 	for off < end || s.cur.Ending() {
 		n, ev, err := s.cur.Next(buf[off:end])
