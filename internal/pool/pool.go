@@ -341,6 +341,9 @@ func (s Stats) AvgWait() time.Duration {
 type waiter[C Conn] struct {
 	ch    chan result[C] // buffered, capacity 1
 	since time.Time
+	// share is the part of the pool whose idle connections the checkout
+	// prefers when one is free at once (Waiter.Prefer); -1: none.
+	share int32
 }
 
 type result[C Conn] struct {
@@ -518,25 +521,40 @@ func (p *Pool[C]) TryGetNear(share int32) (C, bool) {
 	if p.closed || p.paused || n == 0 || len(p.waiters) > 0 {
 		return zero, false
 	}
-	i := n - 1
-	if share >= 0 {
-		for j := n - 1; j >= max(0, n-nearScan); j-- {
-			if p.idle[j].PoolEntry().share.Load() == share {
-				i = j
-				break
-			}
-		}
-	}
+	i := p.nearIdleLocked(share)
 	c := p.idle[i]
 	if p.needsValidation(c) {
 		return zero, false
 	}
+	p.takeIdleLocked(i)
+	return c, true
+}
+
+// nearIdleLocked is the index in idle (not empty) of the most recently used
+// connection of share among the nearScan most recently used, else of the
+// most recently used; a negative share has no preference.
+func (p *Pool[C]) nearIdleLocked(share int32) int {
+	n := len(p.idle)
+	if share >= 0 {
+		for j := n - 1; j >= max(0, n-nearScan); j-- {
+			if p.idle[j].PoolEntry().share.Load() == share {
+				return j
+			}
+		}
+	}
+	return n - 1
+}
+
+// takeIdleLocked checks out idle connection i.
+func (p *Pool[C]) takeIdleLocked(i int) {
+	var zero C
+	c := p.idle[i]
+	n := len(p.idle)
 	copy(p.idle[i:], p.idle[i+1:])
 	p.idle[n-1] = zero
 	p.idle = p.idle[:n-1]
 	p.checkoutLocked(c, false)
 	p.stats.Hits++
-	return c, true
 }
 
 // Get checks out a connection, waiting in FIFO order until one is free or
@@ -591,7 +609,7 @@ func (p *Pool[C]) validate(ctx context.Context, c C) error {
 }
 
 func (p *Pool[C]) get(ctx context.Context) (C, bool, error) {
-	w := &waiter[C]{ch: make(chan result[C], 1)}
+	w := &waiter[C]{ch: make(chan result[C], 1), share: -1}
 	return p.wait(w, ctx.Done(), nil, ctx.Err)
 }
 
@@ -607,8 +625,13 @@ type Waiter[C Conn] struct {
 func NewWaiter[C Conn]() *Waiter[C] {
 	t := time.NewTimer(time.Hour)
 	t.Stop()
-	return &Waiter[C]{w: waiter[C]{ch: make(chan result[C], 1)}, timer: t}
+	return &Waiter[C]{w: waiter[C]{ch: make(chan result[C], 1), share: -1}, timer: t}
 }
+
+// Prefer makes the waiter's next checkouts prefer, among the idle
+// connections free at once, one of the given share (Entry.SetShare), as
+// TryGetNear does, validated first if it must be; -1: no preference.
+func (w *Waiter[C]) Prefer(share int32) { w.w.share = share }
 
 // errDone is what GetWith returns when its done channel closes.
 var errDone = errors.New("checkout abandoned")
@@ -669,12 +692,14 @@ func (p *Pool[C]) wait(w *waiter[C], done <-chan struct{}, expired <-chan time.T
 		p.mu.Unlock()
 		return zero, false, ErrClosed
 	}
-	if n := len(p.idle); n > 0 && len(p.waiters) == 0 && !p.paused {
-		c := p.idle[n-1]
-		p.idle[n-1] = zero
-		p.idle = p.idle[:n-1]
-		p.checkoutLocked(c, false)
-		p.stats.Hits++
+	if len(p.idle) > 0 && len(p.waiters) == 0 && !p.paused {
+		// A connection of the preferred share even if it must be
+		// validated first (TryGetNear declines one that must): the
+		// others' connections would otherwise serve this share for as
+		// long as its own stay idle past the validation interval.
+		i := p.nearIdleLocked(w.share)
+		c := p.idle[i]
+		p.takeIdleLocked(i)
 		p.mu.Unlock()
 		return c, false, nil
 	}

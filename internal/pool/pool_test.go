@@ -128,6 +128,54 @@ func TestTryGetNear(t *testing.T) {
 	})
 }
 
+// TestGetWithPrefersShare: a connection of the asker's share idle past the
+// validation interval, which TryGetNear declines, is the one GetWith takes
+// (validated) for a waiter that prefers that share, not the most recently
+// used of another share: else the other share's connection would serve
+// both for as long as this one stays idle and declined (the proxy's
+// TestLoopAffinity on a loaded machine).
+func TestGetWithPrefersShare(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := baseConfig(&dialer{}, 2, 0)
+		cfg.ValidationInterval = 5 * time.Second
+		cfg.ValidationTimeout = time.Second
+		var validated []*fakeConn
+		cfg.Validate = func(ctx context.Context, c *fakeConn) error {
+			validated = append(validated, c)
+			return nil
+		}
+		p := New(cfg, new(atomic.Uint64))
+		defer p.Close()
+		ctx := context.Background()
+		a, _ := p.Get(ctx)
+		b, _ := p.Get(ctx)
+		a.SetShare(0)
+		b.SetShare(1)
+		p.Put(a)
+		p.Put(b) // most recently used
+		time.Sleep(6 * time.Second)
+		if _, ok := p.TryGetNear(0); ok {
+			t.Fatal("TryGetNear took a connection that must be validated")
+		}
+		w := NewWaiter[*fakeConn]()
+		w.Prefer(0)
+		got, err := p.GetWith(w, time.Second, nil)
+		if err != nil || got != a {
+			t.Fatalf("got %v, %v; want conn %d of share 0", got, err, a.n)
+		}
+		if len(validated) != 1 || validated[0] != a {
+			t.Fatalf("validated %v, want conn %d once", validated, a.n)
+		}
+		p.Put(got)
+		// No preference: the most recently used, whatever its share.
+		w.Prefer(-1)
+		time.Sleep(6 * time.Second)
+		if got, err := p.GetWith(w, time.Second, nil); err != nil || got != a {
+			t.Fatalf("no preference: got %v, %v; want the most recently used, conn %d", got, err, a.n)
+		}
+	})
+}
+
 func TestWaitersAreServedInOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := newPool(&dialer{}, 1, 0)

@@ -332,7 +332,10 @@ func (d *dbPool) target() backend.Target {
 // reads both sides of the transaction, no hand-off between loops). A
 // connection that could not be moved (shutdown) is discarded. One that
 // comes through the queue is not moved: the asker has handed its loop over
-// to wait (queued) and goes on on a goroutine of its own (loopDetach).
+// to wait (queued) and goes on on a goroutine of its own (loopDetach). The
+// queue's checkout still prefers an idle connection of the loop's share
+// (pool.Waiter.Prefer): one idle past validation_interval, which TryGetNear
+// declines, is validated and used rather than another loop's.
 //
 // lease is the asker's lease_timeout and what is left of it (zero: none):
 // the wait gets the shorter of that and checkout_timeout, and a wait that
@@ -348,7 +351,9 @@ func (d *dbPool) checkout(q queuer, done <-chan struct{}, near *loopItem, lease 
 	if byLease {
 		limit = lease.left
 	}
-	sc, err := d.pool.GetWith(q.queued(), limit, done)
+	w := q.queued()
+	w.Prefer(near.share())
+	sc, err := d.pool.GetWith(w, limit, done)
 	q.dequeued()
 	d.met.checkoutWait.Observe(time.Since(start).Seconds())
 	if err != nil {
