@@ -131,7 +131,7 @@ func newLogger(cfg *config.Config, w io.Writer) (*zap.Logger, zap.AtomicLevel, e
 
 // serve runs poolerd until a signal or the admin console stops it.
 func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap.AtomicLevel) error {
-	ln, handover, err := openListener(cfg, loader.Takeover, log)
+	lns, handover, err := openListeners(cfg, loader.Takeover, log)
 	if err != nil {
 		return err
 	}
@@ -157,7 +157,7 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 		err = observe.Register(reg, srv)
 	}
 	if err != nil {
-		ln.Close()
+		closeListeners(lns)
 		return fmt.Errorf("metrics: %w", err)
 	}
 	reg.MustRegister(
@@ -184,7 +184,7 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 		}
 		hln, err := listenHTTP(cfg, h.addr)
 		if err != nil {
-			ln.Close()
+			closeListeners(lns)
 			stopHTTP(hs)
 			return fmt.Errorf("listen on %s (%s): %w", h.addr, h.key, err)
 		}
@@ -217,7 +217,7 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 		}
 	}()
 
-	logSummary(cfg, log)
+	logSummary(cfg, listenerAddrs(lns), log)
 	srv.Warm()
 	if cfg.StartupMode == config.StartupFailFast {
 		// Seed 004 Q2: refuse to start in a degraded state.
@@ -227,20 +227,22 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 		case err := <-warm:
 			if err != nil {
 				srv.Close()
-				ln.Close()
+				closeListeners(lns)
 				return fmt.Errorf("startup_mode fail-fast: could not open the configured pools' connections: %w", err)
 			}
 			log.Info("configured pools are warm")
 		case sig := <-sigs:
 			log.Info("stopped during warm-up", zap.String("signal", sig.String()))
 			srv.Close()
-			ln.Close()
+			closeListeners(lns)
 			return nil
 		}
 	}
 
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
+	serveErr := make(chan error, len(lns))
+	for _, ln := range lns {
+		go func() { serveErr <- srv.Serve(ln) }()
+	}
 	if handover != nil {
 		// Both processes accept from the socket until the old one has
 		// stopped: no connection is refused or left in the queue.
@@ -249,6 +251,7 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 			log.Warn("the old poolerd did not confirm the hand-over; serving anyway", zap.Error(err))
 		} else {
 			log.Info("hand-over done: the old poolerd no longer accepts clients")
+			ownUnixSockets(lns)
 			// Its clients follow, each at its next idle point.
 			go func() {
 				if err := handover.Clients(srv.AdoptClient); err != nil {
@@ -257,7 +260,7 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 			}()
 		}
 	}
-	taken, stopOffer := offerListener(cfg, ln, log)
+	taken, stopOffer := offerListeners(cfg, lns, log)
 	defer stopOffer()
 
 	drain := false
@@ -271,7 +274,7 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 		// this one stops accepting, lets it know, and passes it its
 		// clients, each at its next idle point (those it cannot pass
 		// drain as on SIGTERM).
-		_ = ln.Close()
+		handedOver(lns)
 		passer.Stopped()
 		log.Info("listening socket handed over to a new poolerd (--takeover): no new clients here; passing the connected ones over, exiting when none is left")
 		drain = true
@@ -376,10 +379,11 @@ func stopHTTP(hs []*health.Server) {
 }
 
 // logSummary logs the effective configuration, without secrets.
-func logSummary(cfg *config.Config, log *zap.Logger) {
+func logSummary(cfg *config.Config, listening string, log *zap.Logger) {
 	fields := []zap.Field{
 		zap.String("version", version),
 		zap.String("listen", cfg.Listen),
+		zap.String("listening_on", listening),
 		zap.String("http_listen", cfg.HTTPListen),
 		zap.String("http_probe_listen", cfg.HTTPProbeListen),
 		zap.String("http_web_config_file", cfg.HTTPWebConfigFile),

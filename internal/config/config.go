@@ -8,6 +8,8 @@ package config
 import (
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strconv"
 	"strings"
@@ -61,8 +63,17 @@ const DefaultAuthQuery = "SELECT rolname, CASE WHEN rolvaliduntil OPERATOR(pg_ca
 // the configuration keys; every top-level scalar key can also be set with the
 // environment variable POOLERD_<KEY> (upper case).
 type Config struct {
-	// Listen is the address clients connect to.
+	// Listen is the address clients connect to (host:port), or several,
+	// comma-separated (ListenAddrs); a host of * or none listens on every
+	// address, IPv4 and IPv6.
 	Listen string `mapstructure:"listen"`
+	// UnixSocketDir, when set, adds a Unix-socket listener there, at
+	// .s.PGSQL.<port> as PostgreSQL names its own (the port of the first
+	// listen address), created with mode UnixSocketMode (octal) and, if
+	// set, group UnixSocketGroup.
+	UnixSocketDir   string `mapstructure:"unix_socket_dir"`
+	UnixSocketMode  string `mapstructure:"unix_socket_mode"`
+	UnixSocketGroup string `mapstructure:"unix_socket_group"`
 	// SOReusePort opens the listener with SO_REUSEPORT, so that a new
 	// poolerd can bind the same address while the old one drains.
 	SOReusePort bool `mapstructure:"so_reuseport"`
@@ -550,8 +561,9 @@ type Overrides struct {
 // Defaults returns the configuration every key starts from.
 func Defaults() Config {
 	return Config{
-		Listen:     "127.0.0.1:6432",
-		HTTPListen: "127.0.0.1:9930",
+		Listen:         "127.0.0.1:6432",
+		UnixSocketMode: "0777",
+		HTTPListen:     "127.0.0.1:9930",
 		// Measured no better than a goroutine per connection yet
 		// (docs/benchmarks.md, "Event loops").
 		EventLoops: "off",
@@ -674,4 +686,40 @@ func (c *Config) EventLoopCount(procs int) (int, error) {
 		}
 		return n, nil
 	}
+}
+
+// ListenAddrs is Listen's addresses, in order; a host of * becomes the
+// empty host (every address).
+func (c *Config) ListenAddrs() []string {
+	var out []string
+	for _, a := range strings.Split(c.Listen, ",") {
+		a = strings.TrimSpace(a)
+		if a == "" {
+			continue
+		}
+		if strings.HasPrefix(a, "*:") {
+			a = a[1:]
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// UnixSocketPerm is unix_socket_mode as a file mode (0777 if it does not
+// parse; Validate refuses that).
+func (c *Config) UnixSocketPerm() os.FileMode {
+	m, err := strconv.ParseUint(strings.TrimPrefix(c.UnixSocketMode, "0o"), 8, 32)
+	if err != nil || m > 0o777 {
+		return 0o777
+	}
+	return os.FileMode(m)
+}
+
+// UnixSocketPath is the Unix socket's path for a listener on port, or ""
+// without unix_socket_dir.
+func (c *Config) UnixSocketPath(port int) string {
+	if c.UnixSocketDir == "" {
+		return ""
+	}
+	return filepath.Join(c.UnixSocketDir, ".s.PGSQL."+strconv.Itoa(port))
 }

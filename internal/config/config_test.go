@@ -81,7 +81,12 @@ func TestEveryKeyHasAnEnvVar(t *testing.T) {
 					"session_state": "refuse", "http_probe_listen": "127.0.0.1:7002", "max_pinned_clients": "50%", "server_tls_sslmode": "require", "client_tls_sslmode": "require",
 					"client_tls_protocols": "tlsv1.3", "client_tls_ciphers": "fast", "auth_user": "app",
 					"auth_query": "SELECT usename, passwd FROM pg_catalog.pg_shadow WHERE usename = $1", "takeover_socket": "/run/poolerd/takeover.sock",
-					"event_loops": "auto", "verify_handoff": "always"}[k.Name]
+					"event_loops": "auto", "verify_handoff": "always",
+					"unix_socket_dir": "/run/poolerd", "unix_socket_mode": "0770"}[k.Name]
+				if k.Name == "unix_socket_group" {
+					t.Setenv("POOLERD_UNIX_SOCKET_DIR", "/run/poolerd") // a group needs the socket
+					val = "postgres"
+				}
 				if k.Name == "auth_hba_file" {
 					val = filepath.Join(t.TempDir(), "hba.conf")
 					if err := os.WriteFile(val, []byte("host all all 0.0.0.0/0 scram-sha-256\n"), 0o600); err != nil {

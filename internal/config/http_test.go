@@ -3,6 +3,7 @@ package config
 import (
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -103,6 +104,38 @@ func TestHTTPProbeListen(t *testing.T) {
 	for yaml, want := range map[string]string{
 		up + "http_probe_listen: 9931\n":                                    "http_probe_listen \"9931\" is not host:port",
 		up + "http_listen: 0.0.0.0:9930\nhttp_probe_listen: 0.0.0.0:9930\n": "same address as http_listen",
+	} {
+		if _, err := load(t, yaml); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: got %v, want %q", yaml, err, want)
+		}
+	}
+}
+
+// listen takes several addresses and * for every address; the Unix
+// socket's keys are checked.
+func TestListenersConfig(t *testing.T) {
+	const up = "upstream: postgres://app:secret@db/app\n"
+	c, err := load(t, up+"listen: '127.0.0.1:6432, *:6433,[::1]:6434'\nunix_socket_dir: /run/poolerd\nunix_socket_mode: '0770'\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.ListenAddrs(); !slices.Equal(got, []string{"127.0.0.1:6432", ":6433", "[::1]:6434"}) {
+		t.Errorf("ListenAddrs %q", got)
+	}
+	if c.UnixSocketPerm() != 0o770 || c.UnixSocketPath(6432) != "/run/poolerd/.s.PGSQL.6432" {
+		t.Errorf("Unix socket %v %q", c.UnixSocketPerm(), c.UnixSocketPath(6432))
+	}
+	if d := Defaults(); d.UnixSocketPath(6432) != "" || d.UnixSocketPerm() != 0o777 {
+		t.Errorf("defaults: %q %v, want no Unix socket, mode 0777", d.UnixSocketPath(6432), d.UnixSocketPerm())
+	}
+	for yaml, want := range map[string]string{
+		up + "listen: 127.0.0.1:6432,6433\n":                        `listen address "6433" is not host:port`,
+		up + "listen: 127.0.0.1:6432,127.0.0.1:6432\n":              `listen names "127.0.0.1:6432" twice`,
+		up + "listen: ' , '\n":                                      "listen is empty",
+		up + "unix_socket_dir: /run/x\nunix_socket_mode: rw\n":      `unix_socket_mode "rw" is not an octal file mode`,
+		up + "unix_socket_dir: /run/x\nunix_socket_mode: '01777'\n": `unix_socket_mode "01777" is not an octal file mode`,
+		up + "unix_socket_dir: run/x\n":                             `unix_socket_dir "run/x" is not an absolute path`,
+		up + "unix_socket_group: staff\n":                           "unix_socket_group \"staff\" is set without unix_socket_dir",
 	} {
 		if _, err := load(t, yaml); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: got %v, want %q", yaml, err, want)

@@ -34,7 +34,10 @@ func (k Key) Env() string { return EnvPrefix + strings.ToUpper(k.Name) }
 // used, so a stray POOLERD_ variable never changes anything unannounced).
 func Keys() []Key {
 	return []Key{
-		{Name: "listen", Flag: "listen", Help: "address clients connect to (host:port)"},
+		{Name: "listen", Flag: "listen", Help: "address clients connect to (host:port), or several, comma-separated; a host of * (or none) is every address"},
+		{Name: "unix_socket_dir", Help: "directory of a Unix-socket listener, .s.PGSQL.<port> (the first listen address's port); empty: none"},
+		{Name: "unix_socket_mode", Help: "file mode of the Unix socket, octal"},
+		{Name: "unix_socket_group", Help: "group of the Unix socket; empty: the process's"},
 		{Name: "so_reuseport", Help: "open the listener with SO_REUSEPORT, so that a new poolerd can bind the same address while this one drains"},
 		{Name: "tcp_keepalive", Help: "TCP keepalive on client and server sockets"},
 		{Name: "tcp_keepidle", Help: "idle time before the first keepalive probe (0 = poolerd's: 15s to clients, 30s to servers)"},

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strconv"
@@ -170,8 +171,27 @@ func (c *Config) Validate() error {
 	if c.TCPKeepCount < 0 {
 		bad("tcp_keepcnt %d is negative: use 0 for the system's", c.TCPKeepCount)
 	}
-	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
-		bad("listen %q is not host:port (POOLERD_LISTEN / --listen), e.g. 127.0.0.1:6432", c.Listen)
+	if addrs := c.ListenAddrs(); len(addrs) == 0 {
+		bad("listen is empty (POOLERD_LISTEN / --listen): give host:port, or several comma-separated, e.g. 127.0.0.1:6432,[::1]:6432")
+	} else {
+		seen := map[string]bool{}
+		for _, a := range addrs {
+			if _, _, err := net.SplitHostPort(a); err != nil {
+				bad("listen address %q is not host:port (POOLERD_LISTEN / --listen), e.g. 127.0.0.1:6432; several are comma-separated", a)
+			} else if seen[a] {
+				bad("listen names %q twice (POOLERD_LISTEN / --listen)", a)
+			}
+			seen[a] = true
+		}
+	}
+	if m, err := strconv.ParseUint(strings.TrimPrefix(c.UnixSocketMode, "0o"), 8, 32); err != nil || m > 0o777 {
+		bad("unix_socket_mode %q is not an octal file mode (POOLERD_UNIX_SOCKET_MODE), e.g. 0777 or 0770", c.UnixSocketMode)
+	}
+	if c.UnixSocketDir != "" && !filepath.IsAbs(c.UnixSocketDir) {
+		bad("unix_socket_dir %q is not an absolute path (POOLERD_UNIX_SOCKET_DIR), e.g. /var/run/poolerd; empty: no Unix socket", c.UnixSocketDir)
+	}
+	if c.UnixSocketGroup != "" && c.UnixSocketDir == "" {
+		bad("unix_socket_group %q is set without unix_socket_dir: set the directory for the Unix socket, or drop the group", c.UnixSocketGroup)
 	}
 	if c.HTTPListen != "" {
 		if _, _, err := net.SplitHostPort(c.HTTPListen); err != nil {

@@ -379,7 +379,8 @@ func (c *Console) showDatabases() *resultSet {
 		text("load_balance_hosts"), int4("max_connections"), int4("current_connections"), int4("max_client_connections"),
 		int4("current_client_connections"), int4("paused"), int4("disabled"))
 	cfg := c.p.Config()
-	port, _ := strconv.Atoi(cfg.Listen[strings.LastIndexByte(cfg.Listen, ':')+1:])
+	first := cfg.ListenAddrs()[0] // validated: at least one
+	port, _ := strconv.Atoi(first[strings.LastIndexByte(first, ':')+1:])
 	r.row(adminDatabase, null{}, port, adminDatabase, adminDatabase, 0, 0, 0, 0, "statement", null{}, 0, 0, 0, c.consoleSessions(), 0, 0)
 	type dbRow struct {
 		name    string

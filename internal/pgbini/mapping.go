@@ -63,7 +63,7 @@ func hasKey(name string) bool {
 }
 
 const (
-	adviceTCPOnly     = "poolerd listens on TCP only (listen): point clients that used the Unix socket at host=127.0.0.1 and the listen port"
+	adviceTCPAlso     = "poolerd always has a TCP listener (listen): the Unix socket (unix_socket_dir) comes in addition, at the listen port"
 	adviceDNS         = "poolerd resolves host names with the system resolver at each connect: nothing to set"
 	adviceStartupParm = "not stored by poolerd: set it in PostgreSQL with ALTER DATABASE … SET (or ALTER ROLE … SET), or in the client's connection string"
 	adviceAuthQuery   = "as in PgBouncer: users not in auth_file are looked up with auth_query as auth_user, whose password comes from auth_file (docs/security.md)"
@@ -79,11 +79,11 @@ const (
 func Rules() []Rule {
 	return []Rule{
 		// [pgbouncer]: where clients connect, authentication.
-		{Section: "pgbouncer", Key: "listen_addr", To: "listen", kind: kindSpecial, Note: "with listen_port: `*` listens on every address; a list keeps its first address (poolerd has one listener); unset (Unix socket only) becomes 127.0.0.1"},
+		{Section: "pgbouncer", Key: "listen_addr", To: "listen", kind: kindSpecial, Note: "with listen_port: every address of the list, `*` every address (IPv4 and IPv6); unset (Unix socket only) becomes 127.0.0.1 (poolerd always has a TCP listener)"},
 		{Section: "pgbouncer", Key: "listen_port", To: "listen", kind: kindSpecial, Default: "6432"},
-		{Section: "pgbouncer", Key: "unix_socket_dir", Note: adviceTCPOnly},
-		{Section: "pgbouncer", Key: "unix_socket_mode", Note: adviceTCPOnly},
-		{Section: "pgbouncer", Key: "unix_socket_group", Note: adviceTCPOnly},
+		{Section: "pgbouncer", Key: "unix_socket_dir", To: "unix_socket_dir", kind: kindPath, Default: "/tmp", Note: "the socket is `.s.PGSQL.<listen_port>` there; empty: none."},
+		{Section: "pgbouncer", Key: "unix_socket_mode", To: "unix_socket_mode", kind: kindString, Default: "0777"},
+		{Section: "pgbouncer", Key: "unix_socket_group", To: "unix_socket_group", kind: kindString},
 		{Section: "pgbouncer", Key: "auth_type", To: "auth_type", kind: kindSpecial, Default: "md5", Note: "`md5`, `scram-sha-256`, `trust`, `any` and `hba` as in PgBouncer (`trust` admits only users of `auth_file` or `auth_query`; `any` every user name, reported: poolerd does not ignore it); `plain` becomes `md5` (reported); `cert`, `pam` and `ldap` are reported and `md5` is used (`cert` works as an hba rule)"},
 		{Section: "pgbouncer", Key: "auth_file", To: "auth_file", kind: kindPath, Note: "same format (userlist.txt)"},
 		{Section: "pgbouncer", Key: "auth_hba_file", To: "auth_hba_file", kind: kindPath, ifKey: true, Note: adviceHBA},
@@ -382,22 +382,27 @@ func (res *Result) setPgbouncer(r Rule, e entry, set map[string]entry, ignore fu
 			}
 			port = p.value
 		}
-		host := "127.0.0.1"
+		hosts := []string{"127.0.0.1"}
 		a, ok := set["listen_addr"]
 		switch {
 		case !ok || strings.TrimSpace(a.value) == "":
-			ignore("listen_addr (unset: Unix socket only)", e, adviceTCPOnly+"; poolerd listens on 127.0.0.1")
+			ignore("listen_addr (unset: Unix socket only)", e, adviceTCPAlso+"; poolerd listens on 127.0.0.1")
 		default:
-			addrs := strings.Split(a.value, ",")
-			host = strings.TrimSpace(addrs[0])
-			if len(addrs) > 1 {
-				ignore("listen_addr (more than one address)", a, "poolerd has one listener: it listens on the first address only; use * for every address")
+			hosts = hosts[:0]
+			for _, h := range strings.Split(a.value, ",") {
+				if h = strings.TrimSpace(h); h != "" {
+					hosts = append(hosts, h)
+				}
 			}
 		}
-		if host == "*" {
-			host = ""
+		var listen []string
+		for _, h := range hosts {
+			if h == "*" {
+				h = ""
+			}
+			listen = append(listen, joinHostPort(h, port))
 		}
-		res.Tree["listen"] = joinHostPort(host, port)
+		res.Tree["listen"] = strings.Join(listen, ",")
 	case "auth_type":
 		switch v := strings.ToLower(e.value); v {
 		case config.AuthMD5, config.AuthSCRAM, config.AuthTrust, config.AuthHBA:

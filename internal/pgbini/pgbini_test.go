@@ -70,11 +70,13 @@ func TestDebianSample(t *testing.T) {
 		"idle_timeout":        "10m",
 		"checkout_timeout":    "2m",
 		"validation_interval": "30s",
+		"unix_socket_dir":     "/var/run/postgresql",
+		"unix_socket_mode":    "0777",
 	}
 	if !reflect.DeepEqual(res.Tree, want) {
 		t.Errorf("tree\n got %#v\nwant %#v", res.Tree, want)
 	}
-	if got, want := settings(res), []string{"logfile", "pidfile", "unix_socket_dir"}; !reflect.DeepEqual(got, want) {
+	if got, want := settings(res), []string{"logfile", "pidfile"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("not honoured %q, want %q", got, want)
 	}
 	for _, ig := range res.Ignored {

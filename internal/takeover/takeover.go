@@ -21,8 +21,9 @@ import (
 // The hand-over, on one connection to takeover_socket:
 //
 //	new → old  "poolerd takeover 1\n"
-//	old → new  "listener <address>\n" with the listening socket (SCM_RIGHTS)
-//	new → old  "serving\n"   once it accepts on the socket
+//	old → new  "listener <address> ...\n" with the listening sockets, one
+//	           address each, in one message (SCM_RIGHTS, in that order)
+//	new → old  "serving\n"   once it accepts on the sockets
 //	old → new  "bye\n"       once it has stopped accepting and no longer
 //	                         offers on takeover_socket
 //	old → new  client connections, each as one message: a 4-byte length,
@@ -46,60 +47,85 @@ const (
 // exchangeTimeout bounds each side's part of the hand-over.
 const exchangeTimeout = 10 * time.Second
 
+// maxListeners bounds the listening sockets one hand-over carries.
+const maxListeners = 32
+
 // Offer serves takeover_socket for a running poolerd: the first new
-// poolerd that asks gets its listening socket.
+// poolerd that asks gets its listening sockets.
 type Offer struct {
 	ul    *net.UnixListener
-	file  *os.File // a duplicate of the listening socket
+	files []*os.File // duplicates of the listening sockets
 	log   *zap.Logger
 	taken chan *Passer // the hand-over, once the new process serves
 	wg    sync.WaitGroup
 }
 
-// NewOffer offers ln on the Unix socket path. A socket file left by a
-// process that is gone is replaced; one a running poolerd still serves is
-// an error.
-func NewOffer(path string, ln net.Listener, log *zap.Logger) (*Offer, error) {
-	tl, ok := ln.(*net.TCPListener)
-	if !ok {
-		return nil, fmt.Errorf("takeover: the listener is a %T, not TCP", ln)
+// NewOffer offers lns (TCP and Unix-socket listeners) on the Unix socket
+// path. A socket file left by a process that is gone is replaced; one a
+// running poolerd still serves is an error.
+func NewOffer(path string, lns []net.Listener, log *zap.Logger) (*Offer, error) {
+	if len(lns) == 0 || len(lns) > maxListeners {
+		return nil, fmt.Errorf("takeover: %d listeners (1 to %d can be handed over)", len(lns), maxListeners)
 	}
-	f, err := tl.File()
-	if err != nil {
-		return nil, fmt.Errorf("takeover: duplicate the listening socket: %w", err)
+	var files []*os.File
+	closeFiles := func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}
+	for _, ln := range lns {
+		fl, ok := ln.(interface{ File() (*os.File, error) })
+		if !ok {
+			closeFiles()
+			return nil, fmt.Errorf("takeover: the listener is a %T, not TCP or Unix", ln)
+		}
+		f, err := fl.File()
+		if err != nil {
+			closeFiles()
+			return nil, fmt.Errorf("takeover: duplicate the listening socket %s: %w", ln.Addr(), err)
+		}
+		files = append(files, f)
 	}
 	ul, err := listenUnix(path)
 	if err != nil {
-		f.Close()
+		closeFiles()
 		return nil, err
 	}
-	o := &Offer{ul: ul, file: f, log: log, taken: make(chan *Passer, 1)}
+	o := &Offer{ul: ul, files: files, log: log, taken: make(chan *Passer, 1)}
 	o.wg.Add(1)
 	go o.serve()
 	return o, nil
 }
 
 func listenUnix(path string) (*net.UnixListener, error) {
-	ul, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err == nil {
-		return ul, nil
-	}
-	if !errors.Is(err, syscall.EADDRINUSE) {
-		return nil, fmt.Errorf("takeover_socket %s: %w", path, err)
-	}
-	// In use: by a live poolerd, or a file left by one that is gone.
-	if c, derr := net.DialTimeout("unix", path, time.Second); derr == nil {
-		c.Close()
+	ul, live, err := bindUnix(path)
+	switch {
+	case live:
 		return nil, fmt.Errorf("takeover_socket %s: another poolerd offers its listener there (start this one with --takeover, or give it another takeover_socket)", path)
-	}
-	if rerr := os.Remove(path); rerr != nil {
-		return nil, fmt.Errorf("takeover_socket %s: remove the stale socket: %w", path, rerr)
-	}
-	ul, err = net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
+	case err != nil:
 		return nil, fmt.Errorf("takeover_socket %s: %w", path, err)
 	}
 	return ul, nil
+}
+
+// bindUnix listens on the Unix socket path. A socket file there that no
+// process serves (left by one that is gone) is replaced; one that a live
+// process serves is left alone, and live is true.
+func bindUnix(path string) (ul *net.UnixListener, live bool, err error) {
+	addr := &net.UnixAddr{Name: path, Net: "unix"}
+	ul, err = net.ListenUnix("unix", addr)
+	if !errors.Is(err, syscall.EADDRINUSE) {
+		return ul, false, err
+	}
+	if c, derr := net.DialTimeout("unix", path, time.Second); derr == nil {
+		c.Close()
+		return nil, true, err
+	}
+	if rerr := os.Remove(path); rerr != nil {
+		return nil, false, fmt.Errorf("remove the stale socket file: %w", rerr)
+	}
+	ul, err = net.ListenUnix("unix", addr)
+	return ul, false, err
 }
 
 // Taken delivers the hand-over once a new poolerd serves the listening
@@ -164,7 +190,9 @@ func (p *Passer) Close() {
 func (o *Offer) Close() error {
 	err := o.ul.Close()
 	o.wg.Wait()
-	o.file.Close()
+	for _, f := range o.files {
+		f.Close()
+	}
 	return err
 }
 
@@ -188,8 +216,8 @@ func (o *Offer) serve() {
 	}
 }
 
-// handOver sends the listening socket to the new process on c and waits
-// until it says it serves it.
+// handOver sends the listening sockets to the new process on c and waits
+// until it says it serves them.
 func (o *Offer) handOver(c *net.UnixConn) error {
 	_ = c.SetDeadline(time.Now().Add(exchangeTimeout))
 	r := bufio.NewReader(c)
@@ -200,9 +228,15 @@ func (o *Offer) handOver(c *net.UnixConn) error {
 	if line != hello {
 		return fmt.Errorf("unexpected request %q", strings.TrimSpace(line))
 	}
-	msg := []byte("listener " + o.ulAddr() + "\n")
-	if _, _, err := c.WriteMsgUnix(msg, unix.UnixRights(int(o.file.Fd())), nil); err != nil {
-		return fmt.Errorf("send the listening socket: %w", err)
+	msg := []byte("listener")
+	fds := make([]int, len(o.files))
+	for i, f := range o.files {
+		msg = append(append(msg, ' '), sockAddr(f)...)
+		fds[i] = int(f.Fd())
+	}
+	msg = append(msg, '\n')
+	if _, _, err := c.WriteMsgUnix(msg, unix.UnixRights(fds...), nil); err != nil {
+		return fmt.Errorf("send the listening sockets: %w", err)
 	}
 	line, err = r.ReadString('\n')
 	if err != nil {
@@ -215,9 +249,9 @@ func (o *Offer) handOver(c *net.UnixConn) error {
 	return nil
 }
 
-// ulAddr is the listening socket's address, for the new process's log.
-func (o *Offer) ulAddr() string {
-	sa, err := unix.Getsockname(int(o.file.Fd()))
+// sockAddr is a listening socket's address, for the new process's log.
+func sockAddr(f *os.File) string {
+	sa, err := unix.Getsockname(int(f.Fd()))
 	if err != nil {
 		return "?"
 	}
@@ -226,25 +260,28 @@ func (o *Offer) ulAddr() string {
 		return (&net.TCPAddr{IP: a.Addr[:], Port: a.Port}).String()
 	case *unix.SockaddrInet6:
 		return (&net.TCPAddr{IP: a.Addr[:], Port: a.Port}).String()
+	case *unix.SockaddrUnix:
+		return "unix:" + a.Name
 	}
 	return "?"
 }
 
-// Handover is the new process's side once it holds the listening socket.
+// Handover is the new process's side once it holds the listening sockets.
 type Handover struct {
 	c *net.UnixConn
 }
 
 // Take asks the poolerd serving the Unix socket path for its listening
-// socket. Once the caller accepts on it, it calls Serving.
-func Take(ctx context.Context, path string) (net.Listener, *Handover, error) {
+// sockets, in its order. Once the caller accepts on them, it calls Serving.
+// A Unix-socket listener taken over does not remove its file when closed.
+func Take(ctx context.Context, path string) ([]net.Listener, *Handover, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
 		return nil, nil, fmt.Errorf("takeover: no running poolerd answers on takeover_socket %s: %w", path, err)
 	}
 	c := nc.(*net.UnixConn)
-	fail := func(err error) (net.Listener, *Handover, error) {
+	fail := func(err error) ([]net.Listener, *Handover, error) {
 		c.Close()
 		return nil, nil, fmt.Errorf("takeover from %s: %w", path, err)
 	}
@@ -252,11 +289,11 @@ func Take(ctx context.Context, path string) (net.Listener, *Handover, error) {
 	if _, err := c.Write([]byte(hello)); err != nil {
 		return fail(fmt.Errorf("send the request: %w", err))
 	}
-	buf := make([]byte, 256)
-	oob := make([]byte, unix.CmsgSpace(4))
+	buf := make([]byte, 64<<10)
+	oob := make([]byte, unix.CmsgSpace(4*maxListeners))
 	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
 	if err != nil {
-		return fail(fmt.Errorf("receive the listening socket: %w", err))
+		return fail(fmt.Errorf("receive the listening sockets: %w", err))
 	}
 	if !strings.HasPrefix(string(buf[:n]), "listener ") {
 		return fail(fmt.Errorf("unexpected answer %q", strings.TrimSpace(string(buf[:n]))))
@@ -265,13 +302,24 @@ func Take(ctx context.Context, path string) (net.Listener, *Handover, error) {
 	if err != nil {
 		return fail(err)
 	}
-	f := os.NewFile(uintptr(fds[0]), "poolerd-listener")
-	ln, err := net.FileListener(f)
-	f.Close() // FileListener holds its own duplicate
-	if err != nil {
-		return fail(fmt.Errorf("use the listening socket: %w", err))
+	var lns []net.Listener
+	for i, fd := range fds {
+		f := os.NewFile(uintptr(fd), "poolerd-listener")
+		ln, err := net.FileListener(f)
+		f.Close() // FileListener holds its own duplicate
+		if err != nil {
+			for _, l := range lns {
+				l.Close()
+			}
+			closeAll(fds[i+1:])
+			return fail(fmt.Errorf("use the listening socket: %w", err))
+		}
+		if ul, ok := ln.(*net.UnixListener); ok {
+			ul.SetUnlinkOnClose(false) // the file is the old process's too until it exits
+		}
+		lns = append(lns, ln)
 	}
-	return ln, &Handover{c: c}, nil
+	return lns, &Handover{c: c}, nil
 }
 
 func socketRights(oob []byte) ([]int, error) {
@@ -284,14 +332,11 @@ func socketRights(oob []byte) ([]int, error) {
 		if err != nil {
 			continue
 		}
-		if len(fds) == 1 {
+		if len(fds) > 0 {
 			return fds, nil
 		}
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
 	}
-	return nil, errors.New("the answer carries no listening socket")
+	return nil, errors.New("the answer carries no socket")
 }
 
 // Serving tells the old process that this one accepts on the socket and

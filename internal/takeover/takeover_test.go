@@ -6,7 +6,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -33,25 +35,40 @@ func TestListenReusePort(t *testing.T) {
 	}
 }
 
-// The new process gets the old one's listening socket: both accept from it
-// until the old one says it stopped; a connection made at any point is
-// accepted by one of them; the socket file is free for the new process's
-// own offer afterwards.
+// The new process gets the old one's listening sockets, TCP and Unix, in
+// order: both accept from them until the old one says it stopped; a
+// connection made at any point is accepted by one of them; the Unix
+// socket's file stays when the old process closes its listener; the
+// takeover socket file is free for the new process's own offer afterwards.
 func TestHandOver(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "takeover.sock")
+	dir := t.TempDir()
+	path := filepath.Join(dir, "takeover.sock")
 	old, err := Listen(ctx, "127.0.0.1:0", false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	offer, err := NewOffer(path, old, zap.NewNop())
+	unixPath := filepath.Join(dir, ".s.PGSQL.6432")
+	oldU, err := ListenUnix(unixPath, 0o770, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(unixPath); err != nil || st.Mode().Perm() != 0o770 || st.Mode().Type() != os.ModeSocket {
+		t.Fatalf("Unix socket file: %v, %v", st, err)
+	}
+	offer, err := NewOffer(path, []net.Listener{old, oldU}, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer offer.Close()
-	if _, err := NewOffer(path, old, zap.NewNop()); err == nil || !strings.Contains(err.Error(), "another poolerd") {
+	if _, err := NewOffer(path, []net.Listener{old}, zap.NewNop()); err == nil || !strings.Contains(err.Error(), "another poolerd") {
 		t.Fatalf("second offer on a live socket: %v", err)
 	}
+	earlyU, err := net.Dial("unix", unixPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer earlyU.Close()
 	// A client waits in the queue before the hand-over.
 	early, err := net.Dial("tcp", old.Addr().String())
 	if err != nil {
@@ -59,24 +76,33 @@ func TestHandOver(t *testing.T) {
 	}
 	defer early.Close()
 
-	ln, h, err := Take(ctx, path)
+	lns, h, err := Take(ctx, path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	if ln.Addr().String() != old.Addr().String() {
-		t.Fatalf("took %s, want %s", ln.Addr(), old.Addr())
+	for _, l := range lns {
+		defer l.Close()
 	}
+	if len(lns) != 2 || lns[0].Addr().String() != old.Addr().String() || lns[1].Addr().String() != unixPath {
+		t.Fatalf("took %v, want %s and %s", lns, old.Addr(), unixPath)
+	}
+	ln, lnU := lns[0], lns[1]
 	accepted := make(chan net.Conn, 4)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
+	acceptedU := make(chan net.Conn, 4)
+	for _, x := range []struct {
+		l  net.Listener
+		ch chan net.Conn
+	}{{ln, accepted}, {lnU, acceptedU}} {
+		go func() {
+			for {
+				c, err := x.l.Accept()
+				if err != nil {
+					return
+				}
+				x.ch <- c
 			}
-			accepted <- c
-		}
-	}()
+		}()
+	}
 	served := make(chan error, 1)
 	go func() { served <- h.Serving() }()
 	var stop *Passer
@@ -86,6 +112,8 @@ func TestHandOver(t *testing.T) {
 		t.Fatal("the old side was not told")
 	}
 	old.Close() // the old process stops accepting; the socket stays open
+	oldU.SetUnlinkOnClose(false)
+	oldU.Close()
 	stop.Stopped()
 	if err := <-served; err != nil {
 		t.Fatal(err)
@@ -156,7 +184,22 @@ func TestHandOver(t *testing.T) {
 	if _, err := os.Stat(path); !os.IsNotExist(err) {
 		t.Fatalf("socket file after the hand-over: %v", err)
 	}
-	next, err := NewOffer(path, ln, zap.NewNop())
+	// The Unix socket: its file stayed; the client that waited before the
+	// hand-over and one after it are accepted by the new listener.
+	lateU, err := net.Dial("unix", unixPath)
+	if err != nil {
+		t.Fatalf("Unix socket after the old process closed its listener: %v", err)
+	}
+	defer lateU.Close()
+	for i := range 2 {
+		select {
+		case c := <-acceptedU:
+			c.Close()
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d of 2 Unix-socket connections accepted by the new listener", i)
+		}
+	}
+	next, err := NewOffer(path, lns, zap.NewNop())
 	if err != nil {
 		t.Fatalf("the new process's own offer: %v", err)
 	}
@@ -181,7 +224,7 @@ func TestStaleSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	o, err := NewOffer(path, ln, zap.NewNop())
+	o, err := NewOffer(path, []net.Listener{ln}, zap.NewNop())
 	if err != nil {
 		t.Fatalf("offer over a stale socket file: %v", err)
 	}
@@ -205,4 +248,39 @@ func tcpPair(t *testing.T) (net.Conn, net.Conn) {
 		t.Fatal(err)
 	}
 	return a, b
+}
+
+// ListenUnix: the file gets the mode and group asked for; a socket file
+// nobody serves is replaced, one a live listener serves is refused, and
+// the file goes when the listener is closed.
+func TestListenUnix(t *testing.T) {
+	path := filepath.Join(t.TempDir(), ".s.PGSQL.6432")
+	stale, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale.SetUnlinkOnClose(false)
+	stale.Close()
+	gid := os.Getgid()
+	ul, err := ListenUnix(path, 0o700, strconv.Itoa(gid))
+	if err != nil {
+		t.Fatalf("over a stale socket file: %v", err)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o700 || int(st.Sys().(*syscall.Stat_t).Gid) != gid {
+		t.Fatalf("mode %v gid %d, want 0700 and %d", st.Mode().Perm(), st.Sys().(*syscall.Stat_t).Gid, gid)
+	}
+	if _, err := ListenUnix(path, 0o777, ""); err == nil || !strings.Contains(err.Error(), "another process serves it") {
+		t.Fatalf("a second listener on a live socket: %v", err)
+	}
+	if _, err := ListenUnix(filepath.Join(t.TempDir(), "x"), 0o777, "no-such-group-poolerd"); err == nil || !strings.Contains(err.Error(), "no such group") {
+		t.Fatalf("an unknown group: %v", err)
+	}
+	ul.Close()
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Fatalf("socket file after Close: %v", err)
+	}
 }

@@ -275,12 +275,20 @@ type lcProc struct {
 // of POOLERD_* variables. It is killed when the test ends if still running.
 func lcStartBinary(t *testing.T, bin string, args ...string) *lcProc {
 	t.Helper()
+	return lcStartBinaryEnv(t, bin, nil, args...)
+}
+
+// lcStartBinaryEnv is lcStartBinary with env (KEY=value) added to the
+// environment, which has no POOLERD_ variable of the test's own.
+func lcStartBinaryEnv(t *testing.T, bin string, env []string, args ...string) *lcProc {
+	t.Helper()
 	cmd := exec.Command(bin, args...)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, config.EnvPrefix) {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
+	cmd.Env = append(cmd.Env, env...)
 	p := &lcProc{cmd: cmd, stderr: &lcLockedBuffer{}, done: make(chan struct{})}
 	cmd.Stdout = p.stderr
 	cmd.Stderr = p.stderr

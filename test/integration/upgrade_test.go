@@ -35,8 +35,10 @@ const debianSample = "../../internal/pgbini/testdata/debian-pgbouncer.ini"
 // database gets FATAL 3D000 "no such database", and nobody can log in to
 // the admin console (auth_type md5, no password anywhere). Only the port
 // is set on the command line (6432 may be taken where the tests run), the
-// HTTP endpoint is turned off, and where the package is not installed the
-// empty userlist is a temporary one.
+// HTTP endpoint is turned off, the sample's unix_socket_dir
+// (/var/run/postgresql) is a temporary directory (POOLERD_UNIX_SOCKET_DIR),
+// where a client of the Unix socket gets the same refusal, and where the
+// package is not installed the empty userlist is a temporary one.
 func TestDebianSampleStarts(t *testing.T) {
 	t.Parallel()
 	if real, err := os.ReadFile("/etc/pgbouncer/pgbouncer.ini"); err == nil {
@@ -56,14 +58,16 @@ func TestDebianSampleStarts(t *testing.T) {
 		lcWrite(t, empty, "")
 		args = append(args, "--auth-file", empty)
 	}
-	proc := lcStartBinary(t, bin, args...)
+	sockDir := t.TempDir()
+	proc := lcStartBinaryEnv(t, bin, []string{"POOLERD_UNIX_SOCKET_DIR=" + sockDir}, args...)
+	_, port, _ := net.SplitHostPort(listen)
 
-	login := func(db string) *pgconn.PgError {
+	loginAt := func(dsn, db string) *pgconn.PgError {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
 		for {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			c, err := pgconn.Connect(ctx, "postgres://someone:secret@"+listen+"/"+db+"?sslmode=disable")
+			c, err := pgconn.Connect(ctx, dsn)
 			cancel()
 			if err == nil {
 				_ = c.Close(context.Background())
@@ -79,7 +83,17 @@ func TestDebianSampleStarts(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
+	login := func(db string) *pgconn.PgError {
+		t.Helper()
+		return loginAt("postgres://someone:secret@"+listen+"/"+db+"?sslmode=disable", db)
+	}
 	pe := login("appdb")
+	if st, err := os.Stat(filepath.Join(sockDir, ".s.PGSQL."+port)); err != nil || st.Mode().Type() != os.ModeSocket || st.Mode().Perm() != 0o777 {
+		t.Errorf("the sample's Unix socket: %v, %v (want a socket, mode 0777)", st, err)
+	}
+	if pe := loginAt("host="+sockDir+" port="+port+" user=someone password=secret dbname=appdb", "appdb"); pe.Code != "3D000" {
+		t.Errorf("login to appdb over the Unix socket: %s %s %q, want 3D000", pe.Severity, pe.Code, pe.Message)
+	}
 	if pe.Severity != "FATAL" || pe.Code != "3D000" || pe.Message != "no such database: appdb" || !strings.Contains(pe.Hint, "[databases]") {
 		t.Errorf("login to appdb: %s %s %q hint %q, want FATAL 3D000 no such database: appdb", pe.Severity, pe.Code, pe.Message, pe.Hint)
 	}
@@ -97,6 +111,9 @@ func TestDebianSampleStarts(t *testing.T) {
 	}
 	if code, _ := proc.wait(t, 10*time.Second); code != 0 {
 		t.Fatalf("exit code %d after SIGINT; output:\n%s", code, proc.stderr.String())
+	}
+	if _, err := os.Stat(filepath.Join(sockDir, ".s.PGSQL."+port)); !os.IsNotExist(err) {
+		t.Errorf("the Unix socket file after exit: %v", err)
 	}
 }
 
@@ -229,18 +246,25 @@ func TestSOReusePort(t *testing.T) {
 }
 
 // TestTakeoverListener: a poolerd started with --takeover gets the running
-// one's listening socket over takeover_socket; the old one stops accepting,
-// drains and exits; clients connecting all along see no failure. The new
-// one offers the socket in turn: a third takes it over the same way.
+// one's listening sockets, TCP and Unix, over takeover_socket; the old one
+// stops accepting, drains and exits; clients connecting all along, to
+// either, see no failure, and the Unix socket's file stays. The new one
+// offers the sockets in turn: a third takes them over the same way, and
+// removes the file when it stops.
 func TestTakeoverListener(t *testing.T) {
 	t.Parallel()
 	bin := lcBuildBinary(t)
 	listen := lcFreeAddr(t)
-	yaml := "takeover_socket: " + filepath.Join(t.TempDir(), "takeover.sock") + "\n"
+	sockDir := t.TempDir()
+	yaml := "takeover_socket: " + filepath.Join(t.TempDir(), "takeover.sock") + "\nunix_socket_dir: " + sockDir + "\n"
 	first, dsn := upgradeStart(t, bin, listen, yaml)
+	_, port, _ := net.SplitHostPort(listen)
+	sockFile := filepath.Join(sockDir, ".s.PGSQL."+port)
+	unixDSN := fmt.Sprintf("host=%s port=%s user=%s password=%s dbname=%s sslmode=disable", sockDir, port, pgtest.RoleApp, pgtest.Password, pgtest.DBApp)
 	// Connected clients hold the old process up: it exits once they leave.
 	_ = connectRetry(t, ctxTimeout(t, 15*time.Second), dsn, first).Close(context.Background())
-	stop := connectLoop(t, dsn, 4)
+	stop := connectLoop(t, dsn, 3)
+	stopUnix := connectLoop(t, unixDSN, 2)
 	prev := first
 	for i := range 2 {
 		time.Sleep(500 * time.Millisecond)
@@ -252,10 +276,23 @@ func TestTakeoverListener(t *testing.T) {
 		if !strings.Contains(prev.stderr.String(), "listening socket handed over to a new poolerd") {
 			t.Errorf("upgrade %d: old poolerd's log:\n%s", i+1, prev.stderr.String())
 		}
+		if _, err := os.Stat(sockFile); err != nil {
+			t.Fatalf("upgrade %d: the Unix socket file after the old poolerd exited: %v", i+1, err)
+		}
 		prev = next
 	}
 	time.Sleep(500 * time.Millisecond)
 	checkRounds(t, " over two hand-overs", stop)
+	checkRounds(t, " over the Unix socket, over two hand-overs", stopUnix)
+	if err := prev.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := prev.wait(t, 20*time.Second); code != 0 {
+		t.Fatalf("last poolerd: exit %d after SIGINT\n%s", code, prev.stderr.String())
+	}
+	if _, err := os.Stat(sockFile); !os.IsNotExist(err) {
+		t.Errorf("the Unix socket file after the last poolerd (which took it over) exited: %v", err)
+	}
 	// Without a running poolerd to take over from, --takeover refuses to
 	// start rather than bind the port itself.
 	lone, _ := upgradeStart(t, bin, lcFreeAddr(t), "takeover_socket: "+filepath.Join(t.TempDir(), "none.sock")+"\n", "--takeover")
