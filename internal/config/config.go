@@ -122,6 +122,9 @@ type Config struct {
 	// AuthHBARules are access rules given in the configuration instead of
 	// AuthHBAFile (one or the other).
 	AuthHBARules []hba.RuleSpec `mapstructure:"auth_hba_rules"`
+	// AuthIdentFile holds the user-name maps (pg_ident.conf format) that
+	// access rules with map=NAME use for peer and cert.
+	AuthIdentFile string `mapstructure:"auth_ident_file"`
 	// AuthUser, when set, is the role poolerd logs in to PostgreSQL as to
 	// run AuthQuery for a client whose user has no secret in the
 	// configuration; its own secret comes from users, auth_file or
@@ -253,6 +256,8 @@ type Config struct {
 	secrets map[string]userSecret
 	// hbaRules are the access rules, from AuthHBAFile or AuthHBARules.
 	hbaRules hba.Rules
+	// identMaps are AuthIdentFile's maps.
+	identMaps hba.IdentMaps
 	// comboWarnings are what validation accepted but Warnings reports (a
 	// database's min_size above a user's max_size).
 	comboWarnings []string

@@ -87,6 +87,12 @@ func TestEveryKeyHasAnEnvVar(t *testing.T) {
 					t.Setenv("POOLERD_UNIX_SOCKET_DIR", "/run/poolerd") // a group needs the socket
 					val = "postgres"
 				}
+				if k.Name == "auth_ident_file" {
+					val = filepath.Join(t.TempDir(), "ident.conf")
+					if err := os.WriteFile(val, []byte("m root app\n"), 0o600); err != nil {
+						t.Fatal(err)
+					}
+				}
 				if k.Name == "auth_hba_file" {
 					val = filepath.Join(t.TempDir(), "hba.conf")
 					if err := os.WriteFile(val, []byte("host all all 0.0.0.0/0 scram-sha-256\n"), 0o600); err != nil {

@@ -41,7 +41,31 @@ func (c *Config) validateHBA(bad func(string, ...any)) {
 	if c.hbaRules.Methods()[hba.Cert] && c.ClientTLSCAFile == "" {
 		bad("an access rule uses cert, which needs client certificates: set client_tls_ca_file (and client_tls_sslmode prefer or above)")
 	}
+	c.identMaps = nil
+	if c.AuthIdentFile != "" {
+		data, err := os.ReadFile(c.AuthIdentFile)
+		if err != nil {
+			bad("auth_ident_file: %w", err)
+			return
+		}
+		if c.identMaps, err = hba.ParseIdent(c.AuthIdentFile, data); err != nil {
+			bad("auth_ident_file: %w", err)
+			return
+		}
+	}
+	for _, r := range c.hbaRules {
+		switch {
+		case r.Map == "":
+		case c.AuthIdentFile == "":
+			bad("the access rule at %s uses map=%s: set auth_ident_file to the file of user-name maps (pg_ident.conf format)", r.Source, r.Map)
+		case !c.identMaps.Names()[r.Map]:
+			bad("the access rule at %s uses map=%s, which auth_ident_file %s does not define", r.Source, r.Map, c.AuthIdentFile)
+		}
+	}
 }
+
+// IdentMaps returns auth_ident_file's user-name maps (nil without one).
+func (c *Config) IdentMaps() hba.IdentMaps { return c.identMaps }
 
 // HBARules returns the access rules that decide logins with auth_type hba
 // (nil for other auth_type values).

@@ -53,6 +53,7 @@ func Keys() []Key {
 		{Name: "auth_type", Flag: "auth-type", Help: "client authentication: scram-sha-256, md5, trust, any or hba (access rules decide)"},
 		{Name: "auth_file", Flag: "auth-file", Help: "PgBouncer-format userlist file with client secrets"},
 		{Name: "auth_hba_file", Help: "access rules in pg_hba.conf format, for auth_type hba"},
+		{Name: "auth_ident_file", Help: "user-name maps in pg_ident.conf format, for access rules with map= (peer, cert)"},
 		{Name: "auth_user", Help: "role that runs auth_query for users without a configured secret; empty disables auth_query"},
 		{Name: "auth_query", Help: "query returning (name, secret) of the user $1, run as auth_user"},
 		{Name: "auth_cache_ttl", Help: "how long a secret from auth_query is reused (0 = query every login)"},

@@ -2,6 +2,8 @@ package config
 
 import (
 	"crypto/tls"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -54,7 +56,15 @@ func TestTLSCiphers(t *testing.T) {
 
 func TestHBAConfig(t *testing.T) {
 	const up = "upstream: postgres://app:secret@db/app\n"
-	c, err := load(t, up+"auth_type: hba\nauth_hba_rules:\n  - {type: host, database: all, user: app, address: 127.0.0.1, method: md5}\n")
+	identFile := filepath.Join(t.TempDir(), "ident.conf")
+	if err := os.WriteFile(identFile, []byte("m alice app\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := load(t, up+"auth_type: hba\nauth_ident_file: "+identFile+"\nauth_hba_rules:\n  - {type: local, database: all, user: all, method: peer, map: m}\n")
+	if err != nil || !c.IdentMaps().Allows("m", "alice", "app") {
+		t.Fatalf("peer with an ident map: %v", err)
+	}
+	c, err = load(t, up+"auth_type: hba\nauth_hba_rules:\n  - {type: host, database: all, user: app, address: 127.0.0.1, method: md5}\n")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,10 +73,13 @@ func TestHBAConfig(t *testing.T) {
 	}
 	for cfg, want := range map[string]string{
 		"auth_type: hba\n": "auth_type hba needs access rules",
-		"auth_type: hba\nauth_hba_file: /nonexistent/hba.conf\n":                                                  "auth_hba_file",
-		"auth_type: hba\nauth_hba_rules:\n  - {type: host, database: all, user: +g, address: all, method: md5}\n": "group membership",
-		"auth_user: app\nauth_query: SELECT 1\n":                                                                  "has no $1",
-		"client_tls_protocols: tlsv1.4\n":                                                                         "client_tls_protocols",
+		"auth_type: hba\nauth_hba_file: /nonexistent/hba.conf\n":                                                                                   "auth_hba_file",
+		"auth_type: hba\nauth_hba_rules:\n  - {type: host, database: all, user: +g, address: all, method: md5}\n":                                  "group membership",
+		"auth_user: app\nauth_query: SELECT 1\n":                                                                                                   "has no $1",
+		"client_tls_protocols: tlsv1.4\n":                                                                                                          "client_tls_protocols",
+		"auth_type: hba\nauth_hba_rules:\n  - {type: local, database: all, user: all, method: peer, map: m}\n":                                     "uses map=m: set auth_ident_file",
+		"auth_type: hba\nauth_ident_file: " + identFile + "\nauth_hba_rules:\n  - {type: local, database: all, user: all, method: peer, map: x}\n": "uses map=x, which auth_ident_file",
+		"auth_ident_file: /nonexistent/ident.conf\n":                                                                                               "auth_ident_file",
 	} {
 		if _, err := load(t, up+cfg); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: got %v, want %q", cfg, err, want)

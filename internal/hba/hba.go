@@ -28,6 +28,10 @@ const (
 	SCRAM    = "scram-sha-256"
 	Password = "password"
 	Cert     = "cert"
+	// Peer: the operating-system user of a Unix-socket client (its
+	// SO_PEERCRED), which must be the user it logs in as, or be mapped to
+	// it (Rule.Map, auth_ident_file).
+	Peer = "peer"
 )
 
 // Rule is one line of access rules.
@@ -44,6 +48,11 @@ type Rule struct {
 	Net *net.IPNet
 	// Method is how a client the rule matches authenticates.
 	Method string
+	// Map is the option map=NAME of a peer or cert rule: the ident map
+	// (auth_ident_file) that says which database users the client's
+	// operating-system user (or certificate name) may log in as; empty:
+	// only the one of the same name.
+	Map string
 }
 
 // Name is one entry of a database or user column: a name, or (when
@@ -171,6 +180,8 @@ type RuleSpec struct {
 	// Address is a CIDR range, a single address or all; empty for local.
 	Address string `mapstructure:"address"`
 	Method  string `mapstructure:"method"`
+	// Map is the method's map option (peer, cert): an ident map name.
+	Map string `mapstructure:"map"`
 }
 
 // FromSpecs turns YAML entries into rules; where names the list in
@@ -204,6 +215,14 @@ func FromSpecs(where string, specs []RuleSpec) (Rules, error) {
 		}
 		if fields == nil {
 			continue
+		}
+		if s.Map != "" {
+			f, err := tokenize("map=" + s.Map)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s map: %w", src, err))
+				continue
+			}
+			fields = append(fields, f...)
 		}
 		r, err := parseFields(src, fields, nil)
 		if err != nil {
@@ -381,19 +400,29 @@ func parseFields(src string, fields []field, read Reader) (Rule, error) {
 	}
 	r.Method = rest[0][0].text
 	switch r.Method {
-	case Trust, Reject, MD5, SCRAM, Password, Cert:
-	case "ident", "peer", "gss", "sspi", "pam", "ldap", "radius", "bsd":
-		return r, fmt.Errorf("authentication method %s is not supported by poolerd: use trust, reject, md5, scram-sha-256, password or cert", r.Method)
+	case Trust, Reject, MD5, SCRAM, Password, Cert, Peer:
+	case "ident", "gss", "sspi", "pam", "ldap", "radius", "bsd":
+		return r, fmt.Errorf("authentication method %s is not supported by poolerd: use trust, reject, md5, scram-sha-256, password, cert or peer", r.Method)
 	default:
-		return r, fmt.Errorf("unknown authentication method %q: use trust, reject, md5, scram-sha-256, password or cert", r.Method)
+		return r, fmt.Errorf("unknown authentication method %q: use trust, reject, md5, scram-sha-256, password, cert or peer", r.Method)
 	}
 	if r.Method == Cert && r.Type != HostSSL {
 		return r, errors.New("cert authentication is only available for hostssl connections")
 	}
+	if r.Method == Peer && r.Type != Local {
+		return r, errors.New("peer authentication is only supported on local sockets (a local line: clients of unix_socket_dir)")
+	}
 	for _, opt := range rest[1:] {
 		for _, t := range opt {
-			if !strings.Contains(t.text, "=") {
+			name, value, ok := strings.Cut(t.text, "=")
+			if !ok {
 				return r, fmt.Errorf("authentication option %q is not name=value", t.text)
+			}
+			if name == "map" {
+				if r.Method != Peer && r.Method != Cert {
+					return r, fmt.Errorf("authentication option map is only valid for the peer and cert methods, not %s", r.Method)
+				}
+				r.Map = value
 			}
 		}
 	}

@@ -78,6 +78,8 @@ func TestParseErrors(t *testing.T) {
 		{`host "all all all md5`, "unterminated"},
 		{"host a,,b all all md5", "empty item"},
 		{"host @list all all md5", "only read from auth_hba_file"},
+		{"host all all all peer", "only supported on local sockets"},
+		{"local all all md5 map=m", "only valid for the peer and cert methods"},
 	} {
 		_, err := Parse("f", []byte(tc.line), nil)
 		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "f:1") {
@@ -107,5 +109,67 @@ func TestFromSpecs(t *testing.T) {
 	_, err = FromSpecs("auth_hba_rules", []RuleSpec{{Type: "host", Database: "all", User: "all", Method: "md5"}})
 	if err == nil || !strings.Contains(err.Error(), "auth_hba_rules[0] has no address") {
 		t.Errorf("got %v", err)
+	}
+}
+
+// peer on local lines, with its map option, from a file and from YAML.
+func TestPeerRules(t *testing.T) {
+	rules, err := Parse("f", []byte("local all alice peer\nlocal all all peer map=staff\nhostssl all all all cert map=certs clientcert=verify-full\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rules[0].Method != Peer || rules[0].Map != "" || rules[1].Map != "staff" || rules[2].Map != "certs" {
+		t.Fatalf("rules %+v", rules)
+	}
+	r, ok := rules.Match(Client{Local: true, Database: "app", User: "bob"})
+	if !ok || r.Source != "f:2" {
+		t.Fatalf("bob on the socket matched %+v %v, want f:2", r, ok)
+	}
+	specs, err := FromSpecs("auth_hba_rules", []RuleSpec{{Type: "local", Database: "all", User: "all", Method: "peer", Map: "staff"}})
+	if err != nil || specs[0].Map != "staff" || specs[0].Method != Peer {
+		t.Fatalf("from YAML: %+v %v", specs, err)
+	}
+}
+
+// Ident maps: plain names, a regular expression with \1, all, quoted
+// names; errors name the line.
+func TestIdentMaps(t *testing.T) {
+	m, err := ParseIdent("ident.conf", []byte(`# comment
+staff  alice      app      # trailing comment
+staff  /^(.*)@corp$  \1
+staff  "bob smith"  bob
+admins root       all
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		mp, system, user string
+		want             bool
+	}{
+		{"staff", "alice", "app", true},
+		{"staff", "alice", "alice", false},
+		{"staff", "carol@corp", "carol", true},
+		{"staff", "carol@corp", "dave", false},
+		{"staff", "carol@corp.com", "carol", false},
+		{"staff", "bob smith", "bob", true},
+		{"admins", "root", "anyone", true},
+		{"admins", "alice", "app", false},
+		{"nomap", "alice", "app", false},
+	} {
+		if got := m.Allows(tc.mp, tc.system, tc.user); got != tc.want {
+			t.Errorf("Allows(%q, %q, %q) = %v, want %v", tc.mp, tc.system, tc.user, got, tc.want)
+		}
+	}
+	for data, want := range map[string]string{
+		"staff alice":         "three fields",
+		"staff alice app x":   "three fields",
+		"staff /(  app":       "regular expression",
+		"staff alice +admins": "group membership",
+		`staff "alice app`:    "unterminated",
+	} {
+		if _, err := ParseIdent("ident.conf", []byte("\n"+data)); err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "ident.conf:2") {
+			t.Errorf("%q: %v, want an error with %q at ident.conf:2", data, err, want)
+		}
 	}
 }

@@ -87,6 +87,7 @@ func Rules() []Rule {
 		{Section: "pgbouncer", Key: "auth_type", To: "auth_type", kind: kindSpecial, Default: "md5", Note: "`md5`, `scram-sha-256`, `trust`, `any` and `hba` as in PgBouncer (`trust` admits only users of `auth_file` or `auth_query`; `any` every user name, reported: poolerd does not ignore it); `plain` becomes `md5` (reported); `cert`, `pam` and `ldap` are reported and `md5` is used (`cert` works as an hba rule)"},
 		{Section: "pgbouncer", Key: "auth_file", To: "auth_file", kind: kindPath, Note: "same format (userlist.txt)"},
 		{Section: "pgbouncer", Key: "auth_hba_file", To: "auth_hba_file", kind: kindPath, ifKey: true, Note: adviceHBA},
+		{Section: "pgbouncer", Key: "auth_ident_file", To: "auth_ident_file", kind: kindPath, Note: "user-name maps (pg_ident.conf format) for `peer` and `cert` rules with `map=`"},
 		{Section: "pgbouncer", Key: "auth_query", To: "auth_query", kind: kindString, ifKey: true, Note: adviceAuthQuery},
 		{Section: "pgbouncer", Key: "auth_user", To: "auth_user", kind: kindString, ifKey: true, Note: adviceAuthQuery},
 		{Section: "pgbouncer", Key: "auth_dbname", To: "auth_dbname", kind: kindString, ifKey: true, Note: adviceAuthDB},

@@ -16,16 +16,18 @@ import (
 	"github.com/poolerd/poolerd/internal/backend"
 	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/internal/hba"
+	"github.com/poolerd/poolerd/internal/netopt"
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
 // accessMethod is how this client authenticates: auth_type, or with
-// auth_type hba the method of the first access rule that matches it. A
-// client no rule matches, or whose rule is reject, is refused here (false),
-// before any authentication, as PostgreSQL does.
-func (s *session) accessMethod(cfg *config.Config) (string, bool) {
+// auth_type hba the method of the first access rule that matches it, and
+// that rule's ident map (peer, cert; "" for none). A client no rule
+// matches, or whose rule is reject, is refused here (false), before any
+// authentication, as PostgreSQL does.
+func (s *session) accessMethod(cfg *config.Config) (method, identMap string, ok bool) {
 	if cfg.AuthType != config.AuthHBA {
-		return cfg.AuthType, true
+		return cfg.AuthType, "", true
 	}
 	c := hba.Client{TLS: s.tls, Database: s.database, User: s.user}
 	host := "[local]"
@@ -46,21 +48,47 @@ func (s *session) accessMethod(cfg *config.Config) (string, bool) {
 		s.refuseLogin(&wire.Error{Severity: "FATAL", Code: "28000",
 			Message: fmt.Sprintf("no pg_hba.conf entry for host %q, user %q, database %q, %s", host, s.user, s.database, ssl),
 			Hint:    fmt.Sprintf("no access rule in %s matches this connection: add one (the first matching rule decides)", where)})
-		return "", false
+		return "", "", false
 	case rule.Method == hba.Reject:
 		s.refuseLogin(&wire.Error{Severity: "FATAL", Code: "28000",
 			Message: fmt.Sprintf("pg_hba.conf rejects connection for host %q, user %q, database %q, %s", host, s.user, s.database, ssl),
 			Hint:    fmt.Sprintf("the access rule at %s rejects it (%s)", rule.Source, where)})
-		return "", false
+		return "", "", false
 	}
 	s.log.Debug("access rule matched", zap.String("rule", rule.Source), zap.String("method", rule.Method))
-	return rule.Method, true
+	return rule.Method, rule.Map, true
+}
+
+// peerOK checks the peer method: the operating-system user of the
+// Unix-socket client (SO_PEERCRED) is the user it logs in as or, with an
+// ident map, one the map lets log in as that user. PostgreSQL's message.
+func (s *session) peerOK(cfg *config.Config, identMap string) error {
+	failed := func(detail, hint string) error {
+		return &wire.Error{Severity: "FATAL", Code: "28000", Message: fmt.Sprintf("Peer authentication failed for user %q", s.user),
+			Detail: detail, Hint: hint}
+	}
+	osUser, err := netopt.PeerUser(s.conn)
+	if err != nil {
+		return failed("could not get the client's operating-system user: "+err.Error(),
+			"the matching access rule uses peer, which works on the Unix socket (unix_socket_dir) only")
+	}
+	switch {
+	case identMap == "" && osUser == s.user:
+		return nil
+	case identMap == "":
+		return failed(fmt.Sprintf("the client runs as operating-system user %q", osUser),
+			"log in as the database user of your operating-system user's name, or give the access rule map= and an auth_ident_file line that allows it")
+	case cfg.IdentMaps().Allows(identMap, osUser, s.user):
+		return nil
+	}
+	return failed(fmt.Sprintf("ident map %q does not let operating-system user %q log in as %q", identMap, osUser, s.user),
+		"add a line for them to auth_ident_file, or log in as a user the map allows")
 }
 
 // certOK checks the cert method: a TLS client certificate (verified
 // against client_tls_ca_file in the handshake) whose common name is the
-// user.
-func (s *session) certOK() error {
+// user or, with an ident map, one the map lets log in as the user.
+func (s *session) certOK(cfg *config.Config, identMap string) error {
 	tc, ok := s.conn.(*tls.Conn)
 	if !ok {
 		return &wire.Error{Severity: "FATAL", Code: "28000", Message: fmt.Sprintf("certificate authentication failed for user %q", s.user),
@@ -72,7 +100,11 @@ func (s *session) certOK() error {
 			Detail: "the client sent no certificate",
 			Hint:   "the matching access rule uses cert: connect with sslcert and sslkey, a certificate signed by client_tls_ca_file"}
 	}
-	if cn := certs[0].Subject.CommonName; cn != s.user {
+	if cn := certs[0].Subject.CommonName; identMap != "" && !cfg.IdentMaps().Allows(identMap, cn, s.user) {
+		return &wire.Error{Severity: "FATAL", Code: "28000", Message: fmt.Sprintf("certificate authentication failed for user %q", s.user),
+			Detail: fmt.Sprintf("ident map %q does not let the certificate's common name %q log in as %q", identMap, cn, s.user),
+			Hint:   "add a line for them to auth_ident_file, or log in as a user the map allows"}
+	} else if identMap == "" && cn != s.user {
 		return &wire.Error{Severity: "FATAL", Code: "28000", Message: fmt.Sprintf("certificate authentication failed for user %q", s.user),
 			Detail: fmt.Sprintf("the client certificate's common name is %q", cn),
 			Hint:   "the matching access rule uses cert: connect as the user your certificate names, or use a certificate for this user"}

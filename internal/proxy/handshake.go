@@ -569,7 +569,7 @@ func negotiation(version uint32, raw map[string]string) []byte {
 // the matching access rule's). It returns false after sending the failure,
 // and the secret auth_query found, if it ran.
 func (s *session) authenticate(cfg *config.Config) (bool, auth.Secret) {
-	method, ok := s.accessMethod(cfg)
+	method, identMap, ok := s.accessMethod(cfg)
 	if !ok {
 		return false, auth.Secret{}
 	}
@@ -578,8 +578,12 @@ func (s *session) authenticate(cfg *config.Config) (bool, auth.Secret) {
 		return true, auth.Secret{}
 	case config.AuthTrust:
 		return s.authTrust(cfg)
-	case hba.Cert:
-		if err := s.certOK(); err != nil {
+	case hba.Cert, hba.Peer:
+		check := s.certOK
+		if method == hba.Peer {
+			check = s.peerOK
+		}
+		if err := check(cfg, identMap); err != nil {
 			s.srv.authFailures.Add(1)
 			s.refuseLogin(err)
 			return false, auth.Secret{}

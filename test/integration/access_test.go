@@ -80,8 +80,10 @@ func TestHBA(t *testing.T) {
 		}
 	}
 	write("trusted", "# users let in without a password\n"+pgtest.RoleTrust+"\n")
+	write("ident.conf", "certs  "+pgtest.RoleApp+"  "+pgtest.RoleMD5+"\n")
 	const rules = `
 hostssl all          app           127.0.0.1/32  cert
+hostssl all          md5_user,trust_user  127.0.0.1/32  cert map=certs
 host    all          all           127.0.0.2/32  reject
 host    app          scram_user    127.0.0.0 255.0.0.0  scram-sha-256
 host    all          @trusted      127.0.0.1/32  trust
@@ -91,10 +93,11 @@ host    all          clear_user    127.0.0.1/32  password
 	p := startPoolerd(t, func(c *config.Config) {
 		c.AuthType = config.AuthHBA
 		c.AuthHBAFile = hbaFile
+		c.AuthIdentFile = filepath.Join(dir, "ident.conf")
 		c.ClientTLSSSLMode = "prefer"
 		c.ClientTLSCertFile, c.ClientTLSKeyFile, c.ClientTLSCAFile = files.ServerCert, files.ServerKey, files.CA
 		c.Users = []config.User{{Name: pgtest.RoleSCRAM, Password: pgtest.Password}, {Name: pgtest.RoleClear, Password: pgtest.Password},
-			{Name: pgtest.RoleTrust}}
+			{Name: pgtest.RoleTrust}, {Name: pgtest.RoleMD5, Password: pgtest.Password}}
 	})
 	withReloader(p)
 	withCert := "sslmode=verify-full&sslrootcert=" + files.CA + "&sslcert=" + files.ClientCert + "&sslkey=" + files.ClientKey
@@ -107,6 +110,8 @@ host    all          clear_user    127.0.0.1/32  password
 	}{
 		{"cert rule, certificate for the user", "127.0.0.1", tlsDSN(pgtest.RoleApp, "not-asked", pgtest.DBApp, withCert), pgtest.RoleApp},
 		{"cert rule, no certificate", "127.0.0.1", tlsDSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp, "sslmode=require"), "certificate authentication failed"},
+		{"cert rule with an ident map: app's certificate as md5_user", "127.0.0.1", tlsDSN(pgtest.RoleMD5, "not-asked", pgtest.DBApp, withCert), pgtest.RoleMD5},
+		{"cert rule with an ident map that does not allow it", "127.0.0.1", tlsDSN(pgtest.RoleTrust, "not-asked", pgtest.DBApp, withCert), `ident map "certs" does not let the certificate's common name "app" log in as "trust_user"`},
 		{"no line for a plain app", "127.0.0.1", p.appDSN(), `no pg_hba.conf entry for host "127.0.0.1", user "app", database "app", SSL off`},
 		{"scram rule", "127.0.0.1", p.dsn(pgtest.RoleSCRAM, pgtest.Password, pgtest.DBApp), pgtest.RoleSCRAM},
 		{"scram rule, wrong password", "127.0.0.1", p.dsn(pgtest.RoleSCRAM, "wrong", pgtest.DBApp), "password authentication failed"},

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/user"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -40,28 +41,16 @@ auth_hba_rules:
 	_, port, _ := net.SplitHostPort(a1)
 	sock := filepath.Join(sockDir, ".s.PGSQL."+port)
 
-	// attempt connects with dsn until poolerd answers (it may still be
-	// starting): nil, or the server's error.
+	// attempt logs in with dsn and runs SELECT 1: nil, or the error.
 	attempt := func(dsn string) error {
 		t.Helper()
-		deadline := time.Now().Add(15 * time.Second)
-		for {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			c, err := pgconn.Connect(ctx, dsn)
-			cancel()
-			var pe *pgconn.PgError
-			switch {
-			case err == nil:
-				defer c.Close(context.Background())
-				_, err := c.Exec(ctxTimeout(t, 5*time.Second), "SELECT 1").ReadAll()
-				return err
-			case errors.As(err, &pe):
-				return pe
-			case time.Now().After(deadline):
-				t.Fatalf("%s: %v\n%s", dsn, err, proc.stderr.String())
-			}
-			time.Sleep(50 * time.Millisecond)
+		c, err := connectAnswered(t, proc, dsn)
+		if err != nil {
+			return err
 		}
+		defer c.Close(context.Background())
+		_, err = c.Exec(ctxTimeout(t, 5*time.Second), "SELECT 1").ReadAll()
+		return err
 	}
 	unixDSN := fmt.Sprintf("host=%s port=%s user=%s password=wrong dbname=%s sslmode=disable", sockDir, port, pgtest.RoleApp, pgtest.DBApp)
 	if err := attempt(unixDSN); err != nil {
@@ -80,5 +69,96 @@ auth_hba_rules:
 	}
 	if out := proc.stderr.String(); !strings.Contains(out, a1) || !strings.Contains(out, a2) || !strings.Contains(out, sock) {
 		t.Errorf("the startup log does not name every listener (%s, %s, %s):\n%s", a1, a2, sock, out)
+	}
+}
+
+// TestPeerAuth: peer authentication of Unix-socket clients (SO_PEERCRED):
+// a client logs in as the database user of its operating-system user's
+// name, or as one an ident map (auth_ident_file, map=) lets it; any other
+// user is refused with PostgreSQL's message and a DETAIL naming the
+// operating-system user or the map. The database entry forces the server
+// user, so that who the client is decides nothing on the server.
+func TestPeerAuth(t *testing.T) {
+	t.Parallel()
+	me, err := user.Current()
+	if err != nil {
+		t.Skip(err)
+	}
+	bin := lcBuildBinary(t)
+	addr := lcFreeAddr(t)
+	sockDir := t.TempDir()
+	dir := t.TempDir()
+	ident := filepath.Join(dir, "ident.conf")
+	lcWrite(t, ident, fmt.Sprintf("# map  system user  database user\nm  %q  mapped\nm  /^(.*)$  \\1_alias\nother  someone_else  mapped_only\n", me.Username))
+	file := filepath.Join(dir, "poolerd.yaml")
+	lcWrite(t, file, fmt.Sprintf(`listen: %s
+unix_socket_dir: %s
+pool_mode: transaction
+auth_type: hba
+auth_ident_file: %s
+auth_hba_rules:
+  - {type: local, database: all, user: "mapped,%s_alias", method: peer, map: m}
+  - {type: local, database: all, user: mapped_only, method: peer, map: other}
+  - {type: local, database: all, user: all, method: peer}
+  - {type: host, database: all, user: all, address: all, method: reject}
+databases:
+  - name: app
+    host: %s
+    port: %d
+    dbname: %s
+    user: %s
+    password: %s
+`, addr, sockDir, ident, me.Username, pg.Host, pg.Port, pgtest.DBApp, pgtest.RoleApp, pgtest.Password))
+	proc := lcStartBinary(t, bin, "--config", file, "--http-listen=")
+	_, port, _ := net.SplitHostPort(addr)
+	login := func(as string) (string, error) {
+		t.Helper()
+		c, err := connectAnswered(t, proc, fmt.Sprintf("host=%s port=%s user=%s dbname=app sslmode=disable", sockDir, port, as))
+		if err != nil {
+			return "", err
+		}
+		defer c.Close(context.Background())
+		res, err := c.Exec(ctxTimeout(t, 5*time.Second), "SELECT current_user").ReadAll()
+		if err != nil {
+			return "", err
+		}
+		return string(res[0].Rows[0][0]), nil
+	}
+	for _, as := range []string{me.Username, "mapped", me.Username + "_alias"} {
+		if got, err := login(as); err != nil || got != pgtest.RoleApp {
+			t.Errorf("peer login as %q (operating-system user %q): %q, %v; want in, as %s on the server", as, me.Username, got, err, pgtest.RoleApp)
+		}
+	}
+	for as, detail := range map[string]string{
+		"not_" + me.Username: fmt.Sprintf("the client runs as operating-system user %q", me.Username),
+		"mapped_only":        fmt.Sprintf("ident map \"other\" does not let operating-system user %q log in as \"mapped_only\"", me.Username),
+	} {
+		_, err := login(as)
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || pe.Code != "28000" || pe.Message != fmt.Sprintf("Peer authentication failed for user %q", as) || pe.Detail != detail {
+			t.Errorf("peer login as %q: %v (detail %q), want 28000 Peer authentication failed, detail %q", as, err, detailOf(err), detail)
+		}
+	}
+}
+
+// connectAnswered connects with dsn, trying again until poolerd answers
+// (it may still be starting): the connection, or the server's error.
+func connectAnswered(t *testing.T, proc *lcProc, dsn string) (*pgconn.PgConn, error) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		c, err := pgconn.Connect(ctx, dsn)
+		cancel()
+		var pe *pgconn.PgError
+		switch {
+		case err == nil:
+			return c, nil
+		case errors.As(err, &pe):
+			return nil, pe
+		case time.Now().After(deadline):
+			t.Fatalf("%s: %v\n%s", dsn, err, proc.stderr.String())
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

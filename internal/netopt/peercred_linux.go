@@ -1,0 +1,38 @@
+package netopt
+
+import (
+	"fmt"
+	"net"
+	"os/user"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+)
+
+// PeerUser is the operating-system user of the process at the other end of
+// a Unix-socket connection (SO_PEERCRED), for peer authentication.
+func PeerUser(c net.Conn) (string, error) {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return "", fmt.Errorf("not a Unix-socket connection (%T)", c)
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return "", err
+	}
+	var cred *unix.Ucred
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, serr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return "", err
+	}
+	if serr != nil {
+		return "", fmt.Errorf("getsockopt SO_PEERCRED: %w", serr)
+	}
+	u, err := user.LookupId(strconv.FormatUint(uint64(cred.Uid), 10))
+	if err != nil {
+		return "", fmt.Errorf("uid %d: %w", cred.Uid, err)
+	}
+	return u.Username, nil
+}
