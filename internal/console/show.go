@@ -1,6 +1,7 @@
 package console
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"slices"
@@ -417,10 +418,19 @@ func (c *Console) showDatabases() *resultSet {
 			route, err = cfg.Route("*", "")
 			route.DBName = ""
 		}
-		var host, dbname, forceUser, poolMode any = null{}, n, null{}, null{}
+		var host, dbname, forceUser, poolMode, balance any = null{}, n, null{}, null{}, null{}
 		set := cfg.PoolSettings
 		if err == nil {
-			if !strings.HasPrefix(route.Host, "/") {
+			switch {
+			case len(route.Hosts) > 1:
+				// As PgBouncer: the list as configured, and how it is
+				// balanced.
+				names := make([]string, len(route.Hosts))
+				for i, h := range route.Hosts {
+					names[i] = h.String()
+				}
+				host, balance = strings.Join(names, ","), cmp.Or(route.Balance, config.BalanceDisable)
+			case !strings.HasPrefix(route.Host, "/"):
 				host = route.Host
 			}
 			dbname = route.DBName
@@ -435,7 +445,7 @@ func (c *Console) showDatabases() *resultSet {
 		st := state.Databases[n]
 		maxServers, maxClients := cfg.DBLimits(n)
 		r.row(n, host, route.Port, dbname, forceUser, set.MaxSize, set.MinSize, set.ReservePoolSize, int(set.MaxLifetime/time.Second),
-			poolMode, null{}, maxServers, row.servers, maxClients, row.clients, b2i(state.Paused || st.Paused), b2i(st.Disabled))
+			poolMode, balance, maxServers, row.servers, maxClients, row.clients, b2i(state.Paused || st.Paused), b2i(st.Disabled))
 	}
 	return r
 }

@@ -1,6 +1,7 @@
 package pgbini
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -181,8 +182,8 @@ func Rules() []Rule {
 		{Section: "pgbouncer", Key: "job_name", Note: adviceNotNeeded},
 
 		// [databases] connection-string parameters.
-		{Section: "databases", Key: "host", To: "host", kind: kindSpecial, Note: "unset (PgBouncer's Unix socket) becomes /var/run/postgresql, or /tmp where that does not exist; a list of hosts keeps the first (reported)"},
-		{Section: "databases", Key: "port", To: "port", kind: kindInt, Note: "a list keeps the first"},
+		{Section: "databases", Key: "host", To: "host", kind: kindSpecial, Note: "unset (PgBouncer's Unix socket) becomes /var/run/postgresql, or /tmp where that does not exist; a comma-separated list becomes `hosts` (each new server connection to the next, as PgBouncer's `load_balance_hosts`)"},
+		{Section: "databases", Key: "port", To: "port", kind: kindSpecial, Note: "with a host list, one port for all or one per host"},
 		{Section: "databases", Key: "dbname", To: "dbname", kind: kindString},
 		{Section: "databases", Key: "user", To: "user", kind: kindString},
 		{Section: "databases", Key: "password", To: "password", kind: kindString, Note: "without it the password of user in auth_file is used, as in PgBouncer"},
@@ -202,7 +203,7 @@ func Rules() []Rule {
 		{Section: "databases", Key: "timezone", Note: adviceStartupParm},
 		{Section: "databases", Key: "application_name", Note: adviceStartupParm},
 		{Section: "databases", Key: "connect_query", Note: "no per-connection query: put settings in ALTER DATABASE … SET or ALTER ROLE … SET"},
-		{Section: "databases", Key: "load_balance_hosts", Note: "one host per database: put a load balancer or a DNS name in front of the replicas"},
+		{Section: "databases", Key: "load_balance_hosts", To: "load_balance_hosts", kind: kindSpecial, Note: "`round-robin` (PgBouncer's default with a host list) or `disable` (the first host that answers)"},
 
 		// [users] parameters.
 		{Section: "users", Key: "pool_mode", To: "pool_mode", kind: kindString},
@@ -471,6 +472,7 @@ func translateEntry(e entry, section string, rules map[string]Rule, ignore func(
 	}
 	out := map[string]any{"name": e.key}
 	label := fmt.Sprintf("[%s] %s", section, e.key)
+	special := map[string]string{}
 	for _, p := range params {
 		r, ok := rules[p.key]
 		if !ok {
@@ -481,30 +483,86 @@ func translateEntry(e entry, section string, rules map[string]Rule, ignore func(
 			ignore(label+": "+p.key, e, r.Note)
 			continue
 		}
-		if r.kind == kindSpecial { // host
-			hosts := strings.Split(p.value, ",")
-			out["host"] = strings.TrimSpace(hosts[0])
-			if len(hosts) > 1 {
-				ignore(label+": host (more than one)", e, "one host per database: the first is used; put a load balancer or a DNS name in front of the replicas")
-			}
+		if r.kind == kindSpecial { // host, port, load_balance_hosts: below
+			special[p.key] = p.value
 			continue
 		}
-		value := p.value
-		if p.key == "port" {
-			value = strings.TrimSpace(strings.Split(value, ",")[0])
-		}
-		v, err := convert(r.kind, value, e.file)
+		v, err := convert(r.kind, p.value, e.file)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %s %s: %w", e.where(), label, p.key, err)
 		}
 		out[r.To] = v
 	}
 	if section == "databases" {
-		if _, ok := out["host"]; !ok || out["host"] == "" {
-			out["host"] = defaultSocketDir()
+		if err := hostsOf(special, out); err != nil {
+			return nil, fmt.Errorf("%s: %s: %w", e.where(), label, err)
 		}
 	}
 	return out, nil
+}
+
+// hostsOf sets a [databases] entry's servers from its host, port and
+// load_balance_hosts parameters (in special): one host becomes host and
+// port; a list (host=a,b with one port for all or one each) becomes hosts,
+// each "host:port", balanced round-robin unless load_balance_hosts says
+// disable, as PgBouncer connects to them.
+func hostsOf(special map[string]string, out map[string]any) error {
+	var hosts, ports []string
+	for _, h := range strings.Split(special["host"], ",") {
+		hosts = append(hosts, strings.TrimSpace(h))
+	}
+	if p, ok := special["port"]; ok {
+		for _, v := range strings.Split(p, ",") {
+			v = strings.TrimSpace(v)
+			if _, err := strconv.ParseUint(v, 10, 16); err != nil {
+				return fmt.Errorf("port %q is not a port number", v)
+			}
+			ports = append(ports, v)
+		}
+	}
+	if len(ports) > 1 && len(ports) != len(hosts) {
+		return fmt.Errorf("%d ports for %d hosts: give one port for all, or one per host", len(ports), len(hosts))
+	}
+	lb, lbSet := special["load_balance_hosts"]
+	switch lb = strings.TrimSpace(lb); {
+	case !lbSet:
+	case lb == "round-robin", lb == "disable":
+		if len(hosts) > 1 {
+			out["load_balance_hosts"] = lb
+		}
+	default:
+		return fmt.Errorf("load_balance_hosts %q is not round-robin or disable", lb)
+	}
+	if len(hosts) == 1 {
+		out["host"] = hosts[0]
+		if out["host"] == "" {
+			out["host"] = defaultSocketDir()
+		}
+		if len(ports) == 1 {
+			n, _ := strconv.Atoi(ports[0])
+			out["port"] = n
+		}
+		return nil
+	}
+	var list []any
+	for i, h := range hosts {
+		if h == "" {
+			return errors.New("an empty name in the host list")
+		}
+		port := "5432"
+		switch {
+		case len(ports) == 1:
+			port = ports[0]
+		case len(ports) > 1:
+			port = ports[i]
+		}
+		list = append(list, joinHostPort(h, port))
+	}
+	out["hosts"] = list
+	if !lbSet {
+		out["load_balance_hosts"] = "round-robin"
+	}
+	return nil
 }
 
 // defaultSocketDir is where PgBouncer (as Debian builds it) looks for

@@ -368,6 +368,9 @@ func TestIniErrors(t *testing.T) {
 		{"bad seconds", "[pgbouncer]\nquery_timeout = soon\n", "not a time in seconds"},
 		{"missing include", "[pgbouncer]\n%include nothere.ini\n", "nothere.ini"},
 		{"self include", "[pgbouncer]\n%include p.ini\n", "nested more than"},
+		{"ports for hosts", "[databases]\nd = host=a,b,c port=1,2\n", "2 ports for 3 hosts"},
+		{"bad port", "[databases]\nd = host=a port=x\n", `port "x" is not a port number`},
+		{"bad balance", "[databases]\nd = host=a,b load_balance_hosts=random\n", "not round-robin or disable"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			writeFile(t, filepath.Join(dir, "p.ini"), tc.text)
@@ -427,5 +430,39 @@ func TestMigrationGuideTable(t *testing.T) {
 			return
 		}
 		t.Errorf("the mapping table of %s is not what the code does; rerun with POOLERD_UPDATE_DOCS=1", path)
+	}
+}
+
+// A [databases] host list becomes hosts, with one port for all or one
+// each, balanced round-robin (PgBouncer's default) unless
+// load_balance_hosts says disable; the result loads.
+func TestHostLists(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "p.ini"), `[databases]
+rr = host=db1,db2 port=5433 dbname=app
+each = host=10.0.0.1,10.0.0.2,::1 port=5432,5433,5434 load_balance_hosts=disable
+one = host=db1 port=6000 load_balance_hosts=disable
+[pgbouncer]
+listen_port = 6432
+`)
+	res, err := Load(filepath.Join(dir, "p.ini"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []any{
+		map[string]any{"name": "rr", "hosts": []any{"db1:5433", "db2:5433"}, "load_balance_hosts": "round-robin", "dbname": "app"},
+		map[string]any{"name": "each", "hosts": []any{"10.0.0.1:5432", "10.0.0.2:5433", "[::1]:5434"}, "load_balance_hosts": "disable"},
+		map[string]any{"name": "one", "host": "db1", "port": 6000},
+	}
+	if got := res.Tree["databases"]; !reflect.DeepEqual(got, want) {
+		t.Errorf("databases\n got %#v\nwant %#v", got, want)
+	}
+	cfg, err := loadWith(t, filepath.Join(dir, "p.ini"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := cfg.Route("each", "u")
+	if err != nil || len(r.Hosts) != 3 || r.Hosts[1].Port != 5433 || r.Balance != "disable" {
+		t.Errorf("route each: %+v %v", r, err)
 	}
 }

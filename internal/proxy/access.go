@@ -178,3 +178,12 @@ func (srv *Server) runAuthQuery(ctx context.Context, cfg *config.Config, route c
 	}
 	return secret, found, err
 }
+
+// clientAddr is how logs name a client's address: host:port over TCP,
+// "unix" on the Unix socket (whose peers have no name).
+func clientAddr(nc net.Conn) string {
+	if _, ok := nc.RemoteAddr().(*net.UnixAddr); ok {
+		return "unix"
+	}
+	return nc.RemoteAddr().String()
+}

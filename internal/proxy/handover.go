@@ -247,7 +247,7 @@ func (srv *Server) AdoptClient(f *os.File, state []byte) {
 			_ = tc.SetKeepAlivePeriod(clientKeepAlive)
 		}
 	}
-	s := &session{srv: srv, conn: nc, id: srv.connIDs.Add(1), addr: nc.RemoteAddr().String(), connectedAt: st.ConnectedAt}
+	s := &session{srv: srv, conn: nc, id: srv.connIDs.Add(1), addr: clientAddr(nc), connectedAt: st.ConnectedAt}
 	s.yieldFn = s.yieldLoop
 	s.log = sessionLog{s}
 	s.timeoutsP.Store(&s.srv.noTimeouts)

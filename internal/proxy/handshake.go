@@ -35,7 +35,7 @@ func (srv *Server) serveConn(nc net.Conn) {
 	if o := tcpOptions(cfg, clientKeepAlive); o != nil {
 		_ = o.Apply(nc)
 	}
-	s := &session{srv: srv, conn: nc, id: srv.connIDs.Add(1), addr: nc.RemoteAddr().String(), connectedAt: time.Now()}
+	s := &session{srv: srv, conn: nc, id: srv.connIDs.Add(1), addr: clientAddr(nc), connectedAt: time.Now()}
 	s.yieldFn = s.yieldLoop
 	s.log = sessionLog{s}
 	s.timeoutsP.Store(&s.srv.noTimeouts)

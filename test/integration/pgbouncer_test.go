@@ -23,16 +23,19 @@ import (
 
 // TestPgbouncerIni starts the binary from a pgbouncer.ini written as
 // PgBouncer's documentation shows it, with a userlist.txt, in front of the
-// test PostgreSQL, and serves a query through it.
+// test PostgreSQL, and serves a query through it, over TCP and over the
+// Unix socket of unix_socket_dir; a database with a host list (host=a,b)
+// serves too, and SHOW DATABASES shows it as PgBouncer does.
 func TestPgbouncerIni(t *testing.T) {
 	t.Parallel()
 	bin := lcBuildBinary(t)
 	listen := lcFreeAddr(t)
 	_, port, _ := net.SplitHostPort(listen)
-	dir := t.TempDir()
+	dir, sockDir := t.TempDir(), t.TempDir()
 	ini := fmt.Sprintf(`;; pgbouncer.ini
 [databases]
 appdb = host=%s port=%d dbname=%s client_encoding=UNICODE
+multi = host=%s,localhost port=%d dbname=%s
 * = host=%s port=%d
 
 [users]
@@ -43,7 +46,7 @@ logfile = /var/log/postgresql/pgbouncer.log
 pidfile = /var/run/postgresql/pgbouncer.pid
 listen_addr = 127.0.0.1
 listen_port = %s
-unix_socket_dir = /var/run/postgresql
+unix_socket_dir = %s
 auth_type = scram-sha-256
 auth_file = userlist.txt
 admin_users = %s
@@ -51,7 +54,7 @@ default_pool_size = 4
 server_idle_timeout = 60
 query_wait_timeout = 10
 %%include extra.ini
-`, pg.Host, pg.Port, pgtest.DBApp, pg.Host, pg.Port, pgtest.RoleApp, port, pgtest.RoleApp)
+`, pg.Host, pg.Port, pgtest.DBApp, pg.Host, pg.Port, pgtest.DBApp, pg.Host, pg.Port, pgtest.RoleApp, port, sockDir, pgtest.RoleApp)
 	lcWrite(t, filepath.Join(dir, "pgbouncer.ini"), ini)
 	lcWrite(t, filepath.Join(dir, "extra.ini"), "idle_transaction_timeout = 30.5\ntcp_defer_accept = 1\n")
 	lcWrite(t, filepath.Join(dir, "userlist.txt"), fmt.Sprintf("%q %q\n", pgtest.RoleApp, pgtest.Password))
@@ -67,6 +70,37 @@ query_wait_timeout = 10
 	if db != pgtest.DBApp {
 		t.Errorf("current_database %q, want %q", db, pgtest.DBApp)
 	}
+	// The Unix socket, and the database with a host list.
+	sock := fmt.Sprintf("host=%s port=%s user=%s password=%s sslmode=disable dbname=", sockDir, port, pgtest.RoleApp, pgtest.Password)
+	cm, err := pgx.Connect(ctx, sock+"multi")
+	if err != nil {
+		t.Fatalf("database multi over the Unix socket: %v", err)
+	}
+	defer cm.Close(context.Background())
+	if err := cm.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil || db != pgtest.DBApp {
+		t.Errorf("database multi: %q, %v", db, err)
+	}
+	admin, err := pgx.Connect(ctx, sock+"pgbouncer")
+	if err != nil {
+		t.Fatalf("the admin console over the Unix socket: %v", err)
+	}
+	defer admin.Close(context.Background())
+	var host, balance string
+	rows, err := admin.Query(ctx, "SHOW DATABASES", pgx.QueryExecModeSimpleProtocol)
+	if err != nil {
+		t.Fatalf("SHOW DATABASES: %v", err)
+	}
+	for rows.Next() {
+		if v := rows.RawValues(); string(v[0]) == "multi" {
+			host, balance = string(v[1]), string(v[10]) // host, load_balance_hosts
+		}
+	}
+	rows.Close()
+	if want := fmt.Sprintf("%s:%d,localhost:%d", pg.Host, pg.Port, pg.Port); host != want || balance != "round-robin" {
+		t.Errorf("SHOW DATABASES multi: host %q load_balance_hosts %q, want %q and round-robin", host, balance, want)
+	}
+	_ = admin.Close(ctx)
+	_ = cm.Close(ctx)
 	out := proc.stderr.String()
 	for _, want := range []string{"pgbouncer.ini settings poolerd does not honour", "logfile (pgbouncer.ini:", "tcp_defer_accept (extra.ini:2)", "client_encoding"} {
 		if !strings.Contains(out, want) {
