@@ -184,6 +184,11 @@ type Config struct {
 	// start: wait (keep retrying, stay unready) or fail-fast (exit after 3
 	// attempts).
 	StartupMode string `mapstructure:"startup_mode"`
+	// WarmPools opens one connection of each configured pool (upstream,
+	// database entries with a user) at start, and /readyz waits for them;
+	// false: a configured pool opens connections when its first client
+	// comes, or min_size of them at start (PgBouncer's lazy pools).
+	WarmPools bool `mapstructure:"warm_pools"`
 	// ReconnectBackoffBase and ReconnectBackoffMax shape the exponential
 	// backoff between failed connects: base, 2×base, 4×base ... up to max.
 	ReconnectBackoffBase time.Duration `mapstructure:"reconnect_backoff_base"`
@@ -609,6 +614,7 @@ func Defaults() Config {
 			ReservePoolTimeout:     5 * time.Second,
 		},
 		StartupMode:          StartupWait,
+		WarmPools:            true,
 		ReconnectBackoffBase: time.Second,
 		ReconnectBackoffMax:  16 * time.Second,
 		RecycleRate:          1,

@@ -90,6 +90,7 @@ func Keys() []Key {
 		{Name: "idle_timeout", Help: "close connections idle this long, above min_size (0 = never)"},
 		{Name: "recycle_rate", Help: "most connections one pool recycles per second"},
 		{Name: "startup_mode", Flag: "startup-mode", Help: "wait (retry an unreachable upstream, stay unready) or fail-fast (exit after 3 attempts)"},
+		{Name: "warm_pools", Help: "open a connection of each configured pool at start (readiness waits for them); false: when the first client comes, or min_size at start"},
 		{Name: "reconnect_backoff_base", Help: "first pause after a failed connect; doubles per failure"},
 		{Name: "reconnect_backoff_max", Help: "longest pause between connect attempts"},
 		{Name: "leak_detection_threshold", Help: "warn about a client keeping a server busy this long (0 = off)"},

@@ -352,6 +352,10 @@ func translate(path string, data []byte) (*Result, error) {
 		}
 		res.Defaulted = append(res.Defaulted, r.To)
 	}
+	// PgBouncer opens a pool's connections when its first client comes
+	// (or min_pool_size of them): no warm-up connection per entry.
+	res.Tree["warm_pools"] = false
+	res.Defaulted = append(res.Defaulted, "warm_pools")
 	slices.Sort(res.Defaulted)
 	if len(dbs) > 0 {
 		res.Tree["databases"] = dbs

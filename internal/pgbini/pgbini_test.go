@@ -72,6 +72,7 @@ func TestDebianSample(t *testing.T) {
 		"validation_interval": "30s",
 		"unix_socket_dir":     "/var/run/postgresql",
 		"unix_socket_mode":    "0777",
+		"warm_pools":          false,
 	}
 	if !reflect.DeepEqual(res.Tree, want) {
 		t.Errorf("tree\n got %#v\nwant %#v", res.Tree, want)

@@ -295,7 +295,9 @@ func (srv *Server) Ready() (bool, string) {
 
 // Warm creates the pools the configuration names completely (the upstream
 // URL's database and user, and databases with a fixed user), so that they
-// open their min_size connections before the first client arrives.
+// open their min_size connections (with warm_pools, at least one, which
+// readiness waits for) before the first client arrives. Without
+// warm_pools, a pool whose min_size is 0 waits for its first client.
 func (srv *Server) Warm() {
 	cfg := srv.cfg()
 	if u := cfg.UpstreamInfo(); u != nil {
@@ -309,7 +311,12 @@ func (srv *Server) Warm() {
 }
 
 func (srv *Server) warmPool(database, user string) {
-	if route, err := srv.cfg().Route(database, user); err == nil && route.ServerSecret.Kind() == auth.SecretSCRAM {
+	route, err := srv.cfg().Route(database, user)
+	warm := srv.cfg().WarmPools
+	if !warm && (err != nil || route.Settings.MinSize == 0) {
+		return // lazy: its first client creates it
+	}
+	if err == nil && route.ServerSecret.Kind() == auth.SecretSCRAM {
 		if _, plain := route.ServerSecret.Plain(); !plain {
 			// SCRAM pass-through: no connection can be opened before a
 			// client of this user has logged in, so it cannot warm up or
@@ -319,7 +326,7 @@ func (srv *Server) warmPool(database, user string) {
 			return
 		}
 	}
-	p, err := srv.getPoolWarm(database, user, true)
+	p, err := srv.getPoolWarm(database, user, warm)
 	if err != nil {
 		srv.log.Error("cannot create configured pool", zap.String("database", database), zap.String("user", user), zap.Error(err))
 		return

@@ -1427,3 +1427,31 @@ func TestFR010ConcurrentTransactions(t *testing.T) {
 		t.Errorf("Hits %d + Misses %d != Acquisitions %d", st.Hits, st.Misses, st.Acquisitions)
 	}
 }
+
+// warm_pools false (PgBouncer's lazy pools, what a pgbouncer.ini gives): a
+// configured pool opens no connection before its first client, and
+// poolerd is ready at once; a configured pool with a min_size opens that
+// many at start. With the default (true) the same pool opens one.
+func TestWarmPoolsOff(t *testing.T) {
+	t.Parallel()
+	lazy := startPoolerd(t, func(c *config.Config) { c.WarmPools = false })
+	eventually(t, 2*time.Second, "Ready()", func() bool { ok, _ := lazy.srv.Ready(); return ok })
+	time.Sleep(300 * time.Millisecond) // a warm-up would have connected by now
+	if n := len(lazy.srv.Servers()); n != 0 {
+		t.Fatalf("%d server connections before any client, want none (lazy pool)", n)
+	}
+	c := lazy.connect(t, txExecMode)
+	lcBackendPID(t, ctxTimeout(t, 10*time.Second), c)
+	if st := lcStats(t, lazy); st.Total != 1 || st.ConnectAttempts != 1 {
+		t.Fatalf("after the first client's query: %+v, want one connection", st.Stats)
+	}
+
+	floor := startPoolerd(t, func(c *config.Config) { c.WarmPools, c.MinSize = false, 2 })
+	eventually(t, 5*time.Second, "min_size 2 open without a client", func() bool {
+		st := lcStats(t, floor)
+		return st.Total == 2 && st.Idle == 2
+	})
+
+	warm := startPoolerd(t, nil)
+	eventually(t, 5*time.Second, "the warm-up connection", func() bool { return len(warm.srv.Servers()) == 1 })
+}
