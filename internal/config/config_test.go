@@ -208,7 +208,6 @@ func TestRejects(t *testing.T) {
 		{"bad pool mode", up + "pool_mode: statement-ish\n", "pool_mode"},
 		{"duplicate database", up + "databases:\n  - name: a\n  - name: a\n", "listed twice"},
 		{"db override", up + "databases:\n  - name: a\n    max_size: 0\n", "database \"a\" max_size 0"},
-		{"md5 secret with scram", up + "users:\n  - name: bob\n    password: md5" + strings.Repeat("a", 32) + "\n", "md5 secret"},
 		{"password without user", up + "databases:\n  - name: a\n    password: x\n", "no user"},
 		{"bad upstream", "upstream: mysql://x\n", "scheme"},
 		{"bad upstream sslmode", "upstream: postgres://a:b@h/d?sslmode=bogus\n", "sslmode=bogus"},
@@ -219,6 +218,26 @@ func TestRejects(t *testing.T) {
 				t.Fatalf("want error containing %q, got %v", tc.want, err)
 			}
 		})
+	}
+}
+
+// auth_type scram-sha-256 with md5 secrets present is accepted, as
+// PgBouncer's md5-to-SCRAM migration: a warning names those users, whose
+// logins fail (TestScramWithMD5Secrets in test/integration).
+func TestScramWithMD5SecretsWarns(t *testing.T) {
+	const up = "upstream: postgres://app:secret@db/app\n"
+	md5 := "md5" + strings.Repeat("a", 32)
+	c, err := load(t, up+"auth_type: scram-sha-256\nusers:\n  - name: bob\n    password: "+md5+"\n  - name: carol\n    password: "+md5+"\n  - name: dave\n    password: plain\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `auth_type scram-sha-256: users "bob", "carol" have md5 secrets, which SCRAM cannot check: they fail to log in`
+	if w := strings.Join(c.Warnings(), "\n"); !strings.Contains(w, want) {
+		t.Errorf("warnings %q, want %q", w, want)
+	}
+	c, err = load(t, up+"auth_type: md5\nusers:\n  - name: bob\n    password: "+md5+"\n")
+	if err != nil || strings.Contains(strings.Join(c.Warnings(), "\n"), "md5 secret") {
+		t.Errorf("auth_type md5: %v %q", err, c.Warnings())
 	}
 }
 

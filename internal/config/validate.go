@@ -344,6 +344,7 @@ func (c *Config) Validate() error {
 	}
 
 	c.secrets = map[string]userSecret{}
+	var md5Users []string // md5 secrets that auth_type scram-sha-256 cannot check
 	addSecret := func(name, raw, source string) {
 		if prev, ok := c.secrets[name]; ok {
 			bad("user %q has a password in %s and in %s: keep one", name, prev.source, source)
@@ -354,7 +355,7 @@ func (c *Config) Validate() error {
 			bad("user %q in %s: %w", name, source, err)
 			return
 		}
-		checkSecretKind(c.AuthType, name, source, s, bad)
+		md5Users = checkSecretKind(c.AuthType, name, s, md5Users)
 		c.secrets[name] = userSecret{secret: s, source: source}
 	}
 	seenUser := map[string]bool{}
@@ -387,10 +388,23 @@ func (c *Config) Validate() error {
 					bad("user %q has a password in %s and in auth_file line %d: keep one", e.Name, prev.source, e.Line)
 					continue
 				}
-				checkSecretKind(c.AuthType, e.Name, fmt.Sprintf("auth_file line %d", e.Line), e.Secret, bad)
+				md5Users = checkSecretKind(c.AuthType, e.Name, e.Secret, md5Users)
 				c.secrets[e.Name] = userSecret{secret: e.Secret, source: "auth_file"}
 			}
 		}
+	}
+	if len(md5Users) > 0 {
+		// PgBouncer's md5-to-SCRAM migration: the switch is accepted and
+		// only those users fail to log in until their secret changes.
+		who, verb := fmt.Sprintf("user %q has an md5 secret", md5Users[0]), "it fails"
+		if len(md5Users) > 1 {
+			q := make([]string, len(md5Users))
+			for k, u := range md5Users {
+				q[k] = strconv.Quote(u)
+			}
+			who, verb = "users "+strings.Join(q, ", ")+" have md5 secrets", "they fail"
+		}
+		c.comboWarnings = append(c.comboWarnings, fmt.Sprintf("auth_type scram-sha-256: %s, which SCRAM cannot check: %s to log in (password authentication failed) until given the plain password or a SCRAM secret, or use auth_type md5", who, verb))
 	}
 	if u := c.upstream; u != nil && u.HasPassword && u.Password != "" {
 		addSecret(u.User, u.Password, "upstream")
@@ -445,15 +459,17 @@ func (c *Config) Warnings() []string {
 	return w
 }
 
-// checkSecretKind refuses secrets the client authentication method cannot
-// check. As in PostgreSQL, md5 authentication of a user whose secret is a
-// SCRAM verifier runs SCRAM instead; SCRAM cannot use an md5 hash.
-func checkSecretKind(authType, user, source string, s auth.Secret, bad func(string, ...any)) {
+// checkSecretKind adds user to md5Users if its secret is one the client
+// authentication method cannot check. As in PostgreSQL, md5
+// authentication of a user whose secret is a SCRAM verifier runs SCRAM
+// instead; SCRAM cannot use an md5 hash, and that user's logins fail.
+func checkSecretKind(authType, user string, s auth.Secret, md5Users []string) []string {
 	// With auth_type hba the rule decides per client; an md5 rule can
 	// check an md5 secret, a scram-sha-256 rule refuses it at login.
 	if authType == AuthSCRAM && s.Kind() == auth.SecretMD5 {
-		bad("user %q in %s has an md5 secret, which scram-sha-256 authentication cannot check: give the plain password or a SCRAM secret, or use auth_type md5", user, source)
+		return append(md5Users, user)
 	}
+	return md5Users
 }
 
 // validateRateLimits checks the rate-limit rules and backend.

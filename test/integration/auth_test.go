@@ -480,3 +480,38 @@ func TestAuthClientLoginTimeout(t *testing.T) {
 		})
 	}
 }
+
+// TestScramWithMD5Secrets: auth_type scram-sha-256 while some users still
+// have md5 secrets (PgBouncer's md5-to-SCRAM migration) starts, with a
+// warning naming them; those users' logins fail with 28P01 (SCRAM cannot
+// check an md5 hash), every other user logs in. The admin console's SET
+// auth_type makes the same switch at run time.
+func TestScramWithMD5Secrets(t *testing.T) {
+	t.Parallel()
+	md5Secret := auth.MD5Hash(pgtest.RoleMD5, pgtest.Password)
+	p := startPoolerd(t, func(c *config.Config) {
+		c.AuthType = config.AuthSCRAM
+		c.Users = []config.User{{Name: pgtest.RoleMD5, Password: md5Secret}, {Name: pgtest.RoleSCRAM, Password: pgtest.Password}}
+	})
+	if w := strings.Join(p.cfg.Warnings(), "\n"); !strings.Contains(w, `user "md5_user" has an md5 secret, which SCRAM cannot check`) {
+		t.Errorf("warnings %q", w)
+	}
+	if pe := loginPgError(t, p.dsn(pgtest.RoleMD5, pgtest.Password, pgtest.DBApp)); pe.Code != "28P01" {
+		t.Errorf("md5_user: got %s %s, want 28P01", pe.Code, pe.Message)
+	}
+	pc := connectDSN(t, p.dsn(pgtest.RoleSCRAM, pgtest.Password, pgtest.DBApp))
+	if got := scalarText(t, pc, "SELECT current_user"); got != pgtest.RoleSCRAM {
+		t.Fatalf("current_user %q", got)
+	}
+	// Back to md5 and to scram-sha-256 at run time (the console's SET).
+	if err := p.srv.Set("auth_type", "md5"); err != nil {
+		t.Fatal(err)
+	}
+	_ = connectDSN(t, p.dsn(pgtest.RoleMD5, pgtest.Password, pgtest.DBApp))
+	if err := p.srv.Set("auth_type", "scram-sha-256"); err != nil {
+		t.Fatalf("SET auth_type scram-sha-256 with an md5 secret present: %v", err)
+	}
+	if pe := loginPgError(t, p.dsn(pgtest.RoleMD5, pgtest.Password, pgtest.DBApp)); pe.Code != "28P01" {
+		t.Errorf("md5_user after SET: got %s %s, want 28P01", pe.Code, pe.Message)
+	}
+}
