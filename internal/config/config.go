@@ -132,6 +132,9 @@ type Config struct {
 	AuthUser string `mapstructure:"auth_user"`
 	// AuthQuery returns (name, secret) for the user given as $1.
 	AuthQuery string `mapstructure:"auth_query"`
+	// AuthDBName, when set, is the database entry whose server and
+	// database auth_query runs in; empty: the client's database.
+	AuthDBName string `mapstructure:"auth_dbname"`
 	// AuthCacheTTL is how long a secret AuthQuery returned is used
 	// before the query runs again; 0 runs it for every login.
 	AuthCacheTTL time.Duration `mapstructure:"auth_cache_ttl"`
@@ -426,6 +429,11 @@ type Database struct {
 	// ServerTLSSSLMode overrides the global server_tls_sslmode for this
 	// database's server.
 	ServerTLSSSLMode string `mapstructure:"server_tls_sslmode"`
+	// AuthUser, AuthQuery and AuthDBName override the global auth_user,
+	// auth_query and auth_dbname for this database's clients (AuthLookup).
+	AuthUser   string `mapstructure:"auth_user"`
+	AuthQuery  string `mapstructure:"auth_query"`
+	AuthDBName string `mapstructure:"auth_dbname"`
 
 	// MaxDBConnections and MaxDBClientConnections override the global
 	// limits for this database (server and client connections).

@@ -1,6 +1,8 @@
 package config
 
 import (
+	"cmp"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -76,15 +78,76 @@ func (c *Config) HBARules() hba.Rules {
 	return c.hbaRules
 }
 
-// validateAuthQuery checks auth_user, auth_query and auth_cache_ttl.
+// validateAuthQuery checks auth_user, auth_query, auth_dbname and
+// auth_cache_ttl, globally and per database.
 func (c *Config) validateAuthQuery(bad func(string, ...any)) {
 	if c.AuthCacheTTL < 0 {
 		bad("auth_cache_ttl must not be negative (0 runs auth_query for every login)")
 	}
-	if c.AuthUser == "" {
-		return
+	check := func(where, user, query, dbname string) {
+		if user != "" && !strings.Contains(query, "$1") {
+			bad("%sauth_query %q has no $1: it must take the user name as its parameter $1 (the default is %s)", where, query, DefaultAuthQuery)
+		}
+		if dbname == "" {
+			return
+		}
+		switch d := c.entry(dbname); {
+		case dbname == WildcardDatabase:
+			bad("%sauth_dbname %q: name a database entry, not the wildcard", where, dbname)
+		case d == nil && (c.upstream == nil || c.upstream.Database != dbname):
+			bad("%sauth_dbname %q is not a database entry (or upstream's database): auth_query runs on that entry's server and database; add it under databases", where, dbname)
+		}
 	}
-	if !strings.Contains(c.AuthQuery, "$1") {
-		bad("auth_query %q has no $1: it must take the user name as its parameter $1 (the default is %s)", c.AuthQuery, DefaultAuthQuery)
+	check("", c.AuthUser, c.AuthQuery, c.AuthDBName)
+	for _, d := range c.Databases {
+		l := c.AuthLookup(d.Name)
+		check(fmt.Sprintf("database %q ", d.Name), l.User, l.Query, l.DBName)
 	}
+}
+
+// entry returns the entry named exactly name, or nil.
+func (c *Config) entry(name string) *Database {
+	for i := range c.Databases {
+		if c.Databases[i].Name == name {
+			return &c.Databases[i]
+		}
+	}
+	return nil
+}
+
+// AuthLookupSettings say how auth_query finds the secret of a user the
+// configuration does not know, for the clients of one database.
+type AuthLookupSettings struct {
+	// User runs Query ($1: the user name); empty: no lookup.
+	User, Query string
+	// DBName is the database entry the query runs in; empty: the
+	// client's database.
+	DBName string
+}
+
+// AuthLookup returns the auth_query settings for the clients of database:
+// its entry's auth_user, auth_query and auth_dbname, each falling back to
+// the global one (PgBouncer's per-database auth_user).
+func (c *Config) AuthLookup(database string) AuthLookupSettings {
+	l := AuthLookupSettings{User: c.AuthUser, Query: c.AuthQuery, DBName: c.AuthDBName}
+	if d, ok := c.database(database); ok { // its entry, or the wildcard's
+		l.User = cmp.Or(d.AuthUser, l.User)
+		l.Query = cmp.Or(d.AuthQuery, l.Query)
+		l.DBName = cmp.Or(d.AuthDBName, l.DBName)
+	}
+	return l
+}
+
+// AnyAuthUser reports whether auth_query is set up anywhere (globally or
+// for a database).
+func (c *Config) AnyAuthUser() bool {
+	if c.AuthUser != "" {
+		return true
+	}
+	for _, d := range c.Databases {
+		if d.AuthUser != "" {
+			return true
+		}
+	}
+	return false
 }

@@ -56,6 +56,7 @@ func Keys() []Key {
 		{Name: "auth_ident_file", Help: "user-name maps in pg_ident.conf format, for access rules with map= (peer, cert)"},
 		{Name: "auth_user", Help: "role that runs auth_query for users without a configured secret; empty disables auth_query"},
 		{Name: "auth_query", Help: "query returning (name, secret) of the user $1, run as auth_user"},
+		{Name: "auth_dbname", Help: "database entry whose server and database auth_query runs in; empty: the client's database"},
 		{Name: "auth_cache_ttl", Help: "how long a secret from auth_query is reused (0 = query every login)"},
 		{Name: "auth_failure_delay", Help: "delay before answering a failed login; doubles per failure in a row from the address (0 = off)"},
 		{Name: "auth_failure_delay_max", Help: "longest auth_failure_delay"},

@@ -86,3 +86,40 @@ func TestHBAConfig(t *testing.T) {
 		}
 	}
 }
+
+// Per-database auth_user, auth_query and auth_dbname fall back to the
+// global ones; auth_dbname names an entry (or upstream's database).
+func TestAuthLookupPerDatabase(t *testing.T) {
+	const up = "upstream: postgres://app:secret@db/app\n"
+	c, err := load(t, up+`auth_user: glob
+auth_dbname: app
+databases:
+  - {name: a, host: h, auth_user: au, auth_query: "SELECT n, s FROM t WHERE n = $1"}
+  - {name: b, host: h, auth_dbname: a}
+  - {name: "*", host: h, auth_user: wild}
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for db, want := range map[string]AuthLookupSettings{
+		"a":     {User: "au", Query: "SELECT n, s FROM t WHERE n = $1", DBName: "app"},
+		"b":     {User: "glob", Query: DefaultAuthQuery, DBName: "a"},
+		"other": {User: "wild", Query: DefaultAuthQuery, DBName: "app"},
+	} {
+		if got := c.AuthLookup(db); got != want {
+			t.Errorf("AuthLookup(%q) = %+v, want %+v", db, got, want)
+		}
+	}
+	if !c.AnyAuthUser() || !c.TrustListsUsers() {
+		t.Error("auth_user set: AnyAuthUser and TrustListsUsers should say so")
+	}
+	for yaml, want := range map[string]string{
+		"databases:\n  - {name: a, host: h, auth_user: u, auth_query: 'SELECT 1'}\n": `database "a" auth_query "SELECT 1" has no $1`,
+		"databases:\n  - {name: a, host: h, auth_dbname: nope}\n":                    `database "a" auth_dbname "nope" is not a database entry`,
+		"auth_dbname: '*'\ndatabases:\n  - {name: '*', host: h}\n":                   `auth_dbname "*": name a database entry, not the wildcard`,
+	} {
+		if _, err := load(t, up+yaml); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: got %v, want %q", yaml, err, want)
+		}
+	}
+}

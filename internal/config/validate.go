@@ -219,7 +219,6 @@ func (c *Config) Validate() error {
 		bad("auth_type %q is not one of scram-sha-256, md5, trust, any, hba (POOLERD_AUTH_TYPE / --auth-type)", c.AuthType)
 	}
 	c.validateHBA(bad)
-	c.validateAuthQuery(bad)
 	c.PoolSettings.validate("", bad)
 	if c.ClientLoginTimeout < 0 {
 		bad("client_login_timeout must not be negative (0 disables it)")
@@ -289,6 +288,7 @@ func (c *Config) Validate() error {
 			c.upstream = u
 		}
 	}
+	c.validateAuthQuery(bad)
 
 	seenDB := map[string]bool{}
 	if c.AuthFailureDelay < 0 || c.AuthFailureDelayMax < c.AuthFailureDelay {
@@ -453,7 +453,7 @@ func (c *Config) Warnings() []string {
 	if c.ServesNoDatabase() {
 		w = append(w, "no databases: every client but the admin console's is refused (3D000 no such database); set upstream (e.g. --upstream postgres://user:password@127.0.0.1:5432/db) or list entries under databases ([databases] in a pgbouncer.ini)")
 	}
-	if c.AuthType != AuthTrust && c.AuthType != AuthAny && c.AuthType != AuthHBA && c.AuthUser == "" && len(c.secrets) == 0 {
+	if c.AuthType != AuthTrust && c.AuthType != AuthAny && c.AuthType != AuthHBA && !c.AnyAuthUser() && len(c.secrets) == 0 {
 		w = append(w, fmt.Sprintf("auth_type %s needs client passwords, and none are configured: no client can log in, the admin console's included; put the password in upstream, in users[].password or in auth_file, set auth_user to look them up in PostgreSQL (or set auth_type trust on a trusted network)", c.AuthType))
 	}
 	return w
@@ -644,7 +644,7 @@ func (c *Config) UpstreamInfo() *UpstreamURL { return c.upstream }
 // auth_user is set; without either, trust admits every user name, and
 // auth_type any always does.
 func (c *Config) TrustListsUsers() bool {
-	return c.AuthFile != "" || c.AuthUser != ""
+	return c.AuthFile != "" || c.AnyAuthUser()
 }
 
 // ClientSecret returns the secret a client logging in as user must prove.

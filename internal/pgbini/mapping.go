@@ -68,8 +68,6 @@ const (
 	adviceDNS         = "poolerd resolves host names with the system resolver at each connect: nothing to set"
 	adviceStartupParm = "not stored by poolerd: set it in PostgreSQL with ALTER DATABASE … SET (or ALTER ROLE … SET), or in the client's connection string"
 	adviceAuthQuery   = "as in PgBouncer: users not in auth_file are looked up with auth_query as auth_user, whose password comes from auth_file (docs/security.md)"
-	adviceAuthDB      = "poolerd runs auth_query in the database the client asks for: remove it (auth_user must be able to log in to each database)"
-	adviceAuthPerDB   = "not supported per database: set auth_user and auth_query in [pgbouncer]"
 	adviceHBA         = "as in PgBouncer, with auth_type hba (docs/security.md)"
 	adviceTLSProto    = "poolerd speaks TLS 1.2 and 1.3 with Go's default cipher suites: nothing to set"
 	adviceNotNeeded   = "not needed by poolerd: remove it"
@@ -91,7 +89,7 @@ func Rules() []Rule {
 		{Section: "pgbouncer", Key: "auth_ident_file", To: "auth_ident_file", kind: kindPath, Note: "user-name maps (pg_ident.conf format) for `peer` and `cert` rules with `map=`"},
 		{Section: "pgbouncer", Key: "auth_query", To: "auth_query", kind: kindString, ifKey: true, Note: adviceAuthQuery},
 		{Section: "pgbouncer", Key: "auth_user", To: "auth_user", kind: kindString, ifKey: true, Note: adviceAuthQuery},
-		{Section: "pgbouncer", Key: "auth_dbname", To: "auth_dbname", kind: kindString, ifKey: true, Note: adviceAuthDB},
+		{Section: "pgbouncer", Key: "auth_dbname", To: "auth_dbname", kind: kindString, Note: "the [databases] entry whose server and database auth_query runs in"},
 		{Section: "pgbouncer", Key: "auth_ldap_options", Note: "LDAP authentication is not supported: use auth_file"},
 		{Section: "pgbouncer", Key: "admin_users", To: "admin_users", kind: kindList},
 		{Section: "pgbouncer", Key: "stats_users", To: "stats_users", kind: kindList},
@@ -187,9 +185,9 @@ func Rules() []Rule {
 		{Section: "databases", Key: "dbname", To: "dbname", kind: kindString},
 		{Section: "databases", Key: "user", To: "user", kind: kindString},
 		{Section: "databases", Key: "password", To: "password", kind: kindString, Note: "without it the password of user in auth_file is used, as in PgBouncer"},
-		{Section: "databases", Key: "auth_user", Note: adviceAuthPerDB},
-		{Section: "databases", Key: "auth_query", Note: adviceAuthPerDB},
-		{Section: "databases", Key: "auth_dbname", Note: adviceAuthDB},
+		{Section: "databases", Key: "auth_user", To: "auth_user", kind: kindString, Note: "this database's clients are looked up as this user"},
+		{Section: "databases", Key: "auth_query", To: "auth_query", kind: kindString},
+		{Section: "databases", Key: "auth_dbname", To: "auth_dbname", kind: kindString},
 		{Section: "databases", Key: "pool_size", To: "max_size", kind: kindInt},
 		{Section: "databases", Key: "min_pool_size", To: "min_size", kind: kindInt},
 		{Section: "databases", Key: "reserve_pool", To: "reserve_pool_size", kind: kindInt, Note: "PgBouncer's name before 1.24"},

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -132,19 +133,24 @@ func (s *session) authPassword(secret auth.Secret, known bool) (bool, error) {
 // database; answers are cached for auth_cache_ttl. A user with no row or a
 // NULL secret is unknown (false). An error is a refusal to send.
 func (srv *Server) lookupSecret(ctx context.Context, cfg *config.Config, database, user string) (auth.Secret, bool, *wire.Error) {
-	route, err := cfg.Route(database, user)
-	if err != nil {
+	if _, err := cfg.Route(database, user); err != nil {
 		return auth.Secret{}, false, nil // no such database: the login fails like a wrong password
 	}
-	key := route.Host + "\x00" + strconv.Itoa(route.Port) + "\x00" + route.DBName + "\x00" + user
+	look := cfg.AuthLookup(database)
+	// auth_dbname: the query runs on that entry's server and database.
+	route, err := cfg.Route(cmp.Or(look.DBName, database), look.User)
+	if err != nil {
+		return auth.Secret{}, false, nil
+	}
+	key := route.Host + "\x00" + strconv.Itoa(route.Port) + "\x00" + route.DBName + "\x00" + look.User + "\x00" + look.Query + "\x00" + user
 	now := time.Now()
 	if s, ok := srv.authCache.Get(key, cfg.AuthCacheTTL, now); ok {
 		return s, true, nil
 	}
-	secret, found, err := srv.runAuthQuery(ctx, cfg, route, user)
+	secret, found, err := srv.runAuthQuery(ctx, cfg, route, look, user)
 	if err != nil {
 		srv.log.Error("auth_query failed", zap.String("database", database), zap.String("user", user),
-			zap.String("auth_user", cfg.AuthUser), zap.Error(err))
+			zap.String("auth_user", look.User), zap.String("auth_dbname", route.DBName), zap.Error(err))
 		return auth.Secret{}, false, &wire.Error{Severity: "FATAL", Code: "28000",
 			Message: fmt.Sprintf("could not look up the password of user %q", user),
 			Hint:    "poolerd runs auth_query as auth_user for users it has no secret for, and that failed: see poolerd's log; check auth_user's password (users or auth_file), its right to read pg_authid, and auth_query"}
@@ -155,12 +161,13 @@ func (srv *Server) lookupSecret(ctx context.Context, cfg *config.Config, databas
 	return secret, found, nil
 }
 
-// runAuthQuery logs in as auth_user and runs auth_query once.
-func (srv *Server) runAuthQuery(ctx context.Context, cfg *config.Config, route config.Route, user string) (auth.Secret, bool, error) {
+// runAuthQuery logs in as look's auth_user to route's server and database
+// and runs its auth_query once.
+func (srv *Server) runAuthQuery(ctx context.Context, cfg *config.Config, route config.Route, look config.AuthLookupSettings, user string) (auth.Secret, bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, route.Settings.ServerConnectTimeout)
 	defer cancel()
-	creds := backend.Credentials{User: cfg.AuthUser, KeyCache: srv.scramKeys}
-	creds.Secret, _ = cfg.ClientSecret(cfg.AuthUser)
+	creds := backend.Credentials{User: look.User, KeyCache: srv.scramKeys}
+	creds.Secret, _ = cfg.ClientSecret(look.User)
 	target := backend.Target{Host: route.Host, Port: route.Port, TLS: srv.serverTLSFor(route.ServerTLSMode),
 		TCP: tcpOptions(srv.cfg(), backend.ServerKeepAlive)}
 	bc, err := backend.Connect(ctx, target, route.DBName, creds, nil)
@@ -171,7 +178,7 @@ func (srv *Server) runAuthQuery(ctx context.Context, cfg *config.Config, route c
 	if dl, ok := ctx.Deadline(); ok {
 		_ = bc.SetDeadline(dl)
 	}
-	secret, found, err := authquery.Lookup(bc, cfg.AuthQuery, user)
+	secret, found, err := authquery.Lookup(bc, look.Query, user)
 	if err == nil {
 		term, _ := (&pgproto3.Terminate{}).Encode(nil)
 		_, _ = bc.Write(term)

@@ -287,7 +287,7 @@ func (s *session) adopt(st *handOver, cfg *config.Config) *wire.Error {
 	// configured for the user, as a login would have given it.
 	s.clientKey = st.ClientKey
 	dbp.setClientKey(s.clientKey)
-	if _, known := cfg.ClientSecret(s.user); !known && cfg.AuthUser != "" {
+	if _, known := cfg.ClientSecret(s.user); !known && cfg.AuthLookup(s.database).User != "" {
 		ctx, cancel := context.WithTimeout(s.srv.ctx, 10*time.Second)
 		secret, found, werr := s.srv.lookupSecret(ctx, cfg, s.database, s.user)
 		cancel()

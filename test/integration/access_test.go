@@ -440,3 +440,55 @@ func authQueryRoles(ctx context.Context, t *testing.T, authRole, authPW, userPW 
 		}
 	}
 }
+
+// TestAuthQueryPerDatabase: auth_user, auth_query and auth_dbname of a
+// database entry (PgBouncer's per-database auth_user). Entry a looks its
+// unknown users up as pdq_auth with the default query; entry b (database
+// other) with its own query, which reads a table only database app has,
+// in entry a's database (auth_dbname); entry c has no auth_user, so an
+// unknown user is refused there; entry d is b without auth_dbname: its
+// query runs in database other and fails.
+func TestAuthQueryPerDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := ctxTimeout(t, 30*time.Second)
+	const userPW, authPW = "pdq-user-pw", "pdq-auth-pw"
+	authQueryRoles(ctx, t, "pdq_auth", authPW, userPW, "pdq_user")
+	su, err := pgx.Connect(ctx, pg.SuperDSN(pgtest.DBApp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer su.Close(context.Background())
+	for _, q := range []string{
+		"DROP TABLE IF EXISTS pdq_secrets",
+		"CREATE TABLE pdq_secrets AS SELECT rolname::text AS name, rolpassword AS secret FROM pg_catalog.pg_authid WHERE rolname = 'pdq_user'",
+		"GRANT SELECT ON pdq_secrets TO pdq_auth",
+		"GRANT CONNECT ON DATABASE " + pgtest.DBOther + " TO pdq_user, pdq_auth",
+	} {
+		if _, err := su.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	const ownQuery = "SELECT name, secret FROM pdq_secrets WHERE name = $1"
+	p := startPoolerd(t, func(c *config.Config) {
+		c.Upstream = ""
+		c.Users = []config.User{{Name: "pdq_auth", Password: authPW}}
+		c.Databases = []config.Database{
+			{Name: "a", Host: pg.Host, Port: pg.Port, DBName: pgtest.DBApp, AuthUser: "pdq_auth"},
+			{Name: "b", Host: pg.Host, Port: pg.Port, DBName: pgtest.DBOther, AuthUser: "pdq_auth", AuthQuery: ownQuery, AuthDBName: "a"},
+			{Name: "c", Host: pg.Host, Port: pg.Port, DBName: pgtest.DBApp},
+			{Name: "d", Host: pg.Host, Port: pg.Port, DBName: pgtest.DBOther, AuthUser: "pdq_auth", AuthQuery: ownQuery},
+		}
+	})
+	for db, want := range map[string]string{"a": pgtest.DBApp, "b": pgtest.DBOther} {
+		c := connectDSN(t, p.dsn("pdq_user", userPW, db))
+		if got := scalarText(t, c, "SELECT current_user || ' ' || current_database()"); got != "pdq_user "+want {
+			t.Errorf("entry %s: %q, want pdq_user in %s", db, got, want)
+		}
+	}
+	if pe := loginPgError(t, p.dsn("pdq_user", userPW, "c")); pe.Code != "28P01" {
+		t.Errorf("entry c (no auth_user): %s %s, want 28P01", pe.Code, pe.Message)
+	}
+	if pe := loginPgError(t, p.dsn("pdq_user", userPW, "d")); pe.Code != "28000" || !strings.Contains(pe.Hint, "auth_query") {
+		t.Errorf("entry d (its query in database other, which has no pdq_secrets): %s %s (hint %q), want 28000 naming auth_query", pe.Code, pe.Message, pe.Hint)
+	}
+}
