@@ -183,6 +183,11 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 			continue
 		}
 		hln, err := listenHTTP(cfg, h.addr)
+		if err != nil && h.addr == cfg.HTTPListen && cfg.HTTPListenOptional() && errors.Is(err, syscall.EADDRINUSE) {
+			log.Warn("http_listen is in use: serving without the HTTP endpoint (health, metrics); a pgbouncer.ini configuration takes it only when free: set http_listen (POOLERD_HTTP_LISTEN, --http-listen) to choose an address",
+				zap.String("http_listen", h.addr))
+			continue
+		}
 		if err != nil {
 			closeListeners(lns)
 			stopHTTP(hs)

@@ -266,6 +266,9 @@ type Config struct {
 	hbaRules hba.Rules
 	// identMaps are AuthIdentFile's maps.
 	identMaps hba.IdentMaps
+	// httpOptional: http_listen is the default of a configuration read
+	// from a pgbouncer.ini (HTTPListenOptional).
+	httpOptional bool
 	// comboWarnings are what validation accepted but Warnings reports (a
 	// database's min_size above a user's max_size).
 	comboWarnings []string
@@ -742,3 +745,9 @@ func (c *Config) UnixSocketPath(port int) string {
 	}
 	return filepath.Join(c.UnixSocketDir, ".s.PGSQL."+strconv.Itoa(port))
 }
+
+// HTTPListenOptional reports whether http_listen is only the default of a
+// configuration read from a pgbouncer.ini (set neither by the environment
+// nor by a flag): poolerd then starts without the HTTP endpoint when that
+// address is in use, as a second PgBouncer on the host would start.
+func (c *Config) HTTPListenOptional() bool { return c.httpOptional }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"reflect"
 	"strings"
 	"time"
@@ -211,8 +212,10 @@ func (l *Loader) Load() (*Config, error) {
 			}
 		}
 	}
+	translated := false
 	if l.File != "" {
-		if err := l.readFile(v); err != nil {
+		var err error
+		if translated, err = l.readFile(v); err != nil {
 			return nil, err
 		}
 	}
@@ -228,6 +231,12 @@ func (l *Loader) Load() (*Config, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("config%s: %w", fileSuffix(l.File), err)
 	}
+	// A pgbouncer.ini names no HTTP endpoint (PgBouncer has none): the
+	// default one is served if its port is free (two bouncers on one host
+	// both start, as PgBouncer's do).
+	_, env := os.LookupEnv(EnvPrefix + "HTTP_LISTEN")
+	flag := l.flags.Lookup("http-listen")
+	cfg.httpOptional = translated && !env && (flag == nil || !flag.Changed)
 	return &cfg, nil
 }
 

@@ -10,26 +10,26 @@ import (
 
 // readFile reads the --config file into v: through Translate when that
 // recognises it (a pgbouncer.ini), as YAML otherwise.
-func (l *Loader) readFile(v *viper.Viper) error {
+func (l *Loader) readFile(v *viper.Viper) (translated bool, err error) {
 	data, err := os.ReadFile(l.File)
 	if err != nil {
-		return fmt.Errorf("config file: %w", err)
+		return false, fmt.Errorf("config file: %w", err)
 	}
 	if l.Translate != nil {
 		tree, ok, err := l.Translate(l.File, data)
 		if err != nil {
-			return fmt.Errorf("config file %s: %w", l.File, err)
+			return false, fmt.Errorf("config file %s: %w", l.File, err)
 		}
 		if ok {
 			if err := v.MergeConfigMap(tree); err != nil {
-				return fmt.Errorf("config file %s: %w", l.File, err)
+				return false, fmt.Errorf("config file %s: %w", l.File, err)
 			}
-			return nil
+			return true, nil
 		}
 	}
 	v.SetConfigType("yaml")
 	if err := v.ReadConfig(bytes.NewReader(data)); err != nil {
-		return fmt.Errorf("config file %s: %w", l.File, err)
+		return false, fmt.Errorf("config file %s: %w", l.File, err)
 	}
-	return nil
+	return false, nil
 }

@@ -162,3 +162,35 @@ func connectAnswered(t *testing.T, proc *lcProc, dsn string) (*pgconn.PgConn, er
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestIniHTTPPortInUse: a configuration read from a pgbouncer.ini, which
+// names no HTTP endpoint, starts without it when the default http_listen
+// (127.0.0.1:9930) is in use, saying so, as a second PgBouncer on the host
+// would start; a YAML configuration with the same default refuses to
+// start, naming the address.
+func TestIniHTTPPortInUse(t *testing.T) {
+	t.Parallel()
+	if ln, err := net.Listen("tcp", "127.0.0.1:9930"); err == nil {
+		defer ln.Close() // else something else holds it: the same for the test
+	}
+	bin := lcBuildBinary(t)
+	dir := t.TempDir()
+	addr := lcFreeAddr(t)
+	_, port, _ := net.SplitHostPort(addr)
+	ini := filepath.Join(dir, "pgbouncer.ini")
+	lcWrite(t, ini, fmt.Sprintf("[databases]\napp = host=%s port=%d user=%s password=%s\n[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = %s\nunix_socket_dir =\nauth_type = trust\n", pg.Host, pg.Port, pgtest.RoleApp, pgtest.Password, port))
+	proc := lcStartBinary(t, bin, "--config", ini)
+	waitOutput(t, proc, "http_listen is in use: serving without the HTTP endpoint")
+	c, err := connectAnswered(t, proc, fmt.Sprintf("postgres://%s@%s/app?sslmode=disable", pgtest.RoleApp, addr))
+	if err != nil {
+		t.Fatalf("through the ini's poolerd: %v", err)
+	}
+	_ = c.Close(context.Background())
+
+	yaml := filepath.Join(dir, "poolerd.yaml")
+	lcWrite(t, yaml, fmt.Sprintf("listen: %s\nupstream: %s\n", lcFreeAddr(t), pg.DSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp)))
+	strict := lcStartBinary(t, bin, "--config", yaml)
+	if code, _ := strict.wait(t, 15*time.Second); code == 0 || !strings.Contains(strict.stderr.String(), "listen on 127.0.0.1:9930 (http_listen") {
+		t.Errorf("YAML with the default http_listen in use: exit %d\n%s", code, strict.stderr.String())
+	}
+}
