@@ -465,7 +465,23 @@ func (c *Console) showUsers() *resultSet {
 	for _, u := range cfg.Users {
 		overrides[u.Name] = u.Overrides
 	}
-	names := append([]string{adminDatabase}, cfg.UserNames()...)
+	// The users the configuration names, and those that only logins
+	// brought (auth_query, trust, upstream): PgBouncer lists every user it
+	// has met.
+	known := map[string]bool{}
+	names := []string{adminDatabase}
+	for _, n := range cfg.UserNames() {
+		known[n] = true
+		names = append(names, n)
+	}
+	for _, m := range []map[string]int{clients, servers} {
+		for n := range m {
+			if !known[n] && n != adminDatabase {
+				known[n] = true
+				names = append(names, n)
+			}
+		}
+	}
 	sort.Strings(names[1:])
 	for _, n := range names {
 		poolSize, reserveSize, poolMode := "", "", any(null{})

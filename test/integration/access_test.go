@@ -472,6 +472,7 @@ func TestAuthQueryPerDatabase(t *testing.T) {
 	p := startPoolerd(t, func(c *config.Config) {
 		c.Upstream = ""
 		c.Users = []config.User{{Name: "pdq_auth", Password: authPW}}
+		c.AdminUsers = []string{"pdq_auth"}
 		c.Databases = []config.Database{
 			{Name: "a", Host: pg.Host, Port: pg.Port, DBName: pgtest.DBApp, AuthUser: "pdq_auth"},
 			{Name: "b", Host: pg.Host, Port: pg.Port, DBName: pgtest.DBOther, AuthUser: "pdq_auth", AuthQuery: ownQuery, AuthDBName: "a"},
@@ -484,6 +485,23 @@ func TestAuthQueryPerDatabase(t *testing.T) {
 		if got := scalarText(t, c, "SELECT current_user || ' ' || current_database()"); got != "pdq_user "+want {
 			t.Errorf("entry %s: %q, want pdq_user in %s", db, got, want)
 		}
+	}
+	// SHOW USERS lists a user only auth_query knows, with its clients, as
+	// PgBouncer lists every user it has met.
+	adm := connectDSN(t, p.dsn("pdq_auth", authPW, "pgbouncer"))
+	rows, err := adm.Query(ctx, "SHOW USERS", pgx.QueryExecModeSimpleProtocol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clients := ""
+	for rows.Next() {
+		if v := rows.RawValues(); string(v[0]) == "pdq_user" {
+			clients = string(v[7]) // current_client_connections
+		}
+	}
+	rows.Close()
+	if clients != "2" {
+		t.Errorf("SHOW USERS: pdq_user's current_client_connections %q, want 2 (a row for the user auth_query found)", clients)
 	}
 	if pe := loginPgError(t, p.dsn("pdq_user", userPW, "c")); pe.Code != "28P01" {
 		t.Errorf("entry c (no auth_user): %s %s, want 28P01", pe.Code, pe.Message)
