@@ -21,7 +21,8 @@ import (
 // Unix socket in unix_socket_dir, .s.PGSQL.<the first address's port>, with
 // unix_socket_mode; access rules tell the two kinds of client apart: a
 // local rule (trust) admits Unix-socket clients without a password, a host
-// rule (reject) refuses TCP clients of 127.0.0.1 on either port.
+// rule (reject) refuses TCP clients of 127.0.0.1 on either port. The
+// sessions run on event loops, which read Unix sockets as they read TCP.
 func TestListeners(t *testing.T) {
 	t.Parallel()
 	bin := lcBuildBinary(t)
@@ -32,6 +33,7 @@ func TestListeners(t *testing.T) {
 unix_socket_dir: %s
 unix_socket_mode: "0700"
 pool_mode: transaction
+event_loops: "2"
 auth_type: hba
 auth_hba_rules:
   - {type: local, database: all, user: all, method: trust}
