@@ -29,10 +29,10 @@ func ClientTLS(c *Config) (*tls.Config, error) {
 	}
 	cfg := &tls.Config{Certificates: []tls.Certificate{cert}}
 	if cfg.MinVersion, cfg.MaxVersion, err = TLSProtocols(c.ClientTLSProtocols); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("client_tls_protocols: %w", err)
 	}
 	if cfg.CipherSuites, err = TLSCiphers(c.ClientTLSCiphers); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("client_tls_ciphers: %w", err)
 	}
 	if c.ClientTLSCAFile != "" {
 		pem, err := os.ReadFile(c.ClientTLSCAFile)

@@ -167,6 +167,10 @@ type Config struct {
 	// ClientTLSCiphers are the TLS 1.2 cipher suites offered to clients:
 	// default, secure, fast, normal, all, or a list of OpenSSL names.
 	ClientTLSCiphers string `mapstructure:"client_tls_ciphers"`
+	// ServerTLSProtocols and ServerTLSCiphers are the same towards
+	// PostgreSQL (server_tls_protocols, server_tls_ciphers).
+	ServerTLSProtocols string `mapstructure:"server_tls_protocols"`
+	ServerTLSCiphers   string `mapstructure:"server_tls_ciphers"`
 
 	// ServerTLSSSLMode is how connections to PostgreSQL use TLS: disable,
 	// allow, prefer, require, verify-ca or verify-full (PgBouncer's
@@ -595,6 +599,8 @@ func Defaults() Config {
 		// PgBouncer's defaults.
 		ClientTLSProtocols: "secure",
 		ClientTLSCiphers:   "default",
+		ServerTLSProtocols: "secure",
+		ServerTLSCiphers:   "default",
 		AuthQuery:          DefaultAuthQuery,
 		// A password changed or expired in PostgreSQL is seen within a
 		// minute; a login burst of one user runs the query once.

@@ -27,7 +27,7 @@ func TLSProtocols(v string) (minV, maxV uint16, err error) {
 	var on [4]bool
 	words := strings.FieldsFunc(strings.ToLower(v), func(r rune) bool { return r == ',' || r == ' ' || r == ':' })
 	if len(words) == 0 {
-		return 0, 0, fmt.Errorf("client_tls_protocols is empty: use secure (TLS 1.2 and 1.3), all, or versions like tlsv1.2,tlsv1.3")
+		return 0, 0, fmt.Errorf("empty: use secure (TLS 1.2 and 1.3), all, or versions like tlsv1.2,tlsv1.3")
 	}
 	for _, w := range words {
 		switch w {
@@ -43,7 +43,7 @@ func TLSProtocols(v string) (minV, maxV uint16, err error) {
 				}
 			}
 			if !found {
-				return 0, 0, fmt.Errorf("client_tls_protocols: %q is not tlsv1.0, tlsv1.1, tlsv1.2, tlsv1.3, secure, all or legacy", w)
+				return 0, 0, fmt.Errorf("%q is not tlsv1.0, tlsv1.1, tlsv1.2, tlsv1.3, secure, all or legacy", w)
 			}
 		}
 	}
@@ -129,12 +129,12 @@ func TLSCiphers(v string) ([]uint16, error) {
 		}
 		if id, ok := byName[strings.ToUpper(w)]; ok {
 			if isTLS13Suite(id) {
-				return nil, fmt.Errorf("client_tls_ciphers: %s is a TLS 1.3 suite, which Go's crypto/tls does not let poolerd choose (all three are always on): list TLS 1.2 suites only", w)
+				return nil, fmt.Errorf("%s is a TLS 1.3 suite, which Go's crypto/tls does not let poolerd choose (all three are always on): list TLS 1.2 suites only", w)
 			}
 			out = append(out, id)
 			continue
 		}
-		return nil, fmt.Errorf("client_tls_ciphers: %q is not a cipher suite poolerd knows: use default, secure, fast, normal, all, or OpenSSL names like ECDHE-RSA-AES128-GCM-SHA256 (OpenSSL's HIGH, !aNULL and other expressions are not supported)", w)
+		return nil, fmt.Errorf("%q is not a cipher suite poolerd knows: use default, secure, fast, normal, all, or OpenSSL names like ECDHE-RSA-AES128-GCM-SHA256 (OpenSSL's HIGH, !aNULL and other expressions are not supported)", w)
 	}
 	return out, nil
 }

@@ -303,11 +303,17 @@ func (c *Config) Validate() error {
 		// Checked even while unused, so that turning TLS on later does
 		// not reveal a typo.
 		if _, _, err := TLSProtocols(c.ClientTLSProtocols); err != nil {
-			bad("%v", err)
+			bad("client_tls_protocols: %v", err)
 		}
 		if _, err := TLSCiphers(c.ClientTLSCiphers); err != nil {
-			bad("%v", err)
+			bad("client_tls_ciphers: %v", err)
 		}
+	}
+	if _, _, err := TLSProtocols(c.ServerTLSProtocols); err != nil {
+		bad("server_tls_protocols: %v", err)
+	}
+	if _, err := TLSCiphers(c.ServerTLSCiphers); err != nil {
+		bad("server_tls_ciphers: %v", err)
 	}
 	for _, mode := range c.ServerTLSModes() {
 		if _, err := backend.NewTLS(mode, c.ServerTLSCAFile, c.ServerTLSCertFile, c.ServerTLSKeyFile); err != nil {

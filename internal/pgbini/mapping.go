@@ -148,8 +148,8 @@ func Rules() []Rule {
 		{Section: "pgbouncer", Key: "server_tls_ca_file", To: "server_tls_ca_file", kind: kindPath},
 		{Section: "pgbouncer", Key: "server_tls_cert_file", To: "server_tls_cert_file", kind: kindPath},
 		{Section: "pgbouncer", Key: "server_tls_key_file", To: "server_tls_key_file", kind: kindPath},
-		{Section: "pgbouncer", Key: "server_tls_protocols", To: "server_tls_protocols", kind: kindString, ifKey: true, Note: adviceTLSProto},
-		{Section: "pgbouncer", Key: "server_tls_ciphers", To: "server_tls_ciphers", kind: kindString, ifKey: true, Note: adviceTLSProto},
+		{Section: "pgbouncer", Key: "server_tls_protocols", To: "server_tls_protocols", kind: kindString, Note: "as `client_tls_protocols`, towards PostgreSQL"},
+		{Section: "pgbouncer", Key: "server_tls_ciphers", To: "server_tls_ciphers", kind: kindString, Note: "as `client_tls_ciphers`, towards PostgreSQL"},
 		// Network.
 		{Section: "pgbouncer", Key: "tcp_defer_accept", Note: "not needed by poolerd: it reads a new client's startup packet when it arrives, bounded by client_login_timeout; remove it"},
 		{Section: "pgbouncer", Key: "tcp_socket_buffer", Note: "not needed by poolerd: it keeps the kernel's self-tuning socket buffers; remove it"},

@@ -193,6 +193,11 @@ func (srv *Server) setServerTLS(cfg *config.Config) {
 			srv.log.Error("server TLS settings not applied", zap.String("server_tls_sslmode", mode), zap.Error(err))
 			continue
 		}
+		if t.Config != nil {
+			// Validated: server_tls_protocols and server_tls_ciphers parse.
+			t.Config.MinVersion, t.Config.MaxVersion, _ = config.TLSProtocols(cfg.ServerTLSProtocols)
+			t.Config.CipherSuites, _ = config.TLSCiphers(cfg.ServerTLSCiphers)
+		}
 		m[mode] = t
 	}
 	srv.serverTLS.Store(&m)

@@ -76,6 +76,25 @@ func TestServerTLS(t *testing.T) {
 			}
 		})
 	}
+	// server_tls_protocols and server_tls_ciphers: the version and suite
+	// PostgreSQL reports for the server connection.
+	t.Run("server_tls_protocols and ciphers", func(t *testing.T) {
+		for _, tc := range []struct{ protocols, ciphers, want string }{
+			{"tlsv1.2", "ECDHE-ECDSA-AES128-GCM-SHA256", "TLSv1.2 ECDHE-ECDSA-AES128-GCM-SHA256"},
+			{"tlsv1.2", "ECDHE-ECDSA-CHACHA20-POLY1305", "TLSv1.2 ECDHE-ECDSA-CHACHA20-POLY1305"},
+			{"tlsv1.3", "default", "TLSv1.3 "},
+		} {
+			p := startPoolerd(t, func(c *config.Config) {
+				c.Upstream = strings.TrimSuffix(sslPG.DSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp), "?sslmode=require")
+				c.ServerTLSSSLMode = "require"
+				c.ServerTLSProtocols, c.ServerTLSCiphers = tc.protocols, tc.ciphers
+			})
+			c := p.connect(t)
+			if got := scalarText(t, c, "SELECT version || ' ' || cipher FROM pg_stat_ssl WHERE pid = pg_backend_pid()"); !strings.HasPrefix(got, tc.want) {
+				t.Errorf("%s, %s: pg_stat_ssl %q, want %q", tc.protocols, tc.ciphers, got, tc.want)
+			}
+		}
+	})
 	for _, tc := range []struct{ name, mode, ca, want string }{
 		{"disable", "disable", "", "no encryption"},
 		{"verify-ca with another CA", "verify-ca", other.CA, "certificate"},
