@@ -34,6 +34,9 @@ func ClientTLS(c *Config) (*tls.Config, error) {
 	if cfg.CipherSuites, err = TLSCiphers(c.ClientTLSCiphers); err != nil {
 		return nil, fmt.Errorf("client_tls_ciphers: %w", err)
 	}
+	if cfg.CurvePreferences, err = TLSCurves(c.ClientTLSECDHCurve); err != nil {
+		return nil, fmt.Errorf("client_tls_ecdhcurve: %w", err)
+	}
 	if c.ClientTLSCAFile != "" {
 		pem, err := os.ReadFile(c.ClientTLSCAFile)
 		if err != nil {

@@ -167,6 +167,9 @@ type Config struct {
 	// ClientTLSCiphers are the TLS 1.2 cipher suites offered to clients:
 	// default, secure, fast, normal, all, or a list of OpenSSL names.
 	ClientTLSCiphers string `mapstructure:"client_tls_ciphers"`
+	// ClientTLSECDHCurve is the key-exchange curves offered to clients
+	// (TLSCurves): auto, or a list.
+	ClientTLSECDHCurve string `mapstructure:"client_tls_ecdhcurve"`
 	// ServerTLSProtocols and ServerTLSCiphers are the same towards
 	// PostgreSQL (server_tls_protocols, server_tls_ciphers).
 	ServerTLSProtocols string `mapstructure:"server_tls_protocols"`
@@ -599,6 +602,7 @@ func Defaults() Config {
 		// PgBouncer's defaults.
 		ClientTLSProtocols: "secure",
 		ClientTLSCiphers:   "default",
+		ClientTLSECDHCurve: "auto",
 		ServerTLSProtocols: "secure",
 		ServerTLSCiphers:   "default",
 		AuthQuery:          DefaultAuthQuery,

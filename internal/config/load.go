@@ -68,6 +68,7 @@ func Keys() []Key {
 		{Name: "client_tls_ca_file", Help: "CA of client certificates (verify-ca, verify-full)"},
 		{Name: "client_tls_protocols", Help: "TLS versions for clients: secure (1.2, 1.3), all, legacy, or tlsv1.0 ... tlsv1.3"},
 		{Name: "client_tls_ciphers", Help: "TLS 1.2 cipher suites for clients: default, secure, fast, normal, all, or OpenSSL names"},
+		{Name: "client_tls_ecdhcurve", Help: "key-exchange curves offered to clients: auto, or a list like x25519,prime256v1"},
 		{Name: "server_tls_protocols", Help: "TLS versions towards PostgreSQL: secure (1.2 and 1.3), all, or a list like tlsv1.2,tlsv1.3"},
 		{Name: "server_tls_ciphers", Help: "TLS 1.2 cipher suites towards PostgreSQL: default, secure (fast), all, or OpenSSL names"},
 		{Name: "server_tls_sslmode", Help: "TLS to PostgreSQL: disable, allow, prefer, require, verify-ca or verify-full"},

@@ -146,3 +146,25 @@ func isTLS13Suite(id uint16) bool {
 	}
 	return false
 }
+
+// TLSCurves reads client_tls_ecdhcurve: auto (Go's choice: X25519, P-256,
+// P-384, P-521 and the post-quantum hybrid) or a list of curves by
+// OpenSSL's or Go's names, in order of preference (PgBouncer takes one).
+func TLSCurves(v string) ([]tls.CurveID, error) {
+	if w := strings.ToLower(strings.TrimSpace(v)); w == "" || w == "auto" {
+		return nil, nil
+	}
+	names := map[string]tls.CurveID{
+		"x25519": tls.X25519, "prime256v1": tls.CurveP256, "secp256r1": tls.CurveP256, "p-256": tls.CurveP256,
+		"secp384r1": tls.CurveP384, "p-384": tls.CurveP384, "secp521r1": tls.CurveP521, "p-521": tls.CurveP521,
+	}
+	var out []tls.CurveID
+	for _, w := range strings.FieldsFunc(v, func(r rune) bool { return r == ':' || r == ',' || r == ' ' }) {
+		id, ok := names[strings.ToLower(w)]
+		if !ok {
+			return nil, fmt.Errorf("%q is not a curve poolerd knows: use auto, or x25519, prime256v1 (secp256r1), secp384r1, secp521r1", w)
+		}
+		out = append(out, id)
+	}
+	return out, nil
+}

@@ -308,6 +308,9 @@ func (c *Config) Validate() error {
 		if _, err := TLSCiphers(c.ClientTLSCiphers); err != nil {
 			bad("client_tls_ciphers: %v", err)
 		}
+		if _, err := TLSCurves(c.ClientTLSECDHCurve); err != nil {
+			bad("client_tls_ecdhcurve: %v", err)
+		}
 	}
 	if _, _, err := TLSProtocols(c.ServerTLSProtocols); err != nil {
 		bad("server_tls_protocols: %v", err)

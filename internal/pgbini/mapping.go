@@ -69,7 +69,6 @@ const (
 	adviceStartupParm = "not stored by poolerd: set it in PostgreSQL with ALTER DATABASE … SET (or ALTER ROLE … SET), or in the client's connection string"
 	adviceAuthQuery   = "as in PgBouncer: users not in auth_file are looked up with auth_query as auth_user, whose password comes from auth_file (docs/security.md)"
 	adviceHBA         = "as in PgBouncer, with auth_type hba (docs/security.md)"
-	adviceTLSProto    = "poolerd speaks TLS 1.2 and 1.3 with Go's default cipher suites: nothing to set"
 	adviceNotNeeded   = "not needed by poolerd: remove it"
 	adviceLog         = "poolerd logs to stderr (journald under systemd, `docker logs` in a container): redirect stderr to keep a file"
 )
@@ -142,8 +141,8 @@ func Rules() []Rule {
 		{Section: "pgbouncer", Key: "client_tls_ca_file", To: "client_tls_ca_file", kind: kindPath},
 		{Section: "pgbouncer", Key: "client_tls_protocols", To: "client_tls_protocols", kind: kindString, ifKey: true, Note: "as in PgBouncer (docs/security.md)"},
 		{Section: "pgbouncer", Key: "client_tls_ciphers", To: "client_tls_ciphers", kind: kindString, ifKey: true, Note: "as in PgBouncer, except that TLS 1.3 suites cannot be chosen (Go's)"},
-		{Section: "pgbouncer", Key: "client_tls_ecdhcurve", Note: adviceTLSProto},
-		{Section: "pgbouncer", Key: "client_tls_dheparams", Note: adviceTLSProto},
+		{Section: "pgbouncer", Key: "client_tls_ecdhcurve", To: "client_tls_ecdhcurve", kind: kindString, Note: "`auto` or curve names (`prime256v1`, `secp384r1`, `x25519`, …)"},
+		{Section: "pgbouncer", Key: "client_tls_dheparams", Note: "not needed: Go's TLS has no finite-field DHE suites, so there are no DH parameters to set (key exchange is always ECDHE, see client_tls_ecdhcurve)"},
 		{Section: "pgbouncer", Key: "server_tls_sslmode", To: "server_tls_sslmode", kind: kindString},
 		{Section: "pgbouncer", Key: "server_tls_ca_file", To: "server_tls_ca_file", kind: kindPath},
 		{Section: "pgbouncer", Key: "server_tls_cert_file", To: "server_tls_cert_file", kind: kindPath},

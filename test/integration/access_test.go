@@ -252,7 +252,7 @@ func TestAuthQuery(t *testing.T) {
 
 // clientTLSInstance starts poolerd with client TLS and the given protocol
 // and cipher settings.
-func clientTLSInstance(t *testing.T, protocols, ciphers string) (*instance, pgtest.TLSFiles) {
+func clientTLSInstance(t *testing.T, protocols, ciphers string, more ...func(c *config.Config)) (*instance, pgtest.TLSFiles) {
 	files, err := pgtest.MakeTLSFiles(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -261,6 +261,9 @@ func clientTLSInstance(t *testing.T, protocols, ciphers string) (*instance, pgte
 		c.ClientTLSSSLMode = "require"
 		c.ClientTLSCertFile, c.ClientTLSKeyFile = files.ServerCert, files.ServerKey
 		c.ClientTLSProtocols, c.ClientTLSCiphers = protocols, ciphers
+		for _, m := range more {
+			m(c)
+		}
 	})
 	return p, files
 }
@@ -324,6 +327,19 @@ func TestClientTLSProtocolsAndCiphers(t *testing.T) {
 		dsn := strings.Replace(p.appDSN(), "sslmode=disable", "sslmode=require", 1)
 		if err := selectOne(dsn); err != nil {
 			t.Fatal(err)
+		}
+	})
+	t.Run("client_tls_ecdhcurve", func(t *testing.T) {
+		p, _ := clientTLSInstance(t, "secure", "default", func(c *config.Config) { c.ClientTLSECDHCurve = "secp384r1" })
+		if _, err := tlsDial(t, p.addr, &tls.Config{InsecureSkipVerify: true, CurvePreferences: []tls.CurveID{tls.X25519, tls.CurveP256}}, false); err == nil {
+			t.Fatal("a client offering X25519 and P-256 only was accepted with client_tls_ecdhcurve secp384r1")
+		}
+		c, err := tlsDial(t, p.addr, &tls.Config{InsecureSkipVerify: true, CurvePreferences: []tls.CurveID{tls.X25519, tls.CurveP384}}, false)
+		if err != nil {
+			t.Fatalf("a client offering P-384: %v", err)
+		}
+		if cs := c.ConnectionState(); cs.CurveID != tls.CurveP384 {
+			t.Errorf("negotiated curve %v, want P-384", cs.CurveID)
 		}
 	})
 }
