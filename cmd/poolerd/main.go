@@ -82,7 +82,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	tuneGC(os.Getenv)
-	log, level, err := newLogger(cfg, stderr)
+	logOut := stderr
+	var lf *logFile
+	if cfg.LogFile != "" {
+		// PgBouncer's logfile: the log goes to the file as well as to
+		// stderr; SIGHUP opens it again (log rotation).
+		if lf, err = openLogFile(cfg.LogFile); err != nil {
+			fmt.Fprintln(stderr, "poolerd:", err)
+			return 1
+		}
+		logOut = io.MultiWriter(stderr, lf)
+	}
+	log, level, err := newLogger(cfg, logOut)
 	if err != nil {
 		fmt.Fprintln(stderr, "poolerd:", err)
 		return 2
@@ -92,7 +103,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	for _, w := range cfg.Warnings() {
 		log.Warn(w)
 	}
-	if err := serve(cfg, loader, log, level); err != nil {
+	if err := serve(cfg, loader, log, level, lf); err != nil {
 		log.Error("poolerd stopped", zap.Error(err))
 		return 1
 	}
@@ -130,7 +141,7 @@ func newLogger(cfg *config.Config, w io.Writer) (*zap.Logger, zap.AtomicLevel, e
 }
 
 // serve runs poolerd until a signal or the admin console stops it.
-func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap.AtomicLevel) error {
+func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap.AtomicLevel, lf *logFile) error {
 	lns, handover, err := openListeners(cfg, loader.Takeover, log)
 	if err != nil {
 		return err
@@ -217,6 +228,11 @@ func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap
 	signal.Notify(hups, syscall.SIGHUP)
 	go func() {
 		for range hups {
+			if lf != nil {
+				if err := lf.reopen(); err != nil {
+					log.Error("log_file could not be opened again; writing to the old file", zap.Error(err))
+				}
+			}
 			log.Info("SIGHUP received: reloading the configuration")
 			_ = srv.Reload()
 		}

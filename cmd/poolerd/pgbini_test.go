@@ -20,7 +20,7 @@ func TestConvertCommand(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
 	}
-	if !strings.Contains(errOut.String(), "2 settings poolerd does not honour") {
+	if !strings.Contains(errOut.String(), "1 settings poolerd does not honour") {
 		t.Errorf("stderr: %s", errOut.String())
 	}
 	// Valid as it stands where its auth_file exists (the pgbouncer package

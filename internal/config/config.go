@@ -222,6 +222,9 @@ type Config struct {
 
 	// LogFormat is console or json.
 	LogFormat string `mapstructure:"log_format"`
+	// LogFile, when set, gets a copy of the log (appended; opened again on
+	// SIGHUP, for rotation), as PgBouncer's logfile.
+	LogFile string `mapstructure:"log_file"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `mapstructure:"log_level"`
 	// LogConnections logs every successful client login.

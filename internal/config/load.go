@@ -127,6 +127,7 @@ func Keys() []Key {
 		{Name: "log_stats", Help: "log a stats line every stats_period"},
 		{Name: "http_pprof", Help: "serve /debug/pprof/ on the HTTP server"},
 		{Name: "log_format", Flag: "log-format", Help: "console or json"},
+		{Name: "log_file", Help: "file that gets a copy of the log (appended; opened again on SIGHUP); empty: stderr only"},
 		{Name: "log_level", Flag: "log-level", Help: "debug, info, warn or error"},
 		{Name: "log_connections", Help: "log every client login"},
 		{Name: "log_disconnections", Help: "log every client disconnection"},

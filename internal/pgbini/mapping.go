@@ -168,7 +168,7 @@ func Rules() []Rule {
 		{Section: "pgbouncer", Key: "log_stats", To: "log_stats", kind: kindBool},
 		{Section: "pgbouncer", Key: "log_pooler_errors", Note: "poolerd logs every refusal with its reason (log_disconnections): nothing to set"},
 		{Section: "pgbouncer", Key: "verbose", To: "log_level", kind: kindSpecial, Note: "1 or more becomes `debug`"},
-		{Section: "pgbouncer", Key: "logfile", Note: adviceLog},
+		{Section: "pgbouncer", Key: "logfile", To: "log_file", kind: kindPath, Note: "the log goes to the file as well as to stderr; SIGHUP opens it again"},
 		{Section: "pgbouncer", Key: "syslog", Note: adviceLog},
 		{Section: "pgbouncer", Key: "syslog_ident", Note: adviceLog},
 		{Section: "pgbouncer", Key: "syslog_facility", Note: adviceLog},

@@ -73,11 +73,12 @@ func TestDebianSample(t *testing.T) {
 		"unix_socket_dir":     "/var/run/postgresql",
 		"unix_socket_mode":    "0777",
 		"warm_pools":          false,
+		"log_file":            "/var/log/postgresql/pgbouncer.log",
 	}
 	if !reflect.DeepEqual(res.Tree, want) {
 		t.Errorf("tree\n got %#v\nwant %#v", res.Tree, want)
 	}
-	if got, want := settings(res), []string{"logfile", "pidfile"}; !reflect.DeepEqual(got, want) {
+	if got, want := settings(res), []string{"pidfile"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("not honoured %q, want %q", got, want)
 	}
 	for _, ig := range res.Ignored {
@@ -208,7 +209,7 @@ func TestMultiDatabase(t *testing.T) {
 	wantIgnored := []string{
 		"[databases] forcedb: client_encoding", "[databases] forcedb: datestyle", "[databases] forcedb: connect_query",
 		"[databases] my-db: application_name",
-		"ignore_startup_parameters", "logfile", "pidfile",
+		"ignore_startup_parameters", "pidfile",
 	}
 	if got := settings(res); !reflect.DeepEqual(got, wantIgnored) {
 		t.Errorf("not honoured\n got %q\nwant %q", got, wantIgnored)

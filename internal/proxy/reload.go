@@ -15,7 +15,7 @@ import (
 // change: the listening sockets and how the process was set up.
 func RestartRequired(key string) bool {
 	switch key {
-	case "listen", "unix_socket_dir", "unix_socket_mode", "unix_socket_group", "http_listen", "http_probe_listen", "http_web_config_file", "http_pprof", "log_format":
+	case "listen", "unix_socket_dir", "unix_socket_mode", "unix_socket_group", "http_listen", "http_probe_listen", "http_web_config_file", "http_pprof", "log_format", "log_file":
 		return true
 	}
 	return false

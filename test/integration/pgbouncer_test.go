@@ -42,7 +42,7 @@ multi = host=%s,localhost port=%d dbname=%s
 %s = pool_mode=transaction max_user_connections=5
 
 [pgbouncer]
-logfile = /var/log/postgresql/pgbouncer.log
+logfile = pgbouncer.log
 pidfile = /var/run/postgresql/pgbouncer.pid
 listen_addr = 127.0.0.1
 listen_port = %s
@@ -101,8 +101,24 @@ query_wait_timeout = 10
 	}
 	_ = admin.Close(ctx)
 	_ = cm.Close(ctx)
+	// logfile (relative: beside the ini) gets the log too; SIGHUP opens it
+	// again after a rotation renamed it.
+	logPath := filepath.Join(dir, "pgbouncer.log")
+	if b, err := os.ReadFile(logPath); err != nil || !strings.Contains(string(b), "poolerd starting") {
+		t.Fatalf("logfile %s: %v\n%s", logPath, err, b)
+	}
+	if err := os.Rename(logPath, logPath+".1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := proc.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitOutput(t, proc, "SIGHUP received")
+	if b, err := os.ReadFile(logPath); err != nil || !strings.Contains(string(b), "SIGHUP received") {
+		t.Errorf("logfile after the rotation and SIGHUP: %v\n%s", err, b)
+	}
 	out := proc.stderr.String()
-	for _, want := range []string{"pgbouncer.ini settings poolerd does not honour", "logfile (pgbouncer.ini:", "tcp_defer_accept (extra.ini:2)", "client_encoding"} {
+	for _, want := range []string{"pgbouncer.ini settings poolerd does not honour", "pidfile (pgbouncer.ini:", "tcp_defer_accept (extra.ini:2)", "client_encoding"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}

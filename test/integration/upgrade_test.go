@@ -59,7 +59,10 @@ func TestDebianSampleStarts(t *testing.T) {
 		args = append(args, "--auth-file", empty)
 	}
 	sockDir := t.TempDir()
-	proc := lcStartBinaryEnv(t, bin, []string{"POOLERD_UNIX_SOCKET_DIR=" + sockDir}, args...)
+	// The sample's logfile (/var/log/postgresql/pgbouncer.log) is a
+	// temporary file too.
+	logFile := filepath.Join(sockDir, "pgbouncer.log")
+	proc := lcStartBinaryEnv(t, bin, []string{"POOLERD_UNIX_SOCKET_DIR=" + sockDir, "POOLERD_LOG_FILE=" + logFile}, args...)
 	_, port, _ := net.SplitHostPort(listen)
 
 	loginAt := func(dsn, db string) *pgconn.PgError {
@@ -101,6 +104,9 @@ func TestDebianSampleStarts(t *testing.T) {
 		t.Errorf("login to the admin console: %s %s %q, want 28P01 (an empty userlist lets nobody in)", pe.Severity, pe.Code, pe.Message)
 	}
 	out := proc.stderr.String()
+	if b, err := os.ReadFile(logFile); err != nil || !strings.Contains(string(b), "no databases: every client") {
+		t.Errorf("the sample's logfile: %v\n%s", err, b)
+	}
 	for _, want := range []string{"no databases: every client but the admin console's is refused", "auth_type md5 needs client passwords", "pgbouncer.ini settings poolerd does not honour"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
