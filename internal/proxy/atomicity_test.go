@@ -8,7 +8,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"go.uber.org/zap"
 
 	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/test/pgtest"
@@ -22,14 +21,10 @@ import (
 // a fresh one, where it would commit on its own. The client gets an error
 // and its session ends, and the transaction's earlier UPDATE is rolled back.
 func TestServerDiesBetweenReadAndForward(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts PostgreSQL")
-	}
-	pg, err := pgtest.Start(pgtest.Options{Logf: t.Logf})
-	if err != nil {
-		t.Fatalf("start PostgreSQL: %v", err)
-	}
-	t.Cleanup(func() { _ = pg.Cleanup() })
+	srv, pg := realPGServer(t, func(c *config.Config) {
+		c.MaxSize = 4
+		c.CheckoutTimeout = 5 * time.Second
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	super, err := pgx.Connect(ctx, pg.SuperDSN(pgtest.DBApp))
@@ -44,17 +39,6 @@ func TestServerDiesBetweenReadAndForward(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cfg := config.Defaults()
-	cfg.Listen = "127.0.0.1:0"
-	cfg.HTTPListen = ""
-	cfg.Upstream = pg.DSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp)
-	cfg.PoolMode = config.PoolTransaction
-	cfg.MaxSize = 4
-	cfg.CheckoutTimeout = 5 * time.Second
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	srv := New(&cfg, zap.NewNop())
 	// armed names the frame type at which the next frame of a client in a
 	// transaction kills its backend.
 	var armed atomic.Int32

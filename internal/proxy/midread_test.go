@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"go.uber.org/zap"
-
 	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/test/pgtest"
 )
@@ -27,28 +25,12 @@ import (
 // holds the session at the Describe until the snapshot is answered and,
 // if the connection was released, has another client take it.
 func TestReadKeepsItsServerAfterWaiting(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts PostgreSQL")
-	}
-	pg, err := pgtest.Start(pgtest.Options{Logf: t.Logf})
-	if err != nil {
-		t.Fatalf("start PostgreSQL: %v", err)
-	}
-	t.Cleanup(func() { _ = pg.Cleanup() })
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-
-	cfg := config.Defaults()
-	cfg.Listen = "127.0.0.1:0"
-	cfg.HTTPListen = ""
-	cfg.Upstream = pg.DSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp)
-	cfg.PoolMode = config.PoolTransaction
-	cfg.MaxSize = 2
-	cfg.CheckoutTimeout = 5 * time.Second
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	srv := New(&cfg, zap.NewNop())
+	srv, _ := realPGServer(t, func(c *config.Config) {
+		c.MaxSize = 2
+		c.CheckoutTimeout = 5 * time.Second
+	})
 	dsn := "postgres://app:" + pgtest.Password + "@" + serve(t, srv) + "/app?sslmode=disable"
 	other, err := pgconn.Connect(ctx, dsn)
 	if err != nil {

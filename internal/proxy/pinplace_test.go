@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"go.uber.org/zap"
-
 	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/test/pgtest"
 )
@@ -21,28 +19,12 @@ import (
 // until B's LISTEN is answered, so the order is the one the fuzzer once hit
 // by chance (53400 "too many pinned clients" for B).
 func TestPinPlaceBeforeConnection(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts PostgreSQL")
-	}
-	pg, err := pgtest.Start(pgtest.Options{Logf: t.Logf})
-	if err != nil {
-		t.Fatalf("start PostgreSQL: %v", err)
-	}
-	t.Cleanup(func() { _ = pg.Cleanup() })
+	srv, _ := realPGServer(t, func(c *config.Config) {
+		c.MaxSize = 1
+		c.CheckoutTimeout = 20 * time.Second
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-
-	cfg := config.Defaults()
-	cfg.Listen = "127.0.0.1:0"
-	cfg.HTTPListen = ""
-	cfg.Upstream = pg.DSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp)
-	cfg.PoolMode = config.PoolTransaction
-	cfg.MaxSize = 1
-	cfg.CheckoutTimeout = 20 * time.Second
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	srv := New(&cfg, zap.NewNop())
 	bFinished := make(chan struct{})
 	released := make(chan struct{}, 1)
 	srv.onReleased = func(*session) {

@@ -6,8 +6,36 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/test/pgtest"
 )
+
+// realPGServer starts a throwaway PostgreSQL (stopped when the test ends)
+// and a Server in transaction mode in front of it, its configuration
+// changed by mutate and validated; the test sets its hooks and serves it.
+func realPGServer(t *testing.T, mutate func(c *config.Config)) (*Server, *pgtest.Server) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts PostgreSQL")
+	}
+	pg, err := pgtest.Start(pgtest.Options{Logf: t.Logf})
+	if err != nil {
+		t.Fatalf("start PostgreSQL: %v", err)
+	}
+	t.Cleanup(func() { _ = pg.Cleanup() })
+	cfg := config.Defaults()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.HTTPListen = ""
+	cfg.Upstream = pg.DSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp)
+	cfg.PoolMode = config.PoolTransaction
+	mutate(&cfg)
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return New(&cfg, zap.NewNop()), pg
+}
 
 // unreachableConfig returns the default configuration with a loopback
 // listener, no HTTP server and an upstream that is never reached (port
