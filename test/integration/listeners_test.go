@@ -21,8 +21,9 @@ import (
 // Unix socket in unix_socket_dir, .s.PGSQL.<the first address's port>, with
 // unix_socket_mode; access rules tell the two kinds of client apart: a
 // local rule (trust) admits Unix-socket clients without a password, a host
-// rule (reject) refuses TCP clients of 127.0.0.1 on either port. The
-// sessions run on event loops, which read Unix sockets as they read TCP.
+// rule (reject) refuses TCP clients of 127.0.0.1 on either port. It runs
+// with event_loops on (the test does not check which loop, if any, a
+// Unix-socket session lands on: only that it is served).
 func TestListeners(t *testing.T) {
 	t.Parallel()
 	bin := lcBuildBinary(t)
