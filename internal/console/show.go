@@ -285,7 +285,7 @@ func (c *Console) showClients() *resultSet {
 		}
 		addr, port := splitAddr(ci.RemoteAddr)
 		laddr, lport := splitAddr(ci.LocalAddr)
-		r.row("C", ci.User, database, "none", state, addr, port, laddr, lport,
+		r.row("C", ci.User, database, orNone(ci.Replication), state, addr, port, laddr, lport,
 			pgTime(ci.ConnectedAt), pgTime(ci.LastRequest),
 			int(ci.Wait/time.Second), int((ci.Wait%time.Second)/time.Microsecond), 0, ci.Ptr, ci.Link, 0, "",
 			ci.AppName, ci.PreparedStatements, ci.ID, ci.Pinned)
@@ -359,13 +359,21 @@ func (c *Console) showHosts() *resultSet {
 	return r
 }
 
+// orNone is a replication mode as PgBouncer's replication column shows it.
+func orNone(mode string) string {
+	if mode == "" {
+		return "none"
+	}
+	return mode
+}
+
 // showServers lists server connections.
 func (c *Console) showServers() *resultSet {
 	r := newResult(socketColumns()...)
 	for _, si := range c.p.Servers() {
 		addr, port := splitAddr(si.RemoteAddr)
 		laddr, lport := splitAddr(si.LocalAddr)
-		r.row("S", si.ServerUser, si.Database, "none", serverState(si), addr, port, laddr, lport,
+		r.row("S", si.ServerUser, si.Database, orNone(si.Replication), serverState(si), addr, port, laddr, lport,
 			pgTime(si.Created), pgTime(si.LastUsed), 0, 0, b2i(si.CloseNeeded), si.Ptr, si.Link,
 			int(si.PID), si.TLS, si.AppName, 0, si.ID)
 	}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -75,6 +76,11 @@ type Client struct {
 	Addr     net.IP
 	Database string
 	User     string
+	// Replication is true for a physical replication connection
+	// (replication=true): as in PostgreSQL, only the replication keyword
+	// matches its database. A logical one (replication=database) is
+	// matched by its database like any connection.
+	Replication bool
 }
 
 // Match returns the first rule that matches c, and false if none does (the
@@ -104,6 +110,9 @@ func (r Rule) matches(c Client) bool {
 	default:
 		return false
 	}
+	if c.Replication {
+		return slices.Contains(r.Databases, Name{Value: "replication", Keyword: true}) && matchName(r.Users, c.User, c.User, false)
+	}
 	return matchName(r.Databases, c.Database, c.User, true) && matchName(r.Users, c.User, c.User, false)
 }
 
@@ -121,8 +130,8 @@ func matchName(names []Name, value, user string, database bool) bool {
 				return true
 			}
 		}
-		// replication never matches: poolerd does not serve replication
-		// connections.
+		// The replication keyword matches only physical replication
+		// connections (matches).
 	}
 	return false
 }

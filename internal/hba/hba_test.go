@@ -26,11 +26,12 @@ host    all  evil    all             reject
 host    all  all     ::1/128         trust
 host    app  all     127.0.0.1/32 \
         scram-sha-256 clientcert=verify-ca
+host    replication,app  repl  10.0.0.0/8  md5
 `), read)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rules) != 8 {
+	if len(rules) != 9 {
 		t.Fatalf("%d rules: %+v", len(rules), rules)
 	}
 	for _, tc := range []struct {
@@ -50,6 +51,14 @@ host    app  all     127.0.0.1/32 \
 		{Client{Addr: net.ParseIP("::1"), Database: "app", User: "x"}, Trust, "hba.conf:9"},
 		{Client{Addr: net.ParseIP("127.0.0.1"), Database: "app", User: "x"}, SCRAM, "hba.conf:10"},
 		{Client{Addr: net.ParseIP("127.0.0.1"), Database: "other", User: "x"}, "", ""},
+		// A physical replication connection matches the replication
+		// keyword only (not all, not its database name); a logical one
+		// matches as any connection to its database.
+		{Client{Local: true, Database: "x", User: "y", Replication: true}, "", ""},
+		{Client{Addr: net.ParseIP("::1"), Database: "app", User: "x", Replication: true}, "", ""},
+		{Client{Addr: net.ParseIP("10.1.2.3"), Database: "replication", User: "app"}, "", ""},
+		{Client{Addr: net.ParseIP("10.1.2.3"), Database: "anything", User: "repl", Replication: true}, MD5, "hba.conf:12"},
+		{Client{Addr: net.ParseIP("10.1.2.3"), Database: "app", User: "repl"}, MD5, "hba.conf:12"},
 	} {
 		r, ok := rules.Match(tc.c)
 		if ok != (tc.method != "") || r.Method != tc.method || r.Source != tc.source {

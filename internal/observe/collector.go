@@ -78,6 +78,7 @@ func newCollector(src Source) *collector {
 	c.descs["poolerd_client_connections"] = prometheus.NewDesc("poolerd_client_connections", "Client connections logged in, over all pools and the admin console.", nil, nil)
 	c.descs["poolerd_auth_failures_total"] = prometheus.NewDesc("poolerd_auth_failures_total", "Client logins refused for a wrong password or unknown user (28P01).", nil, nil)
 	c.descs["poolerd_login_timeouts_total"] = prometheus.NewDesc("poolerd_login_timeouts_total", "Clients dropped by client_login_timeout.", nil, nil)
+	c.descs["poolerd_replication_connections"] = prometheus.NewDesc("poolerd_replication_connections", "Replication connections (replication=true: physical, replication=database: logical), each with its own server connection.", []string{"database", "user", "mode"}, nil)
 	c.descs["poolerd_parked_clients"] = prometheus.NewDesc("poolerd_parked_clients", "Idle client sessions held without a goroutine (see docs/architecture.md).", nil, nil)
 	c.descs["poolerd_ready"] = prometheus.NewDesc("poolerd_ready", "1 when poolerd is ready to serve clients (as /readyz), else 0.", nil, nil)
 	for _, d := range fleetMetricDefs {
@@ -103,6 +104,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge("poolerd_client_connections", float64(c.src.ClientCount()))
 	gauge("poolerd_parked_clients", float64(c.src.ParkedClients()))
+	for _, rc := range c.src.ReplicationCounts() {
+		gauge("poolerd_replication_connections", float64(rc.Count), rc.Database, rc.User, rc.Mode)
+	}
 	counter("poolerd_login_timeouts_total", float64(c.src.LoginTimeouts()))
 	counter("poolerd_auth_failures_total", float64(c.src.AuthFailures()))
 	ready, _ := c.src.Ready()

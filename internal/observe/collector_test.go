@@ -23,7 +23,8 @@ func TestCollector(t *testing.T) {
 		Pins:            []proxy.PinStats{{Reason: "temp_table", Now: 1, Total: 6}},
 		ClientErrors:    map[string]uint64{"53": 2},
 	}
-	src := &fakeSource{ready: true, clients: 6, parked: 4, authFailures: 1, pools: []proxy.PoolStats{ps}}
+	src := &fakeSource{ready: true, clients: 6, parked: 4, authFailures: 1, pools: []proxy.PoolStats{ps},
+		repl: []proxy.ReplicationCount{{Database: "app", User: "repl", Mode: "physical", Count: 2}}}
 	reg := prometheus.NewPedanticRegistry()
 	if err := Register(reg, src); err != nil {
 		t.Fatal(err)
@@ -35,6 +36,9 @@ poolerd_client_connections 6
 # HELP poolerd_parked_clients Idle client sessions held without a goroutine (see docs/architecture.md).
 # TYPE poolerd_parked_clients gauge
 poolerd_parked_clients 4
+# HELP poolerd_replication_connections Replication connections (replication=true: physical, replication=database: logical), each with its own server connection.
+# TYPE poolerd_replication_connections gauge
+poolerd_replication_connections{database="app",mode="physical",user="repl"} 2
 # HELP poolerd_auth_failures_total Client logins refused for a wrong password or unknown user (28P01).
 # TYPE poolerd_auth_failures_total counter
 poolerd_auth_failures_total 1

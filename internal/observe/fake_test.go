@@ -18,6 +18,7 @@ type fakeSource struct {
 	paused        bool
 	clients       int
 	parked        int
+	repl          []proxy.ReplicationCount
 	loginTimeouts uint64
 	authFailures  uint64
 	pools         []proxy.PoolStats
@@ -45,10 +46,13 @@ func (f *fakeSource) Ready() (bool, string) {
 	return false, "not ready"
 }
 
-func (f *fakeSource) ShuttingDown() bool    { return f.shutting }
-func (f *fakeSource) Paused() bool          { return f.paused }
-func (f *fakeSource) ClientCount() int      { return f.clients }
-func (f *fakeSource) ParkedClients() int    { return f.parked }
+func (f *fakeSource) ShuttingDown() bool { return f.shutting }
+func (f *fakeSource) Paused() bool       { return f.paused }
+func (f *fakeSource) ClientCount() int   { return f.clients }
+func (f *fakeSource) ParkedClients() int { return f.parked }
+func (f *fakeSource) ReplicationCounts() []proxy.ReplicationCount {
+	return f.repl
+}
 func (f *fakeSource) LoginTimeouts() uint64 { return f.loginTimeouts }
 func (f *fakeSource) AuthFailures() uint64  { return f.authFailures }
 

@@ -18,10 +18,14 @@ type Source interface {
 	// ShuttingDown and Paused (a global PAUSE) are the server's own state.
 	ShuttingDown() bool
 	Paused() bool
-	// ClientCount counts logged-in clients, console sessions included;
+	// ClientCount counts logged-in clients, console sessions and
+	// replication connections included;
 	// ParkedClients those held without a goroutine.
 	ClientCount() int
 	ParkedClients() int
+	// ReplicationCounts counts replication connections by database, user
+	// and mode.
+	ReplicationCounts() []proxy.ReplicationCount
 	// LoginTimeouts and AuthFailures count refused logins since start.
 	LoginTimeouts() uint64
 	AuthFailures() uint64

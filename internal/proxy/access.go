@@ -30,7 +30,7 @@ func (s *session) accessMethod(cfg *config.Config) (method, identMap string, ok 
 	if cfg.AuthType != config.AuthHBA {
 		return cfg.AuthType, "", true
 	}
-	c := hba.Client{TLS: s.tls, Database: s.database, User: s.user}
+	c := hba.Client{TLS: s.tls, Database: s.database, User: s.user, Replication: s.login.repl == replPhysical}
 	host := "[local]"
 	switch a := s.conn.RemoteAddr().(type) {
 	case *net.TCPAddr:
@@ -45,6 +45,11 @@ func (s *session) accessMethod(cfg *config.Config) (method, identMap string, ok 
 		where = "auth_hba_rules"
 	}
 	switch {
+	case !ok && c.Replication:
+		s.refuseLogin(&wire.Error{Severity: "FATAL", Code: "28000",
+			Message: fmt.Sprintf("no pg_hba.conf entry for replication connection from host %q, user %q, %s", host, s.user, ssl),
+			Hint:    fmt.Sprintf("no access rule in %s matches this connection: add one whose database is the keyword replication (the first matching rule decides)", where)})
+		return "", "", false
 	case !ok:
 		s.refuseLogin(&wire.Error{Severity: "FATAL", Code: "28000",
 			Message: fmt.Sprintf("no pg_hba.conf entry for host %q, user %q, database %q, %s", host, s.user, s.database, ssl),

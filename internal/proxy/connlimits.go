@@ -124,7 +124,7 @@ func (s *session) admitUser() bool {
 func (srv *Server) admitConn() error {
 	cfg := srv.cfg()
 	srv.mu.Lock()
-	total := len(srv.logins) + len(srv.sessions) + len(srv.consoles)
+	total := len(srv.logins) + len(srv.sessions) + len(srv.consoles) + len(srv.repl)
 	srv.mu.Unlock()
 	if cfg.MaxClientConn > 0 && total > cfg.MaxClientConn {
 		srv.rateMet.refusals.WithLabelValues("max_client_conn").Inc()

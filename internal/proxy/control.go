@@ -200,11 +200,13 @@ func (srv *Server) Kill(database string) error {
 	}
 	srv.warm = removePools(srv.warm, pools)
 	srv.mu.Unlock()
+	killed := &wire.Error{Severity: "FATAL", Code: "08P01", Message: "database removed",
+		Hint: "an administrator ran KILL on this database; reconnect after RESUME"}
 	for _, s := range victims {
 		s.setDropReason(evictKilled)
-		s.terminate(&wire.Error{Severity: "FATAL", Code: "08P01", Message: "database removed",
-			Hint: "an administrator ran KILL on this database; reconnect after RESUME"})
+		s.terminate(killed)
 	}
+	srv.endReplication(database, killed)
 	for _, p := range pools {
 		p.pool.Close()
 		srv.metrics.forget(p.key.database, p.key.user)
@@ -248,12 +250,15 @@ func (srv *Server) KillClient(id uint64) bool {
 			console = c.client
 		}
 	}
+	repl := srv.repl[id]
 	srv.mu.Unlock()
 	switch {
 	case victim != nil:
 		victim.terminate(errKilled())
 	case console != nil:
 		console.Terminate(errKilled())
+	case repl != nil:
+		repl.endWith(errKilled())
 	default:
 		return false
 	}

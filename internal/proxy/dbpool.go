@@ -266,15 +266,7 @@ func (d *dbPool) connect(ctx context.Context) (*serverConn, error) {
 	// A warm pool connects as soon as it is created: wait until d.pool is
 	// set, since the connection's reader uses it.
 	<-d.built
-	creds := backend.Credentials{User: d.route().ServerUser, Secret: d.route().ServerSecret, KeyCache: d.srv.scramKeys}
-	d.mu.Lock()
-	if creds.Secret.Kind() == 0 && !d.route().ForcedUser {
-		creds.Secret = d.querySecret // auth_query's, if any
-	}
-	if creds.Secret.Kind() == auth.SecretSCRAM {
-		creds.ClientKey = d.clientKey
-	}
-	d.mu.Unlock()
+	creds := d.credentials()
 	if r := d.route(); r.MultiHost() {
 		return d.connectAmong(ctx, r, creds)
 	}
@@ -283,6 +275,22 @@ func (d *dbPool) connect(ctx context.Context) (*serverConn, error) {
 		return nil, err
 	}
 	return d.adopt(bc, d.route().Hosts[0]), nil
+}
+
+// credentials are what the pool logs in to PostgreSQL with: the route's
+// secret, else auth_query's, and the SCRAM client key a client gave for
+// pass-through.
+func (d *dbPool) credentials() backend.Credentials {
+	creds := backend.Credentials{User: d.route().ServerUser, Secret: d.route().ServerSecret, KeyCache: d.srv.scramKeys}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if creds.Secret.Kind() == 0 && !d.route().ForcedUser {
+		creds.Secret = d.querySecret // auth_query's, if any
+	}
+	if creds.Secret.Kind() == auth.SecretSCRAM {
+		creds.ClientKey = d.clientKey
+	}
+	return creds
 }
 
 // adopt makes a server connection of bc, a login to host h, and starts its

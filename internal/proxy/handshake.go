@@ -65,6 +65,12 @@ func (srv *Server) serveConn(nc net.Conn) {
 		s.end(err)
 		return
 	}
+	if p := s.login.replPair; p != nil {
+		s.login = nil
+		srv.serveReplication(p, rest)
+		s.releaseClientSlot()
+		return
+	}
 	if IsConsoleDatabase(s.database) {
 		// The console sends its own AuthenticationOk: what authentication
 		// left to send (SASLFinal) goes first.
@@ -244,6 +250,10 @@ type loginState struct {
 	r       *bufio.Reader
 	rConn   net.Conn
 	pending []byte
+	// repl is what the replication startup parameter asks for; replPair,
+	// once the login succeeded, the pair serveConn then serves.
+	repl     replMode
+	replPair *replPair
 }
 
 // loginBufSize is the size of a login's read buffer: a startup message
@@ -370,12 +380,27 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 		s.refuseLogin(err)
 		return false
 	}
-	params, werr := startupParams(raw)
-	if werr == nil && len(params) > maxStartupParams {
-		werr = tooManyParams(len(params))
+	var params map[string]string
+	var err error
+	if v, ok := raw["replication"]; ok {
+		s.login.repl, err = parseReplication(v)
 	}
-	if werr != nil {
-		s.refuseLogin(werr)
+	switch {
+	case err != nil:
+	case s.login.repl != replNone:
+		params = replicationParams(raw)
+	default:
+		params, err = startupParams(raw)
+	}
+	if err == nil && s.login.repl != replNone && IsConsoleDatabase(s.database) {
+		err = &wire.Error{Severity: "FATAL", Code: "0A000", Message: "the admin console does not take replication connections",
+			Hint: "connect to the console without the replication parameter"}
+	}
+	if err == nil && len(params) > maxStartupParams {
+		err = tooManyParams(len(params))
+	}
+	if err != nil {
+		s.refuseLogin(err)
 		return false
 	}
 	if nego := negotiation(version, raw); nego != nil {
@@ -442,6 +467,9 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	if !s.login.deadline.IsZero() {
 		ctx, cancel = context.WithDeadline(ctx, s.login.deadline)
 		defer cancel()
+	}
+	if s.login.repl != replNone {
+		return s.openReplication(ctx, params)
 	}
 	// A session-mode client holds its server connection from login on, so
 	// that its BackendKeyData can carry that backend's pid (see register):
@@ -822,6 +850,10 @@ func (srv *Server) handleCancel(body []byte) {
 	key := binary.BigEndian.Uint32(body[8:])
 	if s := srv.lookupSession(pid, key); s != nil {
 		s.cancel()
+		return
+	}
+	if p := srv.lookupRepl(pid, key); p != nil {
+		p.cancel()
 		return
 	}
 	if !srv.cancelConsole(pid, key) {

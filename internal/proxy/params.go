@@ -44,13 +44,8 @@ func startupParams(raw map[string]string) (map[string]string, error) {
 	out := make(map[string]string, len(raw))
 	for k, v := range raw {
 		switch {
-		case k == "user", k == "database", strings.HasPrefix(k, "_pq_."):
-		case k == "replication":
-			if v != "false" && v != "off" && v != "no" && v != "0" {
-				return nil, &wire.Error{Severity: "FATAL", Code: "0A000",
-					Message: "poolerd does not pool replication connections",
-					Hint:    "connect replication clients straight to PostgreSQL"}
-			}
+		case k == "user", k == "database", k == "replication", strings.HasPrefix(k, "_pq_."):
+			// replication: read by startup (parseReplication)
 		case k == "options":
 			opts, err := parseOptions(v)
 			if err != nil {

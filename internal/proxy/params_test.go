@@ -48,8 +48,29 @@ func TestStartupParams(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("got %v want %v", got, want)
 	}
-	if _, werr := startupParams(map[string]string{"replication": "database"}); werr == nil || wireError(werr).Code != "0A000" {
-		t.Fatalf("replication: %v", werr)
+}
+
+// parseReplication reads the replication parameter as PostgreSQL does.
+func TestParseReplication(t *testing.T) {
+	for v, want := range map[string]replMode{
+		"database": replLogical, "true": replPhysical, "TRUE": replPhysical, "t": replPhysical, "yes": replPhysical,
+		"on": replPhysical, "1": replPhysical, "false": replNone, "f": replNone, "no": replNone, "off": replNone,
+		"of": replNone, "0": replNone,
+	} {
+		if got, err := parseReplication(v); err != nil || got != want {
+			t.Errorf("%q: %v %v, want %v", v, got, err, want)
+		}
+	}
+	// "o" is ambiguous (on, off); "Database" is not the keyword.
+	for _, v := range []string{"", "o", "maybe", "Database", "2", "truex"} {
+		if _, err := parseReplication(v); err == nil || wireError(err).Code != "22023" {
+			t.Errorf("%q: %v, want 22023", v, err)
+		}
+	}
+	got := replicationParams(map[string]string{"user": "u", "database": "d", "replication": "database", "_pq_.x": "1",
+		"options": "-c extra_float_digits=3 -B 1", "application_name": "sub"})
+	if want := map[string]string{"options": "-c extra_float_digits=3 -B 1", "application_name": "sub"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("replicationParams: %v, want %v (options verbatim)", got, want)
 	}
 }
 

@@ -124,6 +124,7 @@ type Server struct {
 	sessions  map[uint64]*session     // logged-in client sessions, by id
 	keys      map[uint32][]*session   // the same, by the pid of their BackendKeyData (see register)
 	consoles  map[uint32]*ConsoleConn // admin console connections, by the pid of the key we issued
+	repl      map[uint64]*replPair    // replication connections, by client id (replication.go)
 	console   Console                 // serves console logins (SetConsole)
 	verifiers map[string]*auth.SCRAMVerifier
 	listeners map[net.Listener]struct{}
@@ -161,6 +162,7 @@ func New(cfg *config.Config, log *zap.Logger) *Server {
 		sessions:     map[uint64]*session{},
 		keys:         map[uint32][]*session{},
 		consoles:     map[uint32]*ConsoleConn{},
+		repl:         map[uint64]*replPair{},
 		verifiers:    map[string]*auth.SCRAMVerifier{},
 		listeners:    map[net.Listener]struct{}{},
 		logins:       map[net.Conn]struct{}{},
@@ -428,6 +430,10 @@ func (srv *Server) Shutdown(ctx context.Context) error {
 		s.terminateIfIdle()
 	}
 	srv.endConsoles()
+	// A replication stream has no idle point to wait for: it ends now,
+	// with 57P01 at the next message boundary (the client reconnects to
+	// the poolerd that serves the port next).
+	srv.endReplication("", errShuttingDown())
 	done := srv.sessionsEnded()
 	var err error
 	select {
@@ -460,6 +466,11 @@ func (srv *Server) drain(ctx context.Context, tick func()) error {
 	}
 	srv.mu.Unlock()
 	srv.idleEnd.Store(true)
+	if tick != nil {
+		// A hand-over: the new poolerd serves the port, and a
+		// replication stream, which cannot be passed, reconnects to it.
+		srv.endReplication("", errShuttingDown())
+	}
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
 	var err error
@@ -516,12 +527,12 @@ func (srv *Server) closeAndWait(done <-chan struct{}) {
 	}
 }
 
-// clientSessions counts connected clients (not console connections) and
-// connections still logging in.
+// clientSessions counts connected clients (not console connections),
+// replication connections included, and connections still logging in.
 func (srv *Server) clientSessions() int {
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
-	return len(srv.logins) + len(srv.sessions)
+	return len(srv.logins) + len(srv.sessions) + len(srv.repl)
 }
 
 // Close ends every client and server connection at once.
@@ -532,6 +543,7 @@ func (srv *Server) Close() {
 		s.terminate(errShuttingDown())
 	}
 	srv.endConsoles()
+	srv.endReplication("", errShuttingDown())
 	srv.fleet.close() // the process is ending: give its fleet leases back now
 }
 
@@ -677,7 +689,7 @@ func (srv *Server) newKeyLocked() (pid, key uint32) {
 		pid = binary.BigEndian.Uint32(b[:4]) & 0x7fffffff
 		_, session := srv.keys[pid]
 		_, console := srv.consoles[pid]
-		if pid >= minIssuedPID && !session && !console {
+		if pid >= minIssuedPID && !session && !console && !srv.replPIDLocked(pid) {
 			return pid, binary.BigEndian.Uint32(b[4:])
 		}
 	}

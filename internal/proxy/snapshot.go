@@ -25,7 +25,10 @@ type ClientInfo struct {
 	ID             uint64
 	User, Database string
 	// Console: an admin console connection (it holds no pool).
-	Console               bool
+	Console bool
+	// Replication is "physical" or "logical" for a replication connection
+	// (replication.go), "" otherwise.
+	Replication           string
 	RemoteAddr, LocalAddr net.Addr
 	ConnectedAt           time.Time
 	// LastRequest is when the client last sent a request; zero if never.
@@ -65,6 +68,9 @@ type ServerInfo struct {
 	// TLS is the connection's TLS version and cipher
 	// ("TLSv1.3/TLS_AES_128_GCM_SHA256"), "" for plain TCP.
 	TLS string
+	// Replication is "physical" or "logical" for the server side of a
+	// replication connection, "" otherwise.
+	Replication string
 }
 
 // DatabaseState is what the console set for one database.
@@ -115,6 +121,11 @@ func (srv *Server) Clients() []ClientInfo {
 			RemoteAddr: c.Conn.RemoteAddr(), LocalAddr: c.Conn.LocalAddr(), ConnectedAt: c.ConnectedAt,
 			LastRequest: srv.wallTime(c.lastReq.Load()), Ptr: ptr(c)})
 	}
+	for _, p := range srv.replPairs("") {
+		out = append(out, ClientInfo{ID: p.id, User: p.user, Database: p.database, Replication: p.mode.String(),
+			RemoteAddr: p.client.RemoteAddr(), LocalAddr: p.client.LocalAddr(), ConnectedAt: p.connectedAt,
+			Ptr: ptr(p), Link: ptr(p.server), AppName: p.appName, ServerPID: p.server.PID})
+	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
 }
@@ -139,6 +150,12 @@ func (srv *Server) Servers() []ServerInfo {
 			}
 			out = append(out, si)
 		}
+	}
+	for _, p := range srv.replPairs("") {
+		out = append(out, ServerInfo{ConnInfo: pool.ConnInfo{ID: p.serverID, Created: p.connectedAt, LastUsed: p.connectedAt},
+			Database: p.database, User: p.user, ServerUser: p.serverUser, RemoteAddr: p.server.RemoteAddr(),
+			LocalAddr: p.server.LocalAddr(), PID: p.server.PID, Ptr: ptr(p.server), Link: ptr(p), AppName: p.appName,
+			TLS: backend.TLSState(p.server.Conn), Replication: p.mode.String()})
 	}
 	return out
 }
@@ -328,7 +345,7 @@ func (srv *Server) ConfiguredPools() []PoolStats {
 func (srv *Server) ClientCount() int {
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
-	return len(srv.sessions) + len(srv.consoles)
+	return len(srv.sessions) + len(srv.consoles) + len(srv.repl)
 }
 
 // ParkedClients returns the number of idle client sessions held without a

@@ -66,6 +66,9 @@ func startDocsDaemon(t *testing.T) *docsDaemon {
 http_listen: %s
 upstream: %s
 admin_users: [%s]
+users:
+  - name: docs_repl
+    password: %s
 max_size: 5
 log_level: info
 databases:
@@ -88,7 +91,7 @@ rate_limits:
     match: {application_name: docs-measured}
     rows: {limit: 1, per: 1h}
     mode: reject
-`, d.addr, d.http, pg.DSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp), pgtest.RoleApp, host, port, pgtest.DBApp)
+`, d.addr, d.http, pg.DSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp), pgtest.RoleApp, pgtest.Password, host, port, pgtest.DBApp)
 	file := filepath.Join(dir, "poolerd.yaml")
 	if err := os.WriteFile(file, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
@@ -158,7 +161,8 @@ func (d *docsDaemon) metricsText(t *testing.T) string {
 
 // makeEvents does what it takes for every sparse family to have a series:
 // an error relayed from PostgreSQL, an eviction, a rate-limit refusal and
-// a backpressure wait, a connection-limit refusal, a failed login.
+// a backpressure wait, a connection-limit refusal, a failed login, a
+// replication connection.
 func (d *docsDaemon) makeEvents(t *testing.T) {
 	t.Helper()
 	ctx := ctxTimeout(t, 30*time.Second)
@@ -203,6 +207,16 @@ func (d *docsDaemon) makeEvents(t *testing.T) {
 	if _, err := pgconn.Connect(ctx, bad); err == nil {
 		t.Fatal("a wrong password logged in")
 	}
+	// A replication connection (its role has the REPLICATION attribute).
+	if err := pg.Exec(ctx, "postgres", `DO $$ BEGIN CREATE ROLE docs_repl LOGIN REPLICATION PASSWORD '`+pgtest.Password+`';
+		EXCEPTION WHEN duplicate_object THEN NULL; END $$`); err != nil {
+		t.Fatal(err)
+	}
+	repl, err := pgconn.Connect(ctx, strings.Replace(d.dsn(pgtest.DBApp, "replication=database"), pgtest.RoleApp+":", "docs_repl:", 1))
+	if err != nil {
+		t.Fatalf("replication connection: %v", err)
+	}
+	t.Cleanup(func() { _ = repl.Close(context.Background()) })
 	// An eviction: RECONNECT closes the idle server connections.
 	adm := d.connect(t, "pgbouncer")
 	if _, err := docsExec(ctx, adm, "RECONNECT"); err != nil {

@@ -91,6 +91,7 @@ host all ` + RoleMD5 + ` 127.0.0.1/32 md5
 host all ` + RoleClear + ` 127.0.0.1/32 password
 host all ` + RoleTrust + ` 127.0.0.1/32 trust
 host all all 127.0.0.1/32 scram-sha-256
+host replication all 127.0.0.1/32 scram-sha-256
 `
 
 const (
