@@ -108,6 +108,16 @@ func ParseSecret(s string) (Secret, error) {
 	}
 }
 
+// PlainSecret returns the plain-text password p as a Secret, whatever its
+// form (a password that looks like an md5 hash included); empty p is no
+// secret.
+func PlainSecret(p string) Secret {
+	if p == "" {
+		return Secret{}
+	}
+	return newSecret(&secretData{kind: SecretPlain, plain: p})
+}
+
 // SecretFromSCRAMVerifier returns a SCRAM Secret holding a copy of v.
 // It reports false if v is not usable (nil, non-positive iteration count,
 // empty salt, or keys that are not 32 bytes long).

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/poolerd/poolerd/internal/hba"
+	"github.com/poolerd/poolerd/internal/ldapauth"
 )
 
 // Pool modes.
@@ -51,6 +52,12 @@ const (
 	// AuthHBA picks the method per client from the access rules
 	// (auth_hba_file or auth_hba_rules), as PgBouncer's auth_type hba.
 	AuthHBA = "hba"
+	// AuthLDAP checks the client's password against an LDAP server
+	// (auth_ldap_options), as PgBouncer's and PostgreSQL's ldap.
+	AuthLDAP = "ldap"
+	// AuthPAM checks the client's password with the system's PAM
+	// library, service auth_pam_service.
+	AuthPAM = "pam"
 )
 
 // DefaultAuthQuery is auth_query's default: PgBouncer's, with every name
@@ -122,6 +129,11 @@ type Config struct {
 	// AuthHBARules are access rules given in the configuration instead of
 	// AuthHBAFile (one or the other).
 	AuthHBARules []hba.RuleSpec `mapstructure:"auth_hba_rules"`
+	// AuthLDAPOptions are the LDAP options of auth_type ldap, as on a
+	// pg_hba.conf ldap line (ldapurl="…" or ldapserver=… ldapbasedn=…).
+	AuthLDAPOptions string `mapstructure:"auth_ldap_options"`
+	// AuthPAMService is the PAM service of auth_type pam.
+	AuthPAMService string `mapstructure:"auth_pam_service"`
 	// AuthIdentFile holds the user-name maps (pg_ident.conf format) that
 	// access rules with map=NAME use for peer and cert.
 	AuthIdentFile string `mapstructure:"auth_ident_file"`
@@ -276,6 +288,8 @@ type Config struct {
 	hbaRules hba.Rules
 	// identMaps are AuthIdentFile's maps.
 	identMaps hba.IdentMaps
+	// ldapOptions are AuthLDAPOptions parsed (auth_type ldap).
+	ldapOptions *ldapauth.Options
 	// httpOptional: http_listen is the default of a configuration read
 	// from a pgbouncer.ini (HTTPListenOptional).
 	httpOptional bool
@@ -599,6 +613,8 @@ func Defaults() Config {
 		// (docs/benchmarks.md, "Event loops").
 		EventLoops: "off",
 		AuthType:   AuthSCRAM,
+		// PgBouncer's service name.
+		AuthPAMService: "pgbouncer",
 		// prefer, as PgBouncer 1.20+: encrypted when the server offers it.
 		ServerTLSSSLMode: "prefer",
 		ClientTLSSSLMode: "disable",

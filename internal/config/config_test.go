@@ -82,7 +82,8 @@ func TestEveryKeyHasAnEnvVar(t *testing.T) {
 					"client_tls_protocols": "tlsv1.3", "client_tls_ciphers": "fast", "auth_user": "app",
 					"auth_query": "SELECT usename, passwd FROM pg_catalog.pg_shadow WHERE usename = $1", "takeover_socket": "/run/poolerd/takeover.sock",
 					"event_loops": "auto", "verify_handoff": "always",
-					"unix_socket_dir": "/run/poolerd", "unix_socket_mode": "0770", "auth_dbname": "app", "server_tls_protocols": "tlsv1.3", "server_tls_ciphers": "fast", "client_tls_ecdhcurve": "secp384r1", "log_file": "/tmp/poolerd-test.log"}[k.Name]
+					"unix_socket_dir": "/run/poolerd", "unix_socket_mode": "0770", "auth_dbname": "app", "server_tls_protocols": "tlsv1.3", "server_tls_ciphers": "fast", "client_tls_ecdhcurve": "secp384r1", "log_file": "/tmp/poolerd-test.log",
+					"auth_ldap_options": `ldapurl="ldap://ldap.example.net/dc=example,dc=net?uid?sub"`, "auth_pam_service": "poolerd"}[k.Name]
 				if k.Name == "unix_socket_group" {
 					t.Setenv("POOLERD_UNIX_SOCKET_DIR", "/run/poolerd") // a group needs the socket
 					val = "postgres"
@@ -400,7 +401,7 @@ func TestTrustListsUsers(t *testing.T) {
 			t.Errorf("%q: TrustListsUsers %v, want %v", tc.yaml, got, tc.want)
 		}
 	}
-	if _, err := load(t, "upstream: postgres://app:secret@db/app\nauth_type: anyone\n"); err == nil || !strings.Contains(err.Error(), "trust, any, hba") {
+	if _, err := load(t, "upstream: postgres://app:secret@db/app\nauth_type: anyone\n"); err == nil || !strings.Contains(err.Error(), "trust, any, ldap, pam, hba") {
 		t.Errorf("bad auth_type: %v", err)
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/poolerd/poolerd/internal/hba"
+	"github.com/poolerd/poolerd/internal/ldapauth"
+	"github.com/poolerd/poolerd/internal/pamauth"
 )
 
 // validateHBA reads the access rules (auth_hba_file or auth_hba_rules):
@@ -65,6 +67,35 @@ func (c *Config) validateHBA(bad func(string, ...any)) {
 		}
 	}
 }
+
+// validateExternalAuth checks what auth_type ldap and pam, and ldap and pam
+// access rules, need: the LDAP options, and a PAM library this build can
+// load.
+func (c *Config) validateExternalAuth(bad func(string, ...any)) {
+	c.ldapOptions = nil
+	if c.AuthType == AuthLDAP {
+		if strings.TrimSpace(c.AuthLDAPOptions) == "" {
+			bad("auth_type ldap needs auth_ldap_options (POOLERD_AUTH_LDAP_OPTIONS): the LDAP server and how to find users, e.g. ldapurl=\"ldap://ldap.example.net/dc=example,dc=net?uid?sub\"")
+		} else if o, err := ldapauth.ParseString(c.AuthLDAPOptions); err != nil {
+			bad("auth_ldap_options: %w", err)
+		} else {
+			c.ldapOptions = &o
+		}
+	}
+	pam := c.AuthType == AuthPAM || c.AuthType == AuthHBA && c.hbaRules.Methods()[hba.PAM]
+	if pam {
+		if c.AuthType == AuthPAM && c.AuthPAMService == "" {
+			bad("auth_type pam needs auth_pam_service (POOLERD_AUTH_PAM_SERVICE), the PAM service to ask (PgBouncer's is pgbouncer)")
+		}
+		if err := pamauth.Available(); err != nil {
+			bad("auth_type pam (or a pam access rule): %w", err)
+		}
+	}
+}
+
+// LDAPOptions returns auth_ldap_options parsed (nil unless auth_type is
+// ldap).
+func (c *Config) LDAPOptions() *ldapauth.Options { return c.ldapOptions }
 
 // IdentMaps returns auth_ident_file's user-name maps (nil without one).
 func (c *Config) IdentMaps() hba.IdentMaps { return c.identMaps }

@@ -10,6 +10,8 @@ func TestRedactHidesPasswords(t *testing.T) {
 		{"redis_url", "redis://:s3cret@redis:6379/0", "s3cret"},
 		{"redis_url", "redis://user:s3cret@redis:6379/0", "s3cret"},
 		{"upstream", "postgres://app:s3cret@db:5432/app", "s3cret"},
+		{"auth_ldap_options", `ldapserver=h ldapbasedn="dc=x" ldapbinddn="cn=a" ldapbindpasswd=s3cret`, "s3cret"},
+		{"auth_ldap_options", `ldapserver=h ldapbindpasswd="s3 ""cret" ldapbasedn="dc=x"`, "cret"},
 	} {
 		got := Redact(c.key, c.in)
 		if strings.Contains(got, c.secret) {

@@ -214,11 +214,12 @@ func (c *Config) Validate() error {
 		}
 	}
 	switch c.AuthType {
-	case AuthSCRAM, AuthMD5, AuthTrust, AuthAny, AuthHBA:
+	case AuthSCRAM, AuthMD5, AuthTrust, AuthAny, AuthHBA, AuthLDAP, AuthPAM:
 	default:
-		bad("auth_type %q is not one of scram-sha-256, md5, trust, any, hba (POOLERD_AUTH_TYPE / --auth-type)", c.AuthType)
+		bad("auth_type %q is not one of scram-sha-256, md5, trust, any, ldap, pam, hba (POOLERD_AUTH_TYPE / --auth-type)", c.AuthType)
 	}
 	c.validateHBA(bad)
+	c.validateExternalAuth(bad)
 	c.PoolSettings.validate("", bad)
 	if c.ClientLoginTimeout < 0 {
 		bad("client_login_timeout must not be negative (0 disables it)")
@@ -462,7 +463,8 @@ func (c *Config) Warnings() []string {
 	if c.ServesNoDatabase() {
 		w = append(w, "no databases: every client but the admin console's is refused (3D000 no such database); set upstream (e.g. --upstream postgres://user:password@127.0.0.1:5432/db) or list entries under databases ([databases] in a pgbouncer.ini)")
 	}
-	if c.AuthType != AuthTrust && c.AuthType != AuthAny && c.AuthType != AuthHBA && !c.AnyAuthUser() && len(c.secrets) == 0 {
+	external := c.AuthType == AuthLDAP || c.AuthType == AuthPAM // the password is checked elsewhere
+	if c.AuthType != AuthTrust && c.AuthType != AuthAny && c.AuthType != AuthHBA && !external && !c.AnyAuthUser() && len(c.secrets) == 0 {
 		w = append(w, fmt.Sprintf("auth_type %s needs client passwords, and none are configured: no client can log in, the admin console's included; put the password in upstream, in users[].password or in auth_file, set auth_user to look them up in PostgreSQL (or set auth_type trust on a trusted network)", c.AuthType))
 	}
 	return w

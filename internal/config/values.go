@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/url"
 	"reflect"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -95,8 +96,12 @@ func FormatValue(c *Config, key string) string {
 	}
 }
 
+// bindPasswd matches auth_ldap_options' ldapbindpasswd and its value.
+var bindPasswd = regexp.MustCompile(`ldapbindpasswd=("(?:[^"]|"")*"|\S*)`)
+
 // Redact returns a key's value as it may be shown or logged: the
-// passwords of the upstream and Redis URLs hidden.
+// passwords of the upstream and Redis URLs and auth_ldap_options'
+// ldapbindpasswd hidden.
 func Redact(key, value string) string {
 	if value == "" {
 		return value
@@ -113,6 +118,8 @@ func Redact(key, value string) string {
 			return "(invalid URL)"
 		}
 		return u.Redacted()
+	case "auth_ldap_options":
+		return bindPasswd.ReplaceAllString(value, "ldapbindpasswd=xxxxx")
 	}
 	return value
 }

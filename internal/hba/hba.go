@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/poolerd/poolerd/internal/ldapauth"
 )
 
 // Connection types (the first column).
@@ -33,6 +35,12 @@ const (
 	// SO_PEERCRED), which must be the user it logs in as, or be mapped to
 	// it (Rule.Map, auth_ident_file).
 	Peer = "peer"
+	// LDAP: the client's password checked against an LDAP server, with
+	// the rule's ldap* options (Rule.LDAP).
+	LDAP = "ldap"
+	// PAM: the client's password checked by the system's PAM library,
+	// service pamservice (Rule.PAMService; default pgbouncer).
+	PAM = "pam"
 )
 
 // Rule is one line of access rules.
@@ -54,6 +62,11 @@ type Rule struct {
 	// operating-system user (or certificate name) may log in as; empty:
 	// only the one of the same name.
 	Map string
+	// LDAP are the options of an ldap rule.
+	LDAP *ldapauth.Options
+	// PAMService is the pamservice option of a pam rule ("" for the
+	// default).
+	PAMService string
 }
 
 // Name is one entry of a database or user column: a name, or (when
@@ -191,6 +204,9 @@ type RuleSpec struct {
 	Method  string `mapstructure:"method"`
 	// Map is the method's map option (peer, cert): an ident map name.
 	Map string `mapstructure:"map"`
+	// Options are the method's other options, as on a pg_hba.conf line
+	// (ldap: ldapserver=… ldapbasedn=…; pam: pamservice=…).
+	Options string `mapstructure:"options"`
 }
 
 // FromSpecs turns YAML entries into rules; where names the list in
@@ -229,6 +245,14 @@ func FromSpecs(where string, specs []RuleSpec) (Rules, error) {
 			f, err := tokenize("map=" + s.Map)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("%s map: %w", src, err))
+				continue
+			}
+			fields = append(fields, f...)
+		}
+		if strings.TrimSpace(s.Options) != "" {
+			f, err := tokenize(s.Options)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s options: %w", src, err))
 				continue
 			}
 			fields = append(fields, f...)
@@ -409,11 +433,11 @@ func parseFields(src string, fields []field, read Reader) (Rule, error) {
 	}
 	r.Method = rest[0][0].text
 	switch r.Method {
-	case Trust, Reject, MD5, SCRAM, Password, Cert, Peer:
-	case "ident", "gss", "sspi", "pam", "ldap", "radius", "bsd":
-		return r, fmt.Errorf("authentication method %s is not supported by poolerd: use trust, reject, md5, scram-sha-256, password, cert or peer", r.Method)
+	case Trust, Reject, MD5, SCRAM, Password, Cert, Peer, LDAP, PAM:
+	case "ident", "gss", "sspi", "radius", "bsd":
+		return r, fmt.Errorf("authentication method %s is not supported by poolerd: use trust, reject, md5, scram-sha-256, password, cert, peer, ldap or pam", r.Method)
 	default:
-		return r, fmt.Errorf("unknown authentication method %q: use trust, reject, md5, scram-sha-256, password, cert or peer", r.Method)
+		return r, fmt.Errorf("unknown authentication method %q: use trust, reject, md5, scram-sha-256, password, cert, peer, ldap or pam", r.Method)
 	}
 	if r.Method == Cert && r.Type != HostSSL {
 		return r, errors.New("cert authentication is only available for hostssl connections")
@@ -421,19 +445,38 @@ func parseFields(src string, fields []field, read Reader) (Rule, error) {
 	if r.Method == Peer && r.Type != Local {
 		return r, errors.New("peer authentication is only supported on local sockets (a local line: clients of unix_socket_dir)")
 	}
+	ldapOpts := map[string]string{}
 	for _, opt := range rest[1:] {
 		for _, t := range opt {
 			name, value, ok := strings.Cut(t.text, "=")
 			if !ok {
 				return r, fmt.Errorf("authentication option %q is not name=value", t.text)
 			}
-			if name == "map" {
+			switch {
+			case name == "map":
 				if r.Method != Peer && r.Method != Cert {
 					return r, fmt.Errorf("authentication option map is only valid for the peer and cert methods, not %s", r.Method)
 				}
 				r.Map = value
+			case strings.HasPrefix(name, "ldap"):
+				if r.Method != LDAP {
+					return r, fmt.Errorf("authentication option %s is only valid for the ldap method, not %s", name, r.Method)
+				}
+				ldapOpts[name] = value
+			case name == "pamservice":
+				if r.Method != PAM {
+					return r, fmt.Errorf("authentication option pamservice is only valid for the pam method, not %s", r.Method)
+				}
+				r.PAMService = value
 			}
 		}
+	}
+	if r.Method == LDAP {
+		o, err := ldapauth.Parse(ldapOpts)
+		if err != nil {
+			return r, err
+		}
+		r.LDAP = &o
 	}
 	return r, nil
 }

@@ -82,14 +82,14 @@ func Rules() []Rule {
 		{Section: "pgbouncer", Key: "unix_socket_dir", To: "unix_socket_dir", kind: kindPath, Default: "/tmp", Note: "the socket is `.s.PGSQL.<listen_port>` there; empty: none."},
 		{Section: "pgbouncer", Key: "unix_socket_mode", To: "unix_socket_mode", kind: kindString, Default: "0777"},
 		{Section: "pgbouncer", Key: "unix_socket_group", To: "unix_socket_group", kind: kindString},
-		{Section: "pgbouncer", Key: "auth_type", To: "auth_type", kind: kindSpecial, Default: "md5", Note: "`md5`, `scram-sha-256`, `trust`, `any` and `hba` as in PgBouncer (`trust` admits only users of `auth_file` or `auth_query`; `any` every user name, reported: poolerd does not ignore it); `plain` becomes `md5` (reported); `cert`, `pam` and `ldap` are reported and `md5` is used (`cert` works as an hba rule)"},
+		{Section: "pgbouncer", Key: "auth_type", To: "auth_type", kind: kindSpecial, Default: "md5", Note: "`md5`, `scram-sha-256`, `trust`, `any`, `ldap`, `pam` and `hba` as in PgBouncer (`trust` admits only users of `auth_file` or `auth_query`; `any` every user name, reported: poolerd does not ignore it; `pam` with the service `pgbouncer`); `plain` becomes `md5` (reported); `cert` is reported and `md5` is used (`cert` works as an hba rule)"},
 		{Section: "pgbouncer", Key: "auth_file", To: "auth_file", kind: kindPath, Note: "same format (userlist.txt)"},
 		{Section: "pgbouncer", Key: "auth_hba_file", To: "auth_hba_file", kind: kindPath, ifKey: true, Note: adviceHBA},
 		{Section: "pgbouncer", Key: "auth_ident_file", To: "auth_ident_file", kind: kindPath, Note: "user-name maps (pg_ident.conf format) for `peer` and `cert` rules with `map=`"},
 		{Section: "pgbouncer", Key: "auth_query", To: "auth_query", kind: kindString, ifKey: true, Note: adviceAuthQuery},
 		{Section: "pgbouncer", Key: "auth_user", To: "auth_user", kind: kindString, ifKey: true, Note: adviceAuthQuery},
 		{Section: "pgbouncer", Key: "auth_dbname", To: "auth_dbname", kind: kindString, Note: "the [databases] entry whose server and database auth_query runs in"},
-		{Section: "pgbouncer", Key: "auth_ldap_options", Note: "LDAP authentication is not supported: use auth_file"},
+		{Section: "pgbouncer", Key: "auth_ldap_options", To: "auth_ldap_options", kind: kindString, Note: "the LDAP options of `auth_type = ldap`, as in PgBouncer"},
 		{Section: "pgbouncer", Key: "admin_users", To: "admin_users", kind: kindList},
 		{Section: "pgbouncer", Key: "stats_users", To: "stats_users", kind: kindList},
 		// Pools.
@@ -408,7 +408,7 @@ func (res *Result) setPgbouncer(r Rule, e entry, set map[string]entry, ignore fu
 		res.Tree["listen"] = strings.Join(listen, ",")
 	case "auth_type":
 		switch v := strings.ToLower(e.value); v {
-		case config.AuthMD5, config.AuthSCRAM, config.AuthTrust, config.AuthHBA:
+		case config.AuthMD5, config.AuthSCRAM, config.AuthTrust, config.AuthHBA, config.AuthLDAP, config.AuthPAM:
 			res.Tree["auth_type"] = v
 			_, file := set["auth_file"]
 			_, user := set["auth_user"]

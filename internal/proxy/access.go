@@ -21,14 +21,14 @@ import (
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
-// accessMethod is how this client authenticates: auth_type, or with
-// auth_type hba the method of the first access rule that matches it, and
-// that rule's ident map (peer, cert; "" for none). A client no rule
-// matches, or whose rule is reject, is refused here (false), before any
-// authentication, as PostgreSQL does.
-func (s *session) accessMethod(cfg *config.Config) (method, identMap string, ok bool) {
+// accessMethod is how this client authenticates: auth_type (with its LDAP
+// options or PAM service), or with auth_type hba the first access rule
+// that matches it (its method, ident map, LDAP options, PAM service). A
+// client no rule matches, or whose rule is reject, is refused here
+// (false), before any authentication, as PostgreSQL does.
+func (s *session) accessMethod(cfg *config.Config) (hba.Rule, bool) {
 	if cfg.AuthType != config.AuthHBA {
-		return cfg.AuthType, "", true
+		return hba.Rule{Method: cfg.AuthType, LDAP: cfg.LDAPOptions(), PAMService: cfg.AuthPAMService}, true
 	}
 	c := hba.Client{TLS: s.tls, Database: s.database, User: s.user, Replication: s.login.repl == replPhysical}
 	host := "[local]"
@@ -49,20 +49,20 @@ func (s *session) accessMethod(cfg *config.Config) (method, identMap string, ok 
 		s.refuseLogin(&wire.Error{Severity: "FATAL", Code: "28000",
 			Message: fmt.Sprintf("no pg_hba.conf entry for replication connection from host %q, user %q, %s", host, s.user, ssl),
 			Hint:    fmt.Sprintf("no access rule in %s matches this connection: add one whose database is the keyword replication (the first matching rule decides)", where)})
-		return "", "", false
+		return hba.Rule{}, false
 	case !ok:
 		s.refuseLogin(&wire.Error{Severity: "FATAL", Code: "28000",
 			Message: fmt.Sprintf("no pg_hba.conf entry for host %q, user %q, database %q, %s", host, s.user, s.database, ssl),
 			Hint:    fmt.Sprintf("no access rule in %s matches this connection: add one (the first matching rule decides)", where)})
-		return "", "", false
+		return hba.Rule{}, false
 	case rule.Method == hba.Reject:
 		s.refuseLogin(&wire.Error{Severity: "FATAL", Code: "28000",
 			Message: fmt.Sprintf("pg_hba.conf rejects connection for host %q, user %q, database %q, %s", host, s.user, s.database, ssl),
 			Hint:    fmt.Sprintf("the access rule at %s rejects it (%s)", rule.Source, where)})
-		return "", "", false
+		return hba.Rule{}, false
 	}
 	s.log.Debug("access rule matched", zap.String("rule", rule.Source), zap.String("method", rule.Method))
-	return rule.Method, rule.Map, true
+	return rule, true
 }
 
 // peerOK checks the peer method: the operating-system user of the

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -597,10 +598,11 @@ func negotiation(version uint32, raw map[string]string) []byte {
 // the matching access rule's). It returns false after sending the failure,
 // and the secret auth_query found, if it ran.
 func (s *session) authenticate(cfg *config.Config) (bool, auth.Secret) {
-	method, identMap, ok := s.accessMethod(cfg)
+	rule, ok := s.accessMethod(cfg)
 	if !ok {
 		return false, auth.Secret{}
 	}
+	method, identMap := rule.Method, rule.Map
 	switch method {
 	case config.AuthAny:
 		return true, auth.Secret{}
@@ -617,6 +619,8 @@ func (s *session) authenticate(cfg *config.Config) (bool, auth.Secret) {
 			return false, auth.Secret{}
 		}
 		return true, auth.Secret{}
+	case hba.LDAP, hba.PAM:
+		return s.authExternal(cfg, rule)
 	}
 	secret, known := cfg.ClientSecret(s.user)
 	var queried auth.Secret
@@ -646,24 +650,81 @@ func (s *session) authenticate(cfg *config.Config) (bool, auth.Secret) {
 		return false, auth.Secret{}
 	}
 	if !ok {
-		s.srv.authFailures.Add(1)
-		if d := s.srv.authDelays.failed(s.conn.RemoteAddr(), time.Now(), cfg.AuthFailureDelay, cfg.AuthFailureDelayMax); d > 0 {
-			// A password-guessing address waits longer each time; the
-			// login deadline still applies.
-			if dl := s.login.deadline; !dl.IsZero() {
-				d = min(d, max(time.Until(dl), 0))
-			}
-			time.Sleep(d)
-		}
-		s.fail(errBadPassword(s.user))
 		if useSCRAM {
 			method = config.AuthSCRAM
 		}
-		s.log.Info("client authentication failed", zap.String("method", method))
+		s.authFailed(cfg, errBadPassword(s.user), zap.String("method", method))
 		return false, auth.Secret{}
 	}
 	s.srv.authDelays.succeeded(s.conn.RemoteAddr())
 	return true, queried
+}
+
+// authFailed refuses a client whose password did not pass: counted, and
+// delayed the longer the more its address failed in a row (the login
+// deadline still applies), then refused with werr.
+func (s *session) authFailed(cfg *config.Config, werr *wire.Error, fields ...zap.Field) {
+	s.srv.authFailures.Add(1)
+	if d := s.srv.authDelays.failed(s.conn.RemoteAddr(), time.Now(), cfg.AuthFailureDelay, cfg.AuthFailureDelayMax); d > 0 {
+		if dl := s.login.deadline; !dl.IsZero() {
+			d = min(d, max(time.Until(dl), 0))
+		}
+		time.Sleep(d)
+	}
+	s.fail(werr)
+	s.log.Info("client authentication failed", fields...)
+}
+
+// authExternal asks the client for its password in clear text (as
+// PostgreSQL's ldap and pam methods do: use TLS) and has an LDAP server or
+// PAM check it. The password, accepted, is the secret the pool logs in to
+// PostgreSQL with when the configuration has none for the user, as in
+// PgBouncer.
+func (s *session) authExternal(cfg *config.Config, rule hba.Rule) (bool, auth.Secret) {
+	password, err := s.askPassword(&pgproto3.AuthenticationCleartextPassword{})
+	if err != nil {
+		s.loginFailed(err)
+		return false, auth.Secret{}
+	}
+	ctx := s.srv.ctx
+	if !s.login.deadline.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, s.login.deadline)
+		defer cancel()
+	}
+	name := "LDAP"
+	if rule.Method == hba.PAM {
+		name = "PAM"
+		err = s.pamCheck(rule, password)
+	} else {
+		err = rule.LDAP.Authenticate(ctx, s.user, password)
+	}
+	if err != nil {
+		// PostgreSQL's message, whatever the reason: the reason (a wrong
+		// password, an unknown user, a server that did not answer) is
+		// for the log.
+		s.authFailed(cfg, &wire.Error{Severity: "FATAL", Code: "28P01",
+			Message: fmt.Sprintf("%s authentication failed for user %q", name, s.user)},
+			zap.String("method", rule.Method), zap.Error(err))
+		return false, auth.Secret{}
+	}
+	s.srv.authDelays.succeeded(s.conn.RemoteAddr())
+	return true, auth.PlainSecret(password)
+}
+
+// pamCheck has PAM check the client's password, with the rule's service
+// (pamservice) or auth_pam_service.
+func (s *session) pamCheck(rule hba.Rule, password string) error {
+	lib, err := s.srv.pamLib()
+	if err != nil {
+		return err
+	}
+	service := cmp.Or(rule.PAMService, s.srv.cfg().AuthPAMService, "pgbouncer")
+	rhost := ""
+	if a, ok := s.conn.RemoteAddr().(*net.TCPAddr); ok {
+		rhost = a.IP.String()
+	}
+	return lib.Authenticate(service, s.user, password, rhost)
 }
 
 // querySecret runs auth_query for the client's user (under the login

@@ -35,6 +35,7 @@ import (
 	"github.com/poolerd/poolerd/internal/authquery"
 	"github.com/poolerd/poolerd/internal/backend"
 	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/internal/pamauth"
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
@@ -138,6 +139,8 @@ type Server struct {
 	oldRates []*rateLimits
 	reload   ReloadFunc
 	setLevel func(string) error
+	// pam is the PAM library, loaded at the first PAM login (pamLib).
+	pam *pamauth.Lib
 }
 
 type poolKey struct{ database, user string }
@@ -739,6 +742,20 @@ func (srv *Server) lookupSession(pid, key uint32) *session {
 		}
 	}
 	return found
+}
+
+// pamLib returns the PAM library, loading it the first time.
+func (srv *Server) pamLib() (*pamauth.Lib, error) {
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	if srv.pam == nil {
+		lib, err := pamauth.Open()
+		if err != nil {
+			return nil, err
+		}
+		srv.pam = lib
+	}
+	return srv.pam, nil
 }
 
 // getPool returns the pool for (database, user), creating it on first use.
