@@ -461,6 +461,11 @@ type Database struct {
 	AuthUser   string `mapstructure:"auth_user"`
 	AuthQuery  string `mapstructure:"auth_query"`
 	AuthDBName string `mapstructure:"auth_dbname"`
+	// ServerParameters are startup parameters poolerd sends when it
+	// opens this database's server connections (PgBouncer's per-database
+	// client_encoding, datestyle, timezone, application_name): the
+	// defaults its clients see and keep unless they set their own.
+	ServerParameters map[string]string `mapstructure:"server_parameters"`
 
 	// MaxDBConnections and MaxDBClientConnections override the global
 	// limits for this database (server and client connections).

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -339,6 +340,14 @@ func (c *Config) Validate() error {
 			bad("%s has no host: set host (and port), or set upstream to give every database its host", where)
 		}
 		validateHosts(d, where, bad)
+		for name := range d.ServerParameters {
+			switch lower := strings.ToLower(name); {
+			case lower == "user", lower == "database", lower == "replication", strings.HasPrefix(lower, "_pq_."):
+				bad("%s server_parameters: %s is set by poolerd itself: remove it (user and dbname are keys of the entry)", where, name)
+			case !serverParamName.MatchString(name):
+				bad("%s server_parameters: %q is not a PostgreSQL parameter name", where, name)
+			}
+		}
 		if d.Port != 0 && (d.Port < 1 || d.Port > 65535) {
 			bad("%s port %d is not a port number (1-65535)", where, d.Port)
 		}
@@ -698,6 +707,8 @@ type Route struct {
 	// HostSettings are the servers' own settings (host_settings), by
 	// server; nil without any.
 	HostSettings map[HostPort]HostSetting
+	// ServerParams are the entry's server_parameters (nil without any).
+	ServerParams map[string]string
 }
 
 // HostCap is server h's connection cap: its own max_size_per_host, or the
@@ -730,6 +741,10 @@ func (r *Route) HostIdleTimeout(h HostPort) time.Duration {
 // MultiHost reports whether the route chooses among servers or by role.
 func (r *Route) MultiHost() bool { return len(r.Hosts) > 1 || r.Attrs != TargetAny }
 
+// serverParamName is the form of a PostgreSQL parameter name (custom ones
+// have a dot).
+var serverParamName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$.]*$`)
+
 // ErrUnknownDatabase is returned by Route for a database with no entry.
 var ErrUnknownDatabase = errors.New("unknown database")
 
@@ -761,6 +776,7 @@ func (c *Config) Route(database, user string) (Route, error) {
 	r.Hosts, _ = hostList(Database{Host: r.Host, Port: r.Port, Hosts: d.Hosts}, r.Host, r.Port) // validated
 	r.Attrs, r.Balance, r.MaxLag, r.PerHost = d.TargetSessionAttrs, d.LoadBalanceHosts, d.MaxReplicaLag, d.MaxSizePerHost
 	r.HostSettings = hostSettingsOf(d, r.Port)
+	r.ServerParams = d.ServerParameters
 	if u := c.upstream; u != nil && d.Host == "" && len(d.Hosts) == 0 && len(u.Hosts) > 0 {
 		r.Hosts = u.Hosts // the upstream URL's host list
 	}

@@ -27,6 +27,7 @@ const (
 	kindBool                // 0/1, yes/no, on/off, true/false
 	kindList                // comma-separated names
 	kindSpecial             // translated by code in translate
+	kindServerParam         // a [databases] startup parameter: an entry of server_parameters
 )
 
 // Rule is how one PgBouncer setting maps to poolerd.
@@ -66,7 +67,7 @@ func hasKey(name string) bool {
 const (
 	adviceTCPAlso     = "poolerd always has a TCP listener (listen): the Unix socket (unix_socket_dir) comes in addition, at the listen port"
 	adviceDNS         = "poolerd resolves host names with the system resolver at each connect: nothing to set"
-	adviceStartupParm = "not stored by poolerd: set it in PostgreSQL with ALTER DATABASE … SET (or ALTER ROLE … SET), or in the client's connection string"
+	adviceServerParam = "sent when the entry's server connections open, as in PgBouncer: the default its clients see unless they set their own"
 	adviceAuthQuery   = "as in PgBouncer: users not in auth_file are looked up with auth_query as auth_user, whose password comes from auth_file (docs/security.md)"
 	adviceHBA         = "as in PgBouncer, with auth_type hba (docs/security.md)"
 	adviceNotNeeded   = "not needed by poolerd: remove it"
@@ -195,10 +196,10 @@ func Rules() []Rule {
 		{Section: "databases", Key: "max_db_connections", To: "max_db_connections", kind: kindInt},
 		{Section: "databases", Key: "max_db_client_connections", To: "max_db_client_connections", kind: kindInt},
 		{Section: "databases", Key: "server_lifetime", To: "max_lifetime", kind: kindSeconds},
-		{Section: "databases", Key: "client_encoding", Note: adviceStartupParm},
-		{Section: "databases", Key: "datestyle", Note: adviceStartupParm},
-		{Section: "databases", Key: "timezone", Note: adviceStartupParm},
-		{Section: "databases", Key: "application_name", Note: adviceStartupParm},
+		{Section: "databases", Key: "client_encoding", To: "server_parameters", kind: kindServerParam, Note: adviceServerParam},
+		{Section: "databases", Key: "datestyle", To: "server_parameters", kind: kindServerParam, Note: adviceServerParam},
+		{Section: "databases", Key: "timezone", To: "server_parameters", kind: kindServerParam, Note: adviceServerParam},
+		{Section: "databases", Key: "application_name", To: "server_parameters", kind: kindServerParam, Note: adviceServerParam},
 		{Section: "databases", Key: "connect_query", Note: "no per-connection query: put settings in ALTER DATABASE … SET or ALTER ROLE … SET"},
 		{Section: "databases", Key: "load_balance_hosts", To: "load_balance_hosts", kind: kindSpecial, Note: "`round-robin` (PgBouncer's default with a host list) or `disable` (the first host that answers)"},
 
@@ -486,6 +487,15 @@ func translateEntry(e entry, section string, rules map[string]Rule, ignore func(
 		}
 		if r.kind == kindSpecial { // host, port, load_balance_hosts: below
 			special[p.key] = p.value
+			continue
+		}
+		if r.kind == kindServerParam {
+			sp, _ := out["server_parameters"].(map[string]any)
+			if sp == nil {
+				sp = map[string]any{}
+				out["server_parameters"] = sp
+			}
+			sp[p.key] = p.value
 			continue
 		}
 		v, err := convert(r.kind, p.value, e.file)

@@ -196,9 +196,10 @@ func TestMultiDatabase(t *testing.T) {
 	wantDBs := []any{
 		map[string]any{"name": "foodb", "host": defaultSocketDir()},
 		map[string]any{"name": "bardb", "host": "localhost", "dbname": "bazdb"},
-		map[string]any{"name": "forcedb", "host": "localhost", "port": 300, "user": "baz", "password": "foo"},
+		map[string]any{"name": "forcedb", "host": "localhost", "port": 300, "user": "baz", "password": "foo",
+			"server_parameters": map[string]any{"client_encoding": "UNICODE", "datestyle": "ISO"}},
 		map[string]any{"name": "nondefaultdb", "host": defaultSocketDir(), "max_size": 50, "reserve_pool_size": 10, "pool_mode": "session", "max_db_connections": 60},
-		map[string]any{"name": "my-db", "host": "10.0.0.5", "dbname": "my db"},
+		map[string]any{"name": "my-db", "host": "10.0.0.5", "dbname": "my db", "server_parameters": map[string]any{"application_name": "it's"}},
 		map[string]any{"name": "*", "host": "testserver"},
 	}
 	if !reflect.DeepEqual(dbs, wantDBs) {
@@ -209,8 +210,7 @@ func TestMultiDatabase(t *testing.T) {
 		t.Errorf("users %#v", res.Tree["users"])
 	}
 	wantIgnored := []string{
-		"[databases] forcedb: client_encoding", "[databases] forcedb: datestyle", "[databases] forcedb: connect_query",
-		"[databases] my-db: application_name",
+		"[databases] forcedb: connect_query",
 		"ignore_startup_parameters", "pidfile",
 	}
 	if got := settings(res); !reflect.DeepEqual(got, wantIgnored) {
@@ -309,7 +309,7 @@ func configDiff(a, b *config.Config) string {
 // connection string must not reach the log.
 func TestWarningHasNoSecrets(t *testing.T) {
 	dir := t.TempDir()
-	writeFile(t, filepath.Join(dir, "p.ini"), "[databases]\napp = host=x user=u password=Hunter2Secret client_encoding=Hunter2Secret auth_user=Hunter2Secret\n"+
+	writeFile(t, filepath.Join(dir, "p.ini"), "[databases]\napp = host=x user=u password=Hunter2Secret connect_query=Hunter2Secret auth_user=Hunter2Secret\n"+
 		"[pgbouncer]\nauth_query = SELECT Hunter2Secret\nbogus = Hunter2Secret\n")
 	res, err := Load(filepath.Join(dir, "p.ini"))
 	if err != nil {

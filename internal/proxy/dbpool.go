@@ -270,7 +270,7 @@ func (d *dbPool) connect(ctx context.Context) (*serverConn, error) {
 	if r := d.route(); r.MultiHost() {
 		return d.connectAmong(ctx, r, creds)
 	}
-	bc, err := backend.Connect(ctx, d.target(), d.route().DBName, creds, nil)
+	bc, err := backend.Connect(ctx, d.target(), d.route().DBName, creds, d.route().ServerParams)
 	if err != nil {
 		return nil, err
 	}

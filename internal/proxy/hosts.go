@@ -284,7 +284,7 @@ func (d *dbPool) connectAmong(ctx context.Context, r *config.Route, creds backen
 			continue
 		}
 		bc, err := backend.Connect(ctx, backend.Target{Host: h.Host, Port: h.Port, TLS: tlsCfg,
-			TCP: tcpOptions(cfg, backend.ServerKeepAlive)}, r.DBName, creds, nil)
+			TCP: tcpOptions(cfg, backend.ServerKeepAlive)}, r.DBName, creds, r.ServerParams)
 		if err == nil {
 			d.hosts.opened(h) // counted before the reservation ends; adopt does not count again
 		}

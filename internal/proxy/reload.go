@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"strings"
 
@@ -108,7 +109,10 @@ func (srv *Server) apply(next *config.Config) error {
 		old := p.route()
 		user := p.key.user
 		route, err := next.Route(p.key.database, user)
-		if err != nil || route.ForcedUser != old.ForcedUser || route.ForcedUser && route.ServerUser != user {
+		// Other server_parameters are other defaults for the pool's
+		// clients: a new pool takes the new clients.
+		if err != nil || route.ForcedUser != old.ForcedUser || route.ForcedUser && route.ServerUser != user ||
+			!maps.Equal(old.ServerParams, route.ServerParams) {
 			srv.retire(p)
 			continue
 		}

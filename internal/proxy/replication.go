@@ -145,7 +145,12 @@ func (s *session) openReplication(ctx context.Context, params map[string]string)
 			Hint:    fmt.Sprintf("raise %s for %s, or have its pools hold fewer connections", hit.key, hit.whose)})
 		return false
 	}
-	sp := maps.Clone(params)
+	// The entry's server_parameters, under the client's own.
+	sp := map[string]string{}
+	for k, v := range dbp.route().ServerParams {
+		sp[canonicalParam(k)] = v
+	}
+	maps.Copy(sp, params)
 	sp["replication"] = s.login.repl.startupValue()
 	bc, err := dbp.dialDirect(ctx, sp)
 	if err != nil {

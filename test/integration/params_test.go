@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"errors"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -366,4 +367,34 @@ func TestParamsUnknownDatabase(t *testing.T) {
 		c := p.connect(t)
 		scalarText(t, c, "SELECT 1")
 	})
+}
+
+// A database entry's server_parameters (PgBouncer's per-database timezone,
+// datestyle, client_encoding, application_name) are its clients' defaults:
+// reported at login and in effect, on every server connection, unless a
+// client sets its own, which stays its own.
+func TestParamsServerParameters(t *testing.T) {
+	t.Parallel()
+	p := startPoolerd(t, func(c *config.Config) {
+		c.PoolMode = config.PoolTransaction
+		c.MaxSize = 1 // every client on the one server connection
+		c.Databases = []config.Database{{Name: "tokyo", DBName: pgtest.DBApp,
+			// As viper hands them over from YAML: lower case.
+			ServerParameters: map[string]string{"timezone": "Asia/Tokyo", "application_name": "from-entry", "datestyle": "SQL, DMY"}}}
+	})
+	plain := connectDSN(t, p.dsn(pgtest.RoleApp, pgtest.Password, "tokyo"))
+	own := connectDSN(t, p.dsn(pgtest.RoleApp, pgtest.Password, "tokyo", "timezone=UTC", "application_name=mine"))
+	for i := range 2 {
+		if ps := plain.PgConn().ParameterStatus("TimeZone"); ps != "Asia/Tokyo" {
+			t.Errorf("TimeZone reported at login %q, want the entry's", ps)
+		}
+		got := showAll(t, plain, "TimeZone", "application_name", "DateStyle")
+		if want := map[string]string{"TimeZone": "Asia/Tokyo", "application_name": "from-entry", "DateStyle": "SQL, DMY"}; !maps.Equal(got, want) {
+			t.Errorf("round %d: a client that sets nothing has %v, want the entry's %v", i, got, want)
+		}
+		got = showAll(t, own, "TimeZone", "application_name", "DateStyle")
+		if want := map[string]string{"TimeZone": "UTC", "application_name": "mine", "DateStyle": "SQL, DMY"}; !maps.Equal(got, want) {
+			t.Errorf("round %d: a client with its own has %v, want %v", i, got, want)
+		}
+	}
 }
