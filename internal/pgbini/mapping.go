@@ -18,16 +18,16 @@ import (
 type kind int
 
 const (
-	kindNone    kind = iota // not honoured
-	kindString              // as written
-	kindPath                // a file name, relative ones taken from the ini's directory
-	kindInt                 // an integer
-	kindSeconds             // PgBouncer's seconds (possibly fractional) to a duration
-	kindMillis              // PgBouncer's milliseconds to a duration
-	kindBool                // 0/1, yes/no, on/off, true/false
-	kindList                // comma-separated names
-	kindSpecial             // translated by code in translate
-	kindServerParam         // a [databases] startup parameter: an entry of server_parameters
+	kindNone        kind = iota // not honoured
+	kindString                  // as written
+	kindPath                    // a file name, relative ones taken from the ini's directory
+	kindInt                     // an integer
+	kindSeconds                 // PgBouncer's seconds (possibly fractional) to a duration
+	kindMillis                  // PgBouncer's milliseconds to a duration
+	kindBool                    // 0/1, yes/no, on/off, true/false
+	kindList                    // comma-separated names
+	kindSpecial                 // translated by code in translate
+	kindServerParam             // a [databases] startup parameter: an entry of server_parameters
 )
 
 // Rule is how one PgBouncer setting maps to poolerd.
