@@ -93,12 +93,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		logOut = io.MultiWriter(stderr, lf)
 	}
-	log, level, err := newLogger(cfg, logOut)
+	log, level, closeLog, err := newLoggerTo(cfg, logOut, "", "")
 	if err != nil {
 		fmt.Fprintln(stderr, "poolerd:", err)
 		return 2
 	}
-	defer func() { _ = log.Sync() }()
+	defer closeLog()
 	warnIni(loader.File, log)
 	for _, w := range cfg.Warnings() {
 		log.Warn(w)
@@ -122,9 +122,17 @@ func indent(s string) string {
 }
 
 func newLogger(cfg *config.Config, w io.Writer) (*zap.Logger, zap.AtomicLevel, error) {
-	level, err := zap.ParseAtomicLevel(cfg.LogLevel)
+	log, level, _, err := newLoggerTo(cfg, w, "", "")
+	return log, level, err
+}
+
+// newLoggerTo is the logger writing to w, and with syslog on to the syslog
+// daemon at network and addr as well (empty: the local one); closeLog
+// flushes it and closes the syslog connection.
+func newLoggerTo(cfg *config.Config, w io.Writer, network, addr string) (log *zap.Logger, level zap.AtomicLevel, closeLog func(), err error) {
+	level, err = zap.ParseAtomicLevel(cfg.LogLevel)
 	if err != nil {
-		return nil, level, err
+		return nil, level, nil, err
 	}
 	ec := zap.NewProductionEncoderConfig()
 	ec.TimeKey = "ts"
@@ -137,11 +145,41 @@ func newLogger(cfg *config.Config, w io.Writer) (*zap.Logger, zap.AtomicLevel, e
 		ec.EncodeLevel = zapcore.CapitalLevelEncoder
 		enc = zapcore.NewConsoleEncoder(ec)
 	}
-	return zap.New(zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(w)), level)), level, nil
+	core := zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(w)), level)
+	closeSyslog := func() {}
+	if cfg.Syslog {
+		// syslog stamps the time itself.
+		sec := ec
+		sec.TimeKey = ""
+		sysEnc := zapcore.NewConsoleEncoder(sec)
+		if cfg.LogFormat == "json" {
+			sysEnc = zapcore.NewJSONEncoder(sec)
+		}
+		sc, err := newSyslogCore(network, addr, cfg.SyslogIdent, cfg.SyslogFacility, sysEnc, level)
+		if err != nil {
+			// As PgBouncer, which logs on without its syslog: no
+			// daemon (a container without /dev/log) is no reason to
+			// stop.
+			log = zap.New(core)
+			log.Warn("syslog is on but unavailable: logging without it", zap.Error(err))
+			return log, level, func() { _ = log.Sync() }, nil
+		}
+		core = zapcore.NewTee(core, sc)
+		closeSyslog = func() { _ = sc.w.Close() }
+	}
+	log = zap.New(core)
+	return log, level, func() { _ = log.Sync(); closeSyslog() }, nil
 }
 
 // serve runs poolerd until a signal or the admin console stops it.
 func serve(cfg *config.Config, loader *config.Loader, log *zap.Logger, level zap.AtomicLevel, lf *logFile) error {
+	if cfg.PIDFile != "" {
+		removePID, err := writePIDFile(cfg.PIDFile, loader.Takeover)
+		if err != nil {
+			return err
+		}
+		defer removePID()
+	}
 	lns, handover, err := openListeners(cfg, loader.Takeover, log)
 	if err != nil {
 		return err

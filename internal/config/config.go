@@ -129,6 +129,14 @@ type Config struct {
 	// AuthHBARules are access rules given in the configuration instead of
 	// AuthHBAFile (one or the other).
 	AuthHBARules []hba.RuleSpec `mapstructure:"auth_hba_rules"`
+	// PIDFile is where poolerd writes its pid while it runs (PgBouncer's
+	// pidfile); empty: nowhere.
+	PIDFile string `mapstructure:"pidfile"`
+	// Syslog sends the log to the local syslog daemon as well, as
+	// SyslogIdent with SyslogFacility (PgBouncer's keys).
+	Syslog         bool   `mapstructure:"syslog"`
+	SyslogIdent    string `mapstructure:"syslog_ident"`
+	SyslogFacility string `mapstructure:"syslog_facility"`
 	// AuthLDAPOptions are the LDAP options of auth_type ldap, as on a
 	// pg_hba.conf ldap line (ldapurl="…" or ldapserver=… ldapbasedn=…).
 	AuthLDAPOptions string `mapstructure:"auth_ldap_options"`
@@ -620,6 +628,8 @@ func Defaults() Config {
 		AuthType:   AuthSCRAM,
 		// PgBouncer's service name.
 		AuthPAMService: "pgbouncer",
+		SyslogIdent:    "poolerd",
+		SyslogFacility: "daemon",
 		// prefer, as PgBouncer 1.20+: encrypted when the server offers it.
 		ServerTLSSSLMode: "prefer",
 		ClientTLSSSLMode: "disable",

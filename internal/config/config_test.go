@@ -83,7 +83,8 @@ func TestEveryKeyHasAnEnvVar(t *testing.T) {
 					"auth_query": "SELECT usename, passwd FROM pg_catalog.pg_shadow WHERE usename = $1", "takeover_socket": "/run/poolerd/takeover.sock",
 					"event_loops": "auto", "verify_handoff": "always",
 					"unix_socket_dir": "/run/poolerd", "unix_socket_mode": "0770", "auth_dbname": "app", "server_tls_protocols": "tlsv1.3", "server_tls_ciphers": "fast", "client_tls_ecdhcurve": "secp384r1", "log_file": "/tmp/poolerd-test.log",
-					"auth_ldap_options": `ldapurl="ldap://ldap.example.net/dc=example,dc=net?uid?sub"`, "auth_pam_service": "poolerd"}[k.Name]
+					"auth_ldap_options": `ldapurl="ldap://ldap.example.net/dc=example,dc=net?uid?sub"`, "auth_pam_service": "poolerd",
+					"pidfile": "/run/poolerd.pid", "syslog_ident": "pgb", "syslog_facility": "local0"}[k.Name]
 				if k.Name == "unix_socket_group" {
 					t.Setenv("POOLERD_UNIX_SOCKET_DIR", "/run/poolerd") // a group needs the socket
 					val = "postgres"

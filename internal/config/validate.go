@@ -221,6 +221,12 @@ func (c *Config) Validate() error {
 	}
 	c.validateHBA(bad)
 	c.validateExternalAuth(bad)
+	if _, ok := SyslogFacility(c.SyslogFacility); !ok {
+		bad("syslog_facility %q is not auth, authpriv, daemon, user or local0 to local7 (POOLERD_SYSLOG_FACILITY)", c.SyslogFacility)
+	}
+	if c.Syslog && c.SyslogIdent == "" {
+		bad("syslog needs syslog_ident (POOLERD_SYSLOG_IDENT), the name its lines carry")
+	}
 	c.PoolSettings.validate("", bad)
 	if c.ClientLoginTimeout < 0 {
 		bad("client_login_timeout must not be negative (0 disables it)")

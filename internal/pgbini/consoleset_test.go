@@ -28,7 +28,7 @@ func TestSetKey(t *testing.T) {
 		{"tcp_user_timeout", "soon", "", "", "not a time in milliseconds"},
 		{"query_timeout", "-1", "", "", "not a time in seconds"},
 		{"unix_socket_dir", "/tmp", "unix_socket_dir", "/tmp", ""}, // then refused: restart only
-		{"pidfile", "/tmp/p.pid", "", "", "no equivalent in poolerd"},
+		{"pkt_buf", "4096", "", "", "no equivalent in poolerd"},
 		{"listen_port", "7000", "", "", "configuration file"},
 		{"verbose", "lots", "", "", "not a verbosity"},
 	} {

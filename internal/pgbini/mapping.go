@@ -71,7 +71,6 @@ const (
 	adviceAuthQuery   = "as in PgBouncer: users not in auth_file are looked up with auth_query as auth_user, whose password comes from auth_file (docs/security.md)"
 	adviceHBA         = "as in PgBouncer, with auth_type hba (docs/security.md)"
 	adviceNotNeeded   = "not needed by poolerd: remove it"
-	adviceLog         = "poolerd logs to stderr (journald under systemd, `docker logs` in a container): redirect stderr to keep a file"
 )
 
 // Rules is the whole mapping, in the order of the migration guide.
@@ -170,10 +169,10 @@ func Rules() []Rule {
 		{Section: "pgbouncer", Key: "log_pooler_errors", Note: "poolerd logs every refusal with its reason (log_disconnections): nothing to set"},
 		{Section: "pgbouncer", Key: "verbose", To: "log_level", kind: kindSpecial, Note: "1 or more becomes `debug`"},
 		{Section: "pgbouncer", Key: "logfile", To: "log_file", kind: kindPath, Note: "the log goes to the file as well as to stderr; SIGHUP opens it again"},
-		{Section: "pgbouncer", Key: "syslog", Note: adviceLog},
-		{Section: "pgbouncer", Key: "syslog_ident", Note: adviceLog},
-		{Section: "pgbouncer", Key: "syslog_facility", Note: adviceLog},
-		{Section: "pgbouncer", Key: "pidfile", Note: "poolerd writes no pid file: use systemd's MainPID (or $! from the shell that started it)"},
+		{Section: "pgbouncer", Key: "syslog", To: "syslog", kind: kindBool},
+		{Section: "pgbouncer", Key: "syslog_ident", To: "syslog_ident", kind: kindString, Default: "pgbouncer"},
+		{Section: "pgbouncer", Key: "syslog_facility", To: "syslog_facility", kind: kindString},
+		{Section: "pgbouncer", Key: "pidfile", To: "pidfile", kind: kindPath, Note: "a running process's pid in it refuses the start, as PgBouncer's"},
 		{Section: "pgbouncer", Key: "user", Note: "poolerd does not switch users: start it as the user it should run as (systemd User=)"},
 		{Section: "pgbouncer", Key: "conffile", Note: adviceNotNeeded},
 		{Section: "pgbouncer", Key: "service_name", Note: adviceNotNeeded},

@@ -1622,8 +1622,8 @@ func TestAdminSet(t *testing.T) {
 		t.Errorf("idle_timeout %q after SET server_idle_timeout = 90", v)
 	}
 	obErr(t, adm, "SET unix_socket_dir = '/tmp'", "08P01", "SET failed: unix_socket_dir can only change with a restart")
-	if pe := obErr(t, adm, "SET pidfile = '/tmp/p.pid'", "08P01", "SET failed"); !strings.Contains(pe.Detail, "no equivalent in poolerd") {
-		t.Errorf("SET pidfile: detail %q", pe.Detail)
+	if pe := obErr(t, adm, "SET pkt_buf = 4096", "08P01", "SET failed"); !strings.Contains(pe.Detail, "no equivalent in poolerd") {
+		t.Errorf("SET pkt_buf: detail %q", pe.Detail)
 	}
 	for _, q := range []string{"SET no_such_key = 1", "SET max_size = 0", "SET max_size = lots", "SET query_timeout = -5",
 		"SET pool_mode = statements"} {

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -43,7 +44,7 @@ multi = host=%s,localhost port=%d dbname=%s
 
 [pgbouncer]
 logfile = pgbouncer.log
-pidfile = /var/run/postgresql/pgbouncer.pid
+pidfile = pgbouncer.pid
 listen_addr = 127.0.0.1
 listen_port = %s
 unix_socket_dir = %s
@@ -118,7 +119,7 @@ query_wait_timeout = 10
 		t.Errorf("logfile after the rotation and SIGHUP: %v\n%s", err, b)
 	}
 	out := proc.stderr.String()
-	for _, want := range []string{"pgbouncer.ini settings poolerd does not honour", "pidfile (pgbouncer.ini:", "tcp_defer_accept (extra.ini:2)", "client_encoding"} {
+	for _, want := range []string{"pgbouncer.ini settings poolerd does not honour", "tcp_defer_accept (extra.ini:2)"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
@@ -126,12 +127,26 @@ query_wait_timeout = 10
 	if n := strings.Count(out, "settings poolerd does not honour"); n != 1 {
 		t.Errorf("%d warnings about settings not honoured, want 1", n)
 	}
+	for _, honoured := range []string{"client_encoding", "pidfile"} {
+		if strings.Contains(out, honoured+" (") {
+			t.Errorf("%s reported as not honoured:\n%s", honoured, out)
+		}
+	}
+	// pidfile (relative: beside the ini) names the process while it runs,
+	// and goes with it.
+	pidPath := filepath.Join(dir, "pgbouncer.pid")
+	if b, err := os.ReadFile(pidPath); err != nil || strings.TrimSpace(string(b)) != strconv.Itoa(proc.cmd.Process.Pid) {
+		t.Errorf("pidfile %s: %q %v, want %d", pidPath, b, err, proc.cmd.Process.Pid)
+	}
 	_ = c.Close(ctx)
 	if err := proc.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	if code, _ := proc.wait(t, 10*time.Second); code != 0 {
 		t.Fatalf("exit code %d after SIGTERM; output:\n%s", code, proc.stderr.String())
+	}
+	if _, err := os.Stat(pidPath); !os.IsNotExist(err) {
+		t.Errorf("pidfile left after the exit: %v", err)
 	}
 }
 

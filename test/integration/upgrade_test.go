@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -62,7 +63,10 @@ func TestDebianSampleStarts(t *testing.T) {
 	// The sample's logfile (/var/log/postgresql/pgbouncer.log) is a
 	// temporary file too.
 	logFile := filepath.Join(sockDir, "pgbouncer.log")
-	proc := lcStartBinaryEnv(t, bin, []string{"POOLERD_UNIX_SOCKET_DIR=" + sockDir, "POOLERD_LOG_FILE=" + logFile}, args...)
+	// So are its pidfile (/var/run/postgresql/pgbouncer.pid) and its
+	// syslog (off in the sample).
+	pidFile := filepath.Join(sockDir, "pgbouncer.pid")
+	proc := lcStartBinaryEnv(t, bin, []string{"POOLERD_UNIX_SOCKET_DIR=" + sockDir, "POOLERD_LOG_FILE=" + logFile, "POOLERD_PIDFILE=" + pidFile}, args...)
 	_, port, _ := net.SplitHostPort(listen)
 
 	loginAt := func(dsn, db string) *pgconn.PgError {
@@ -107,10 +111,17 @@ func TestDebianSampleStarts(t *testing.T) {
 	if b, err := os.ReadFile(logFile); err != nil || !strings.Contains(string(b), "no databases: every client") {
 		t.Errorf("the sample's logfile: %v\n%s", err, b)
 	}
-	for _, want := range []string{"no databases: every client but the admin console's is refused", "auth_type md5 needs client passwords", "pgbouncer.ini settings poolerd does not honour"} {
+	for _, want := range []string{"no databases: every client but the admin console's is refused", "auth_type md5 needs client passwords"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
+	}
+	// Every setting of the sample is honoured (its pidfile included).
+	if strings.Contains(out, "settings poolerd does not honour") {
+		t.Errorf("settings of Debian's sample not honoured:\n%s", out)
+	}
+	if b, err := os.ReadFile(pidFile); err != nil || strings.TrimSpace(string(b)) != strconv.Itoa(proc.cmd.Process.Pid) {
+		t.Errorf("pidfile: %q %v", b, err)
 	}
 	if err := proc.cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
