@@ -129,6 +129,14 @@ type Config struct {
 	// AuthHBARules are access rules given in the configuration instead of
 	// AuthHBAFile (one or the other).
 	AuthHBARules []hba.RuleSpec `mapstructure:"auth_hba_rules"`
+	// DisablePQExec refuses the simple query protocol (PgBouncer's
+	// disable_pqexec): a client's Query message ends its session, so that
+	// only parameterized (extended-protocol) statements run, none of them
+	// several statements in one.
+	DisablePQExec bool `mapstructure:"disable_pqexec"`
+	// ApplicationNameAddHost appends " - host:port" of the client to the
+	// application_name it logs in with (PgBouncer's key), "app" if none.
+	ApplicationNameAddHost bool `mapstructure:"application_name_add_host"`
 	// PIDFile is where poolerd writes its pid while it runs (PgBouncer's
 	// pidfile); empty: nowhere.
 	PIDFile string `mapstructure:"pidfile"`

@@ -130,6 +130,8 @@ func Keys() []Key {
 		{Name: "http_pprof", Help: "serve /debug/pprof/ on the HTTP server"},
 		{Name: "log_format", Flag: "log-format", Help: "console or json"},
 		{Name: "log_file", Help: "file that gets a copy of the log (appended; opened again on SIGHUP); empty: stderr only"},
+		{Name: "disable_pqexec", Help: "refuse the simple query protocol: a client's Query message ends its session (only extended-protocol statements run)"},
+		{Name: "application_name_add_host", Help: "append ' - host:port' of the client to the application_name it logs in with"},
 		{Name: "pidfile", Help: "file poolerd writes its pid to while it runs; empty: none"},
 		{Name: "syslog", Help: "send the log to the local syslog daemon as well"},
 		{Name: "syslog_ident", Help: "the name syslog lines carry"},

@@ -64,6 +64,13 @@ func errShuttingDown() *wire.Error {
 		Hint:    "reconnect; another poolerd instance or the restarted one will serve you"}
 }
 
+// errPQExecDisabled ends a client that sent a simple Query with
+// disable_pqexec on, as PgBouncer does.
+func errPQExecDisabled() *wire.Error {
+	return &wire.Error{Severity: "FATAL", Code: "08P01", Message: "PQexec disallowed: the simple query protocol is disabled (disable_pqexec)",
+		Hint: "send statements with the extended query protocol (parameterized queries; libpq's PQexecParams, pgx's default), one per message, or have the administrator turn disable_pqexec off"}
+}
+
 // errServerLost ends a session whose server connection was lost while
 // held: its transaction, pipeline or session state went with it.
 func errServerLost() *wire.Error {

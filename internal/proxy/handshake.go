@@ -393,6 +393,10 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	default:
 		params, err = startupParams(raw)
 	}
+	if err == nil && s.login.repl == replNone && cfg.ApplicationNameAddHost && !IsConsoleDatabase(s.database) {
+		// As PgBouncer: at login only; a later SET is the client's.
+		params["application_name"] = cmp.Or(params["application_name"], "app") + " - " + s.addr
+	}
 	if err == nil && s.login.repl != replNone && IsConsoleDatabase(s.database) {
 		err = &wire.Error{Severity: "FATAL", Code: "0A000", Message: "the admin console does not take replication connections",
 			Hint: "connect to the console without the replication parameter"}

@@ -571,6 +571,11 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 				s.flush(data(), b)
 				return true
 			}
+			if t == 'Q' && s.srv.cfg().DisablePQExec {
+				s.flush(data(), b)
+				s.fail(errPQExecDisabled())
+				return true
+			}
 			if h := s.srv.onFrame; h != nil {
 				h(s, t)
 			}

@@ -398,3 +398,32 @@ func TestParamsServerParameters(t *testing.T) {
 		}
 	}
 }
+
+// disable_pqexec ends a client that sends a simple Query, as PgBouncer
+// does; extended-protocol statements run. application_name_add_host
+// appends the client's address to its application_name at login.
+func TestParamsPQExecAndAppNameHost(t *testing.T) {
+	t.Parallel()
+	p := startPoolerd(t, func(c *config.Config) {
+		c.DisablePQExec = true
+		c.ApplicationNameAddHost = true
+	})
+	ctx := ctxTimeout(t, 30*time.Second)
+	c := connectDSN(t, p.appDSN("application_name=billing"))
+	var app string
+	if err := c.QueryRow(ctx, "SELECT current_setting($1)", "application_name").Scan(&app); err != nil {
+		t.Fatalf("an extended-protocol query with disable_pqexec: %v", err)
+	}
+	if want := "billing - " + c.PgConn().Conn().LocalAddr().String(); app != want {
+		t.Errorf("application_name %q, want %q", app, want)
+	}
+	_, err := c.PgConn().Exec(ctx, "SELECT 1; SELECT 2").ReadAll()
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Severity != "FATAL" || pe.Code != "08P01" || !strings.Contains(pe.Message, "PQexec disallowed") {
+		t.Errorf("a simple query with disable_pqexec: %v", err)
+	}
+	anon := connectDSN(t, p.appDSN())
+	if err := anon.QueryRow(ctx, "SELECT current_setting($1)", "application_name").Scan(&app); err != nil || !strings.HasPrefix(app, "app - 127.0.0.1:") {
+		t.Errorf("application_name without one given: %q %v", app, err)
+	}
+}
