@@ -18,16 +18,17 @@ import (
 type kind int
 
 const (
-	kindNone        kind = iota // not honoured
-	kindString                  // as written
-	kindPath                    // a file name, relative ones taken from the ini's directory
-	kindInt                     // an integer
-	kindSeconds                 // PgBouncer's seconds (possibly fractional) to a duration
-	kindMillis                  // PgBouncer's milliseconds to a duration
-	kindBool                    // 0/1, yes/no, on/off, true/false
-	kindList                    // comma-separated names
-	kindSpecial                 // translated by code in translate
-	kindServerParam             // a [databases] startup parameter: an entry of server_parameters
+	kindNone         kind = iota // not honoured
+	kindString                   // as written
+	kindPath                     // a file name, relative ones taken from the ini's directory
+	kindInt                      // an integer
+	kindSeconds                  // PgBouncer's seconds (possibly fractional) to a duration
+	kindMillis                   // PgBouncer's milliseconds to a duration
+	kindBool                     // 0/1, yes/no, on/off, true/false
+	kindList                     // comma-separated names
+	kindSpecial                  // translated by code in translate
+	kindServerParam              // a [databases] startup parameter: an entry of server_parameters
+	kindConnectQuery             // connect_query: its SET statements become server_parameters
 )
 
 // Rule is how one PgBouncer setting maps to poolerd.
@@ -199,7 +200,7 @@ func Rules() []Rule {
 		{Section: "databases", Key: "datestyle", To: "server_parameters", kind: kindServerParam, Note: adviceServerParam},
 		{Section: "databases", Key: "timezone", To: "server_parameters", kind: kindServerParam, Note: adviceServerParam},
 		{Section: "databases", Key: "application_name", To: "server_parameters", kind: kindServerParam, Note: adviceServerParam},
-		{Section: "databases", Key: "connect_query", Note: "no per-connection query: put settings in ALTER DATABASE … SET or ALTER ROLE … SET"},
+		{Section: "databases", Key: "connect_query", To: "server_parameters", kind: kindConnectQuery, Note: "a query of SET statements only (`SET name = value; SET TIME ZONE …`) becomes the entry's `server_parameters`, sent as startup parameters of each server connection (which, unlike the query's SETs, RESET ALL and DISCARD ALL keep); any other query is reported: poolerd runs no query on new connections, set what it does in PostgreSQL (ALTER ROLE … SET, ALTER DATABASE … SET)"},
 		{Section: "databases", Key: "load_balance_hosts", To: "load_balance_hosts", kind: kindSpecial, Note: "`round-robin` (PgBouncer's default with a host list) or `disable` (the first host that answers)"},
 
 		// [users] parameters.
@@ -488,13 +489,23 @@ func translateEntry(e entry, section string, rules map[string]Rule, ignore func(
 			special[p.key] = p.value
 			continue
 		}
-		if r.kind == kindServerParam {
+		if r.kind == kindServerParam || r.kind == kindConnectQuery {
+			set := map[string]string{p.key: p.value}
+			if r.kind == kindConnectQuery {
+				var ok bool
+				if set, ok = connectQuerySettings(p.value); !ok {
+					ignore(label+": "+p.key, e, "poolerd runs no query on new connections, and this one is not only SET statements (which it would send as server_parameters): set what it does in PostgreSQL with ALTER ROLE … SET or ALTER DATABASE … SET")
+					continue
+				}
+			}
 			sp, _ := out["server_parameters"].(map[string]any)
 			if sp == nil {
 				sp = map[string]any{}
 				out["server_parameters"] = sp
 			}
-			sp[p.key] = p.value
+			for k, v := range set {
+				sp[k] = v
+			}
 			continue
 		}
 		v, err := convert(r.kind, p.value, e.file)
