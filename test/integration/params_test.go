@@ -380,7 +380,10 @@ func TestParamsServerParameters(t *testing.T) {
 		c.MaxSize = 1 // every client on the one server connection
 		c.Databases = []config.Database{{Name: "tokyo", DBName: pgtest.DBApp,
 			// As viper hands them over from YAML: lower case.
-			ServerParameters: map[string]string{"timezone": "Asia/Tokyo", "application_name": "from-entry", "datestyle": "SQL, DMY"}}}
+			// statement_timeout: what a pgbouncer.ini's connect_query of
+			// SETs becomes, not a reported parameter.
+			ServerParameters: map[string]string{"timezone": "Asia/Tokyo", "application_name": "from-entry", "datestyle": "SQL, DMY",
+				"statement_timeout": "123s"}}}
 	})
 	plain := connectDSN(t, p.dsn(pgtest.RoleApp, pgtest.Password, "tokyo"))
 	own := connectDSN(t, p.dsn(pgtest.RoleApp, pgtest.Password, "tokyo", "timezone=UTC", "application_name=mine"))
@@ -388,13 +391,18 @@ func TestParamsServerParameters(t *testing.T) {
 		if ps := plain.PgConn().ParameterStatus("TimeZone"); ps != "Asia/Tokyo" {
 			t.Errorf("TimeZone reported at login %q, want the entry's", ps)
 		}
-		got := showAll(t, plain, "TimeZone", "application_name", "DateStyle")
-		if want := map[string]string{"TimeZone": "Asia/Tokyo", "application_name": "from-entry", "DateStyle": "SQL, DMY"}; !maps.Equal(got, want) {
+		got := showAll(t, plain, "TimeZone", "application_name", "DateStyle", "statement_timeout")
+		if want := map[string]string{"TimeZone": "Asia/Tokyo", "application_name": "from-entry", "DateStyle": "SQL, DMY", "statement_timeout": "123s"}; !maps.Equal(got, want) {
 			t.Errorf("round %d: a client that sets nothing has %v, want the entry's %v", i, got, want)
 		}
 		got = showAll(t, own, "TimeZone", "application_name", "DateStyle")
 		if want := map[string]string{"TimeZone": "UTC", "application_name": "mine", "DateStyle": "SQL, DMY"}; !maps.Equal(got, want) {
 			t.Errorf("round %d: a client with its own has %v, want %v", i, got, want)
+		}
+		// A client's RESET ALL takes its session back to the entry's
+		// values (startup parameters), not to the server's defaults.
+		if _, err := plain.Exec(ctxTimeout(t, 10*time.Second), "SET statement_timeout = '1s'; SET TimeZone = 'UTC'; RESET ALL"); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
