@@ -71,6 +71,15 @@ func errPQExecDisabled() *wire.Error {
 		Hint: "send statements with the extended query protocol (parameterized queries; libpq's PQexecParams, pgx's default), one per message, or have the administrator turn disable_pqexec off"}
 }
 
+// errBlockWithoutServer ends a client whose transaction block was lost
+// with its server connection when no server can take its session on
+// (why).
+func errBlockWithoutServer(why error) *wire.Error {
+	return &wire.Error{Severity: "FATAL", Code: "08006", Message: "server connection lost, and no server to continue the session on",
+		Detail: "the transaction block was lost with its server connection (rolled back), and no server connection could be had: " + wireError(why).Message,
+		Hint:   "reconnect when PostgreSQL is reachable again, and retry the transaction"}
+}
+
 // errServerLost ends a session whose server connection was lost while
 // held: its transaction, pipeline or session state went with it.
 func errServerLost() *wire.Error {

@@ -801,6 +801,14 @@ func (s *session) attachOrRefuse() (attached, quit bool) {
 	case isFatal(err):
 		s.fail(err)
 		return false, true
+	case s.failedBlock.Load():
+		// The client's block was lost with its server connection and no
+		// server can take it on: refused, even its ROLLBACK would leave
+		// it in a failed block that every later request but a ROLLBACK
+		// (its BEGIN included) is refused in. Its session ends, as a
+		// direct connection's does when its server goes.
+		s.fail(errBlockWithoutServer(err))
+		return false, true
 	}
 	s.refuse(err)
 	s.refuseRest = err

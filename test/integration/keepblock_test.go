@@ -143,6 +143,13 @@ func TestKeepLostBeginExtendedUntracked(t *testing.T) {
 	c := p.connect(t)
 	ctx := ctxTimeout(t, 30*time.Second)
 	err := sendKilledGroup(t, ctx, c, "keep_begin_untracked", lostBeginSQL(table, "keep_begin_untracked"), false)
+	// The session ends at the first request that finds no server: the
+	// one told of the loss (after that ERROR) or the ROLLBACK.
+	if !c.IsClosed() {
+		if pe := toPgErr(t, err, "ROLLBACK without a server"); pe.Severity != "FATAL" || pe.Code != "08006" || pe.Hint == "" {
+			t.Errorf("ROLLBACK without a server: %v, want FATAL 08006 with a hint", err)
+		}
+	}
 	if !sessionEnded(t, ctx, c, err) {
 		keepErr(t, err, "08006", "lost Sync group that opened a block")
 		failedBlockAfterLoss(t, ctx, c, table)
@@ -265,7 +272,14 @@ func TestKeepLostAfterRollbackInBlock(t *testing.T) {
 		err := killedDuring(t, "keep_after_rollback", func() error {
 			return simpleQuery(ctx, c, "ROLLBACK; INSERT INTO "+table+" VALUES ('after'); SELECT pg_sleep(20) /* keep_after_rollback */")
 		})
-		if !sessionEnded(t, ctx, c, err) {
+		// The session ends at the first request that finds no server: the
+	// one told of the loss (after that ERROR) or the ROLLBACK.
+	if !c.IsClosed() {
+		if pe := toPgErr(t, err, "ROLLBACK without a server"); pe.Severity != "FATAL" || pe.Code != "08006" || pe.Hint == "" {
+			t.Errorf("ROLLBACK without a server: %v, want FATAL 08006 with a hint", err)
+		}
+	}
+	if !sessionEnded(t, ctx, c, err) {
 			t.Fatalf("statements after ROLLBACK lost mid-way: got %v with the session kept; they may have committed", err)
 		}
 		if vs := tableRows(t, ctx, table); len(vs) != 0 {
@@ -308,11 +322,82 @@ func TestKeepLostCommitThenBegin(t *testing.T) {
 	err := killedDuring(t, "keep_commit_begin", func() error {
 		return simpleQuery(ctx, c, "COMMIT; BEGIN; INSERT INTO "+table+" VALUES ('first'); SELECT pg_sleep(20) /* keep_commit_begin */")
 	})
+	// The session ends at the first request that finds no server: the
+	// one told of the loss (after that ERROR) or the ROLLBACK.
+	if !c.IsClosed() {
+		if pe := toPgErr(t, err, "ROLLBACK without a server"); pe.Severity != "FATAL" || pe.Code != "08006" || pe.Hint == "" {
+			t.Errorf("ROLLBACK without a server: %v, want FATAL 08006 with a hint", err)
+		}
+	}
 	if !sessionEnded(t, ctx, c, err) {
 		// Kept: it must at least be a failed block.
 		failedBlockAfterLoss(t, ctx, c, table)
 	}
 	if vs := tableRows(t, ctx, table); len(vs) != 0 {
 		t.Fatalf("committed %v, none of which the client saw committed", vs)
+	}
+}
+
+// A client left in a failed block (its server lost while it was idle in a
+// transaction) whose next requests find no server (PostgreSQL unreachable)
+// must not stay in a block no request can end: with the ROLLBACK refused
+// for want of a server, every later BEGIN was answered 25P02 once
+// PostgreSQL was back, forever (the soak's 60,505 25P02: a pgx loop whose
+// Begin failed and which so never sent ROLLBACK again). Its session now
+// ends there, as a direct connection to a server that went away does.
+func TestKeepFailedBlockWithoutServer(t *testing.T) {
+	t.Parallel()
+	fp := toStartProxy(t)
+	p := toStartViaProxy(t, fp, func(c *config.Config) {
+		c.PoolMode = config.PoolTransaction
+		c.CheckoutTimeout = time.Second
+		c.ServerConnectTimeout = time.Second
+	})
+	ctx := ctxTimeout(t, time.Minute)
+	c := connectDSN(t, p.appDSN())
+	if _, err := c.Exec(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Exec(ctx, "SELECT 1"); err != nil {
+		t.Fatal(err)
+	}
+	// The server connection goes, and no new one can be opened.
+	if err := fp.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	fp.ResetAll()
+	_, err := c.Exec(ctx, "SELECT 2")
+	if pe := toPgErr(t, err, "the request after the loss"); pe.Code != "08006" {
+		t.Fatalf("the request after the loss: %v, want 08006", err)
+	}
+	_, err = c.Exec(ctx, "ROLLBACK")
+	if err := fp.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	if err == nil {
+		t.Fatal("ROLLBACK answered without a server")
+	}
+	// The session ends at the first request that finds no server: the
+	// one told of the loss (after that ERROR) or the ROLLBACK.
+	if !c.IsClosed() {
+		if pe := toPgErr(t, err, "ROLLBACK without a server"); pe.Severity != "FATAL" || pe.Code != "08006" || pe.Hint == "" {
+			t.Errorf("ROLLBACK without a server: %v, want FATAL 08006 with a hint", err)
+		}
+	}
+	if !sessionEnded(t, ctx, c, err) {
+		// Kept: then it must be able to end its block now that
+		// PostgreSQL is back.
+		other := connectDSN(t, p.appDSN())
+		eventually(t, 20*time.Second, "PostgreSQL reachable again", func() bool {
+			_, err := other.Exec(ctx, "SELECT 1")
+			return err == nil
+		})
+		for i := range 3 {
+			_, err := c.Exec(ctx, "BEGIN")
+			if err != nil {
+				t.Fatalf("BEGIN %d after the outage, in a session kept after a refused ROLLBACK: %v", i, err)
+			}
+			_, _ = c.Exec(ctx, "ROLLBACK")
+		}
 	}
 }
