@@ -51,7 +51,7 @@ type session struct {
 func (c *Console) ServeConsole(ctx context.Context, pc *proxy.ConsoleConn) {
 	cfg := c.p.Config()
 	s := &session{c: c, pc: pc, conn: pc.Conn, user: pc.User, log: pc.Log, ctx: ctx}
-	s.admin = slices.Contains(cfg.AdminUsers, s.user)
+	s.admin = pc.LocalAdmin || slices.Contains(cfg.AdminUsers, s.user)
 	if !s.admin && !slices.Contains(cfg.StatsUsers, s.user) {
 		s.fail(&wire.Error{Severity: "FATAL", Code: "08P01", Message: "not allowed",
 			Hint: "the admin console is open to the users in admin_users and stats_users"})

@@ -12,27 +12,37 @@ import (
 // PeerUser is the operating-system user of the process at the other end of
 // a Unix-socket connection (SO_PEERCRED), for peer authentication.
 func PeerUser(c net.Conn) (string, error) {
+	uid, err := PeerUID(c)
+	if err != nil {
+		return "", err
+	}
+	u, err := user.LookupId(strconv.FormatUint(uint64(uid), 10))
+	if err != nil {
+		return "", fmt.Errorf("uid %d: %w", uid, err)
+	}
+	return u.Username, nil
+}
+
+// PeerUID is the user id of the process at the other end of a Unix-socket
+// connection (SO_PEERCRED).
+func PeerUID(c net.Conn) (uint32, error) {
 	uc, ok := c.(*net.UnixConn)
 	if !ok {
-		return "", fmt.Errorf("not a Unix-socket connection (%T)", c)
+		return 0, fmt.Errorf("not a Unix-socket connection (%T)", c)
 	}
 	raw, err := uc.SyscallConn()
 	if err != nil {
-		return "", err
+		return 0, err
 	}
 	var cred *unix.Ucred
 	var serr error
 	if err := raw.Control(func(fd uintptr) {
 		cred, serr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
 	}); err != nil {
-		return "", err
+		return 0, err
 	}
 	if serr != nil {
-		return "", fmt.Errorf("getsockopt SO_PEERCRED: %w", serr)
+		return 0, fmt.Errorf("getsockopt SO_PEERCRED: %w", serr)
 	}
-	u, err := user.LookupId(strconv.FormatUint(uint64(cred.Uid), 10))
-	if err != nil {
-		return "", fmt.Errorf("uid %d: %w", cred.Uid, err)
-	}
-	return u.Username, nil
+	return cred.Uid, nil
 }

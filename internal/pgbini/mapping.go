@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -566,6 +567,7 @@ func hostsOf(special map[string]string, out map[string]any) error {
 		return nil
 	}
 	var list []any
+	seen := map[string]bool{}
 	for i, h := range hosts {
 		if h == "" {
 			return errors.New("an empty name in the host list")
@@ -577,7 +579,19 @@ func hostsOf(special map[string]string, out map[string]any) error {
 		case len(ports) > 1:
 			port = ports[i]
 		}
-		list = append(list, joinHostPort(h, port))
+		// A server listed twice (PgBouncer takes host=a,a) is one
+		// server: connections round-robin over the same one either way.
+		if hp := strings.ToLower(joinHostPort(h, port)); !seen[hp] {
+			seen[hp] = true
+			list = append(list, joinHostPort(h, port))
+		}
+	}
+	if len(list) == 1 {
+		h, p, _ := net.SplitHostPort(list[0].(string))
+		out["host"] = h
+		out["port"], _ = strconv.Atoi(p)
+		delete(out, "load_balance_hosts")
+		return nil
 	}
 	out["hosts"] = list
 	if !lbSet {

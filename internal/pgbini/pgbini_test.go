@@ -449,6 +449,7 @@ func TestHostLists(t *testing.T) {
 rr = host=db1,db2 port=5433 dbname=app
 each = host=10.0.0.1,10.0.0.2,::1 port=5432,5433,5434 load_balance_hosts=disable
 one = host=db1 port=6000 load_balance_hosts=disable
+twice = host=db1,DB1 port=7000 load_balance_hosts=round-robin
 [pgbouncer]
 listen_port = 6432
 `)
@@ -460,6 +461,7 @@ listen_port = 6432
 		map[string]any{"name": "rr", "hosts": []any{"db1:5433", "db2:5433"}, "load_balance_hosts": "round-robin", "dbname": "app"},
 		map[string]any{"name": "each", "hosts": []any{"10.0.0.1:5432", "10.0.0.2:5433", "[::1]:5434"}, "load_balance_hosts": "disable"},
 		map[string]any{"name": "one", "host": "db1", "port": 6000},
+		map[string]any{"name": "twice", "host": "db1", "port": 7000},
 	}
 	if got := res.Tree["databases"]; !reflect.DeepEqual(got, want) {
 		t.Errorf("databases\n got %#v\nwant %#v", got, want)

@@ -60,6 +60,10 @@ type ConsoleConn struct {
 	ID uint64
 	// ConnectedAt is when the connection was accepted.
 	ConnectedAt time.Time
+	// LocalAdmin: user pgbouncer over the Unix socket from poolerd's own
+	// operating-system user, an admin whatever admin_users says (as in
+	// PgBouncer).
+	LocalAdmin bool
 	// Log writes with the connection's fields, as the proxy's lines about
 	// its clients do.
 	Log *zap.Logger
@@ -98,6 +102,7 @@ func (srv *Server) serveConsole(s *session, rest []byte) {
 		conn = &replayConn{Conn: conn, first: rest}
 	}
 	c := &ConsoleConn{Conn: conn, User: s.user, Database: s.database, ID: s.id, ConnectedAt: s.connectedAt, srv: srv,
+		LocalAdmin: s.login != nil && s.login.localAdmin,
 		Log: srv.log.With(zap.Uint64("session", s.id), zap.String("client", s.addr),
 			zap.String("database", s.database), zap.String("user", s.user))}
 	con.ServeConsole(srv.ctx, c)

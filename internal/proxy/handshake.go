@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"os"
 	"sort"
 	"strings"
 	"time"
@@ -22,6 +23,7 @@ import (
 	"github.com/poolerd/poolerd/internal/auth"
 	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/internal/hba"
+	"github.com/poolerd/poolerd/internal/netopt"
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
@@ -251,6 +253,9 @@ type loginState struct {
 	r       *bufio.Reader
 	rConn   net.Conn
 	pending []byte
+	// localAdmin: the console login of user pgbouncer over the Unix
+	// socket from poolerd's own operating-system user (localConsoleAdmin).
+	localAdmin bool
 	// repl is what the replication startup parameter asks for; replPair,
 	// once the login succeeded, the pair serveConn then serves.
 	repl     replMode
@@ -602,6 +607,10 @@ func negotiation(version uint32, raw map[string]string) []byte {
 // the matching access rule's). It returns false after sending the failure,
 // and the secret auth_query found, if it ran.
 func (s *session) authenticate(cfg *config.Config) (bool, auth.Secret) {
+	if s.localConsoleAdmin() {
+		s.login.localAdmin = true
+		return true, auth.Secret{}
+	}
 	rule, ok := s.accessMethod(cfg)
 	if !ok {
 		return false, auth.Secret{}
@@ -729,6 +738,19 @@ func (s *session) pamCheck(rule hba.Rule, password string) error {
 		rhost = a.IP.String()
 	}
 	return lib.Authenticate(service, s.user, password, rhost)
+}
+
+// localConsoleAdmin reports whether this is PgBouncer's local admin: user
+// pgbouncer logging in to the admin console over the Unix socket from a
+// process of poolerd's own operating-system user, which PgBouncer admits
+// without a password and as an admin, whatever auth_type and admin_users
+// say (its own tools and init scripts rely on it).
+func (s *session) localConsoleAdmin() bool {
+	if s.user != "pgbouncer" || !IsConsoleDatabase(s.database) {
+		return false
+	}
+	uid, err := netopt.PeerUID(s.conn)
+	return err == nil && int64(uid) == int64(os.Getuid())
 }
 
 // querySecret runs auth_query for the client's user (under the login

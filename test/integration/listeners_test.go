@@ -142,6 +142,21 @@ databases:
 			t.Errorf("peer login as %q: %v (detail %q), want 28000 Peer authentication failed, detail %q", as, err, detailOf(err), detail)
 		}
 	}
+	// PgBouncer's local admin: user pgbouncer on the Unix socket, from
+	// poolerd's own operating-system user, gets the console without a
+	// password, as an admin (admin_users is empty here); over TCP it
+	// is an ordinary user (refused by the host rule).
+	adm, err := connectAnswered(t, proc, fmt.Sprintf("host=%s port=%s user=pgbouncer dbname=pgbouncer sslmode=disable", sockDir, port))
+	if err != nil {
+		t.Fatalf("console as pgbouncer over the Unix socket: %v", err)
+	}
+	if _, err := adm.Exec(ctxTimeout(t, 5*time.Second), "RECONNECT").ReadAll(); err != nil {
+		t.Errorf("an admin command as the local pgbouncer: %v", err)
+	}
+	adm.Close(context.Background())
+	if _, err := connectAnswered(t, proc, fmt.Sprintf("host=127.0.0.1 port=%s user=pgbouncer dbname=pgbouncer sslmode=disable", port)); err == nil {
+		t.Error("console as pgbouncer over TCP without a password")
+	}
 }
 
 // connectAnswered connects with dsn, trying again until poolerd answers
