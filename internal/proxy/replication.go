@@ -232,12 +232,11 @@ func (srv *Server) serveReplication(p *replPair, rest []byte) {
 	_ = p.client.SetReadDeadline(time.Now())
 	<-fromClient
 	srv.forgetRepl(p)
-	if errors.Is(err, errReplEnded) {
-		_ = p.client.SetReadDeadline(time.Time{})
-		lingerClose(p.client) // the client reads its final message
-	} else {
-		_ = p.client.Close()
-	}
+	// The client reads what it was sent last (poolerd's FATAL, or the
+	// server's own) before the connection closes: a close with its
+	// standby status updates unread would reset the connection.
+	_ = p.client.SetReadDeadline(time.Time{})
+	lingerClose(p.client)
 	fields := []zap.Field{zap.Duration("duration", time.Since(p.connectedAt).Round(time.Millisecond))}
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 		fields = append(fields, zap.Error(err))
