@@ -467,7 +467,12 @@ func (c *Console) showUsers() *resultSet {
 	servers, clients := map[string]int{}, map[string]int{}
 	for _, p := range c.p.Pools() {
 		servers[p.ServerUser] += p.Total
-		clients[p.User] += int(p.Clients)
+	}
+	// Clients by the user they logged in as (a forced user's pool holds
+	// clients of other names), console and replication ones included, as
+	// PgBouncer counts them.
+	for _, ci := range c.p.Clients() {
+		clients[ci.User]++
 	}
 	overrides := map[string]config.Overrides{}
 	for _, u := range cfg.Users {

@@ -162,6 +162,16 @@ func (srv *Server) admitClient(database, user string) error {
 	return nil
 }
 
+// countClient counts a client under its database's and user's client
+// limits without checking them (an admin console login).
+func (srv *Server) countClient(database, user string) {
+	l := srv.limits
+	l.mu.Lock()
+	l.dbClients[database]++
+	l.userClients[user]++
+	l.mu.Unlock()
+}
+
 func (srv *Server) releaseClient(database, user string) {
 	l := srv.limits
 	l.mu.Lock()

@@ -13,6 +13,7 @@ import (
 	"maps"
 	"net"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -86,6 +87,7 @@ func (srv *Server) serveConn(nc net.Conn) {
 			}
 		}
 		srv.serveConsole(s, rest)
+		s.releaseClientSlot()
 		return
 	}
 	s.login = nil
@@ -442,7 +444,16 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 			s.refuseLogin(errNoConsole())
 			return false
 		}
-		return true // serveConn hands the connection to the console
+		// Console logins count under the client limits of their user
+		// (and of the console's database), as PgBouncer's do; an admin
+		// is counted but never refused by them, so that the console
+		// stays open to whoever must raise them.
+		if s.login.localAdmin || slices.Contains(cfg.AdminUsers, s.user) {
+			s.srv.countClient(s.database, s.user)
+			s.admitted.Store(true)
+			return true
+		}
+		return s.admitUser() // serveConn hands the connection to the console
 	}
 	if !s.admitUser() {
 		return false

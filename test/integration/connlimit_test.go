@@ -426,3 +426,28 @@ func TestAdminShowConnectionLimits(t *testing.T) {
 	check("SHOW USERS", "max_user_connections", "max_user_client_connections",
 		limits{pgtest.RoleApp, 5, 13}, limits{pgtest.RoleSCRAM, 2, 4}, limits{"pgbouncer", 0, 0})
 }
+
+// Admin console logins count under their user's client limit, as
+// PgBouncer's do: a stats user is refused at it, an admin is counted but
+// never refused (the console stays open to whoever must raise the limit).
+func TestConnLimitConsoleLogins(t *testing.T) {
+	t.Parallel()
+	p := startPoolerd(t, func(c *config.Config) {
+		c.MaxUserClientConnections = 1
+		c.AdminUsers = []string{pgtest.RoleApp}
+		c.StatsUsers = []string{pgtest.RoleSCRAM}
+		c.Users = []config.User{{Name: pgtest.RoleSCRAM, Password: pgtest.Password}}
+	})
+	stats := p.dsn(pgtest.RoleSCRAM, pgtest.Password, "pgbouncer")
+	connectDSN(t, stats)
+	clRefused(t, stats, `user "scram_user" (max_user_client_connections 1)`, "raise max_user_client_connections")
+	clRefused(t, p.dsn(pgtest.RoleSCRAM, pgtest.Password, pgtest.DBApp), `user "scram_user"`, "raise max_user_client_connections")
+	adm := obAdmin(t, p, pgtest.RoleApp)
+	obAdmin(t, p, pgtest.RoleApp) // a second admin session: counted, not refused
+	users := obShow(t, adm, "SHOW USERS")
+	for user, want := range map[string]int64{pgtest.RoleApp: 2, pgtest.RoleSCRAM: 1} {
+		if got := users.num(users.must(t, "SHOW USERS", "name", user), "current_client_connections"); got != want {
+			t.Errorf("SHOW USERS %s current_client_connections %d, want %d\n%s", user, got, want, users)
+		}
+	}
+}
