@@ -273,13 +273,13 @@ func TestKeepLostAfterRollbackInBlock(t *testing.T) {
 			return simpleQuery(ctx, c, "ROLLBACK; INSERT INTO "+table+" VALUES ('after'); SELECT pg_sleep(20) /* keep_after_rollback */")
 		})
 		// The session ends at the first request that finds no server: the
-	// one told of the loss (after that ERROR) or the ROLLBACK.
-	if !c.IsClosed() {
-		if pe := toPgErr(t, err, "ROLLBACK without a server"); pe.Severity != "FATAL" || pe.Code != "08006" || pe.Hint == "" {
-			t.Errorf("ROLLBACK without a server: %v, want FATAL 08006 with a hint", err)
+		// one told of the loss (after that ERROR) or the ROLLBACK.
+		if !c.IsClosed() {
+			if pe := toPgErr(t, err, "ROLLBACK without a server"); pe.Severity != "FATAL" || pe.Code != "08006" || pe.Hint == "" {
+				t.Errorf("ROLLBACK without a server: %v, want FATAL 08006 with a hint", err)
+			}
 		}
-	}
-	if !sessionEnded(t, ctx, c, err) {
+		if !sessionEnded(t, ctx, c, err) {
 			t.Fatalf("statements after ROLLBACK lost mid-way: got %v with the session kept; they may have committed", err)
 		}
 		if vs := tableRows(t, ctx, table); len(vs) != 0 {
