@@ -143,13 +143,6 @@ func TestKeepLostBeginExtendedUntracked(t *testing.T) {
 	c := p.connect(t)
 	ctx := ctxTimeout(t, 30*time.Second)
 	err := sendKilledGroup(t, ctx, c, "keep_begin_untracked", lostBeginSQL(table, "keep_begin_untracked"), false)
-	// The session ends at the first request that finds no server: the
-	// one told of the loss (after that ERROR) or the ROLLBACK.
-	if !c.IsClosed() {
-		if pe := toPgErr(t, err, "ROLLBACK without a server"); pe.Severity != "FATAL" || pe.Code != "08006" || pe.Hint == "" {
-			t.Errorf("ROLLBACK without a server: %v, want FATAL 08006 with a hint", err)
-		}
-	}
 	if !sessionEnded(t, ctx, c, err) {
 		keepErr(t, err, "08006", "lost Sync group that opened a block")
 		failedBlockAfterLoss(t, ctx, c, table)
@@ -272,13 +265,6 @@ func TestKeepLostAfterRollbackInBlock(t *testing.T) {
 		err := killedDuring(t, "keep_after_rollback", func() error {
 			return simpleQuery(ctx, c, "ROLLBACK; INSERT INTO "+table+" VALUES ('after'); SELECT pg_sleep(20) /* keep_after_rollback */")
 		})
-		// The session ends at the first request that finds no server: the
-		// one told of the loss (after that ERROR) or the ROLLBACK.
-		if !c.IsClosed() {
-			if pe := toPgErr(t, err, "ROLLBACK without a server"); pe.Severity != "FATAL" || pe.Code != "08006" || pe.Hint == "" {
-				t.Errorf("ROLLBACK without a server: %v, want FATAL 08006 with a hint", err)
-			}
-		}
 		if !sessionEnded(t, ctx, c, err) {
 			t.Fatalf("statements after ROLLBACK lost mid-way: got %v with the session kept; they may have committed", err)
 		}
@@ -322,13 +308,6 @@ func TestKeepLostCommitThenBegin(t *testing.T) {
 	err := killedDuring(t, "keep_commit_begin", func() error {
 		return simpleQuery(ctx, c, "COMMIT; BEGIN; INSERT INTO "+table+" VALUES ('first'); SELECT pg_sleep(20) /* keep_commit_begin */")
 	})
-	// The session ends at the first request that finds no server: the
-	// one told of the loss (after that ERROR) or the ROLLBACK.
-	if !c.IsClosed() {
-		if pe := toPgErr(t, err, "ROLLBACK without a server"); pe.Severity != "FATAL" || pe.Code != "08006" || pe.Hint == "" {
-			t.Errorf("ROLLBACK without a server: %v, want FATAL 08006 with a hint", err)
-		}
-	}
 	if !sessionEnded(t, ctx, c, err) {
 		// Kept: it must at least be a failed block.
 		failedBlockAfterLoss(t, ctx, c, table)
