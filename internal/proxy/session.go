@@ -794,14 +794,18 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 // or refuses the request: attached is false if it was refused, quit true if
 // the refusal ended the session.
 func (s *session) attachOrRefuse() (attached, quit bool) {
+	owed := s.owed.Load()
 	err := s.attach(nil)
+	werr, _ := err.(*wire.Error)
 	switch {
 	case err == nil:
 		return true, false
 	case isFatal(err):
 		s.fail(err)
 		return false, true
-	case s.failedBlock.Load():
+	case s.failedBlock.Load() && (owed == nil || werr != owed):
+		// (The owed ERROR, the loss told at the next request, is not a
+		// want of a server: the session keeps its failed block.)
 		// The client's block was lost with its server connection and no
 		// server can take it on: refused, even its ROLLBACK would leave
 		// it in a failed block that every later request but a ROLLBACK
