@@ -401,8 +401,14 @@ func TestFR001WaitModeUnreachableUpstream(t *testing.T) {
 	})
 	eventually(t, 5*time.Second, "a failed connect", func() bool { return lcStats(t, p).ConnectFailures >= 1 })
 
-	// Not ready, with a reason naming the pool and its state.
-	ok, reason := p.srv.Ready()
+	// Not ready, with a reason naming the pool and its state (once Serve,
+	// started on a goroutine of its own, listens).
+	var ok bool
+	var reason string
+	eventually(t, 5*time.Second, "poolerd listening", func() bool {
+		ok, reason = p.srv.Ready()
+		return !strings.Contains(reason, "not listening yet")
+	})
 	if ok {
 		t.Fatal("Ready() is true with the upstream unreachable")
 	}
