@@ -21,17 +21,7 @@ import (
 // as in PostgreSQL, or the refusal.
 func loginAs(t *testing.T, p *instance, user, password string) (string, error) {
 	t.Helper()
-	ctx := ctxTimeout(t, 30*time.Second)
-	c, err := pgconn.Connect(ctx, p.dsn(user, password, pgtest.DBApp))
-	if err != nil {
-		return "", err
-	}
-	defer c.Close(ctx)
-	res, err := c.Exec(ctx, "SELECT current_user").ReadAll()
-	if err != nil {
-		return "", err
-	}
-	return string(res[0].Rows[0][0]), nil
+	return loginFrom(t, "127.0.0.1", p.dsn(user, password, pgtest.DBApp))
 }
 
 // wantRefused checks a login refused with PostgreSQL's 28P01 message.
