@@ -389,17 +389,13 @@ func (srv *Server) forgetRepl(p *replPair) {
 // replPairs returns the replication pairs of database ("" for all).
 func (srv *Server) replPairs(database string) []*replPair {
 	srv.mu.Lock()
-	defer srv.mu.Unlock()
-	return srv.replPairsLocked(database)
-}
-
-func (srv *Server) replPairsLocked(database string) []*replPair {
 	out := make([]*replPair, 0, len(srv.repl))
 	for _, p := range srv.repl {
 		if database == "" || p.database == database {
 			out = append(out, p)
 		}
 	}
+	srv.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].id < out[j].id })
 	return out
 }
@@ -420,12 +416,10 @@ func (srv *Server) lookupRepl(pid, key uint32) *replPair {
 
 // endReplication ends the replication pairs of database ("" for all) with
 // werr.
-func (srv *Server) endReplication(database string, werr *wire.Error) int {
-	pairs := srv.replPairs(database)
-	for _, p := range pairs {
+func (srv *Server) endReplication(database string, werr *wire.Error) {
+	for _, p := range srv.replPairs(database) {
 		p.endWith(werr)
 	}
-	return len(pairs)
 }
 
 // ReplicationCount is how many replication connections a database and user
