@@ -79,6 +79,17 @@ func isKey(name string) bool {
 	return false
 }
 
+// CopyValue sets key of dst to src's value of it (a reload keeps the
+// running value of a key that only a restart can change).
+func CopyValue(dst, src *Config, key string) {
+	d, ok := fieldByTag(reflect.ValueOf(dst).Elem(), key)
+	if !ok {
+		return
+	}
+	sv, _ := fieldByTag(reflect.ValueOf(src).Elem(), key)
+	d.Set(sv)
+}
+
 // FormatValue returns the text form of a top-level key's value, with the
 // upstream URL's password hidden.
 func FormatValue(c *Config, key string) string {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
-	"strings"
 
 	"go.uber.org/zap"
 
@@ -76,14 +75,18 @@ func (srv *Server) Set(key, value string) error {
 // connected client does not change.
 func (srv *Server) apply(next *config.Config) error {
 	cur := srv.cfg()
+	// A key only a restart can change keeps its running value, and the
+	// rest applies (as PostgreSQL and PgBouncer reload): SHOW CONFIG
+	// shows what runs. SET refuses such keys before this.
 	var restart []string
 	for _, k := range config.Keys() {
 		if RestartRequired(k.Name) && config.FormatValue(cur, k.Name) != config.FormatValue(next, k.Name) {
-			restart = append(restart, k.Name)
+			restart = append(restart, fmt.Sprintf("%s (running %q, file %q)", k.Name, config.FormatValue(cur, k.Name), config.FormatValue(next, k.Name)))
+			config.CopyValue(next, cur, k.Name)
 		}
 	}
 	if len(restart) > 0 {
-		return fmt.Errorf("%s can only change with a restart; the running configuration is unchanged", strings.Join(restart, ", "))
+		srv.log.Warn("settings that can only change with a restart keep their running values until then", zap.Strings("settings", restart))
 	}
 	srv.mu.Lock()
 	setLevel := srv.setLevel
