@@ -197,6 +197,7 @@ func Rules() []Rule {
 		{Section: "databases", Key: "max_db_connections", To: "max_db_connections", kind: kindInt},
 		{Section: "databases", Key: "max_db_client_connections", To: "max_db_client_connections", kind: kindInt},
 		{Section: "databases", Key: "server_lifetime", To: "max_lifetime", kind: kindSeconds},
+		{Section: "databases", Key: "query_wait_timeout", To: "checkout_timeout", kind: kindSeconds},
 		{Section: "databases", Key: "client_encoding", To: "server_parameters", kind: kindServerParam, Note: adviceServerParam},
 		{Section: "databases", Key: "datestyle", To: "server_parameters", kind: kindServerParam, Note: adviceServerParam},
 		{Section: "databases", Key: "timezone", To: "server_parameters", kind: kindServerParam, Note: adviceServerParam},
@@ -214,6 +215,7 @@ func Rules() []Rule {
 		{Section: "users", Key: "idle_transaction_timeout", To: "idle_transaction_timeout", kind: kindSeconds},
 		{Section: "users", Key: "client_idle_timeout", To: "client_idle_timeout", kind: kindSeconds},
 		{Section: "users", Key: "transaction_timeout", To: "transaction_timeout", kind: kindSeconds},
+		{Section: "users", Key: "query_wait_timeout", To: "checkout_timeout", kind: kindSeconds},
 	}
 }
 

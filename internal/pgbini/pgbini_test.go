@@ -201,14 +201,14 @@ func TestMultiDatabase(t *testing.T) {
 		map[string]any{"name": "bardb", "host": "localhost", "dbname": "bazdb"},
 		map[string]any{"name": "forcedb", "host": "localhost", "port": 300, "user": "baz", "password": "foo",
 			"server_parameters": map[string]any{"client_encoding": "UNICODE", "datestyle": "ISO"}},
-		map[string]any{"name": "nondefaultdb", "host": defaultSocketDir(), "max_size": 50, "reserve_pool_size": 10, "pool_mode": "session", "max_db_connections": 60},
+		map[string]any{"name": "nondefaultdb", "host": defaultSocketDir(), "max_size": 50, "reserve_pool_size": 10, "pool_mode": "session", "max_db_connections": 60, "checkout_timeout": "7s"},
 		map[string]any{"name": "my-db", "host": "10.0.0.5", "dbname": "my db", "server_parameters": map[string]any{"application_name": "it's"}},
 		map[string]any{"name": "*", "host": "testserver"},
 	}
 	if !reflect.DeepEqual(dbs, wantDBs) {
 		t.Errorf("databases\n got %#v\nwant %#v", dbs, wantDBs)
 	}
-	wantUsers := []any{map[string]any{"name": "user1", "pool_mode": "transaction", "max_user_connections": 10}}
+	wantUsers := []any{map[string]any{"name": "user1", "pool_mode": "transaction", "max_user_connections": 10, "checkout_timeout": "3s"}}
 	if !reflect.DeepEqual(res.Tree["users"], wantUsers) {
 		t.Errorf("users %#v", res.Tree["users"])
 	}

@@ -454,7 +454,7 @@ func (d *dbPool) checkoutError(err error) *wire.Error {
 		return &wire.Error{Severity: "ERROR", Code: "53300",
 			Message: fmt.Sprintf("no server connection available within checkout_timeout (%s)", d.route().Settings.CheckoutTimeout),
 			Detail:  d.poolDetail(st),
-			Hint:    "raise max_size (POOLERD_MAX_SIZE) if PostgreSQL's max_connections allows it, shorten transactions, or raise checkout_timeout"}
+			Hint:    "raise max_size (POOLERD_MAX_SIZE) if PostgreSQL's max_connections allows it, shorten transactions, or raise checkout_timeout (query_wait_timeout in a pgbouncer.ini)"}
 	case errors.As(err, &ue):
 		var se *backend.ServerError
 		var ae *backend.AuthError

@@ -108,7 +108,7 @@ func (d *dbPool) errLimitCheckout(st pool.Stats, hit *serverLimit) *wire.Error {
 		Message: fmt.Sprintf("no server connection available within checkout_timeout (%s): %s reached", d.route().Settings.CheckoutTimeout, hit.key),
 		Detail: fmt.Sprintf("%s is at its %s (%d of %d server connections, all its pools together), so pool %s/%s could not open one: total %d, idle %d, active %d, waiting %d, max_size %d",
 			hit.whose, hit.key, hit.count, hit.max, d.key.database, d.key.user, st.Total, st.Idle, st.Active, st.Waiting, st.MaxSize),
-		Hint: fmt.Sprintf("raise %s for %s (its entry in the poolerd configuration, or the global key) if PostgreSQL allows it, have its other pools hold fewer connections (min_size, shorter transactions), or raise checkout_timeout", hit.key, hit.whose)}
+		Hint: fmt.Sprintf("raise %s for %s (its entry in the poolerd configuration, or the global key) if PostgreSQL allows it, have its other pools hold fewer connections (min_size, shorter transactions), or raise checkout_timeout (query_wait_timeout in a pgbouncer.ini)", hit.key, hit.whose)}
 }
 
 // errCheckoutCancelled refuses a request the client cancelled while it
@@ -219,7 +219,7 @@ func errPacketTooLarge(typ byte, n, limit int) *wire.Error {
 // cancel within cancelGrace.
 func errCancelUnanswered(kind timeoutKind, limit time.Duration) *wire.Error {
 	return &wire.Error{Severity: "FATAL", Code: "57014",
-		Message: fmt.Sprintf("canceling statement due to %s (%s); the server did not answer the cancel request within %s, so the connection was closed", kind.limitName(), limit, cancelGrace),
+		Message: fmt.Sprintf("canceling statement due to %s; the server did not answer the cancel request within %s, so the connection was closed", kind.cause(limit), cancelGrace),
 		Hint:    fmt.Sprintf("raise %s for this database or user, or make the query faster", kind.limitName())}
 }
 
@@ -242,16 +242,16 @@ func errTimedOut(kind timeoutKind, limit time.Duration) *wire.Error {
 		return errCancelUnanswered(kind, limit)
 	case timeoutLease:
 		return &wire.Error{Severity: "FATAL", Code: "25P04",
-			Message: fmt.Sprintf("terminating connection due to lease_timeout (%s)", limit),
+			Message: "terminating connection due to " + kind.cause(limit),
 			Detail:  "the transaction block, with the wait for its server connection, did not end within lease_timeout",
 			Hint:    "keep transactions shorter, or raise lease_timeout for this database or user"}
 	case timeoutTransaction:
 		return &wire.Error{Severity: "FATAL", Code: "25P04",
-			Message: fmt.Sprintf("terminating connection due to transaction_timeout (%s)", limit),
+			Message: "terminating connection due to " + kind.cause(limit),
 			Hint:    "keep transactions shorter, or raise transaction_timeout for this database or user"}
 	case timeoutIdleTransaction:
 		return &wire.Error{Severity: "FATAL", Code: "25P03",
-			Message: fmt.Sprintf("terminating connection due to idle_transaction_timeout (%s)", limit),
+			Message: "terminating connection due to " + kind.cause(limit),
 			Hint:    "commit or roll back promptly; an idle transaction holds a server connection and its locks"}
 	case timeoutClientIdle:
 		return &wire.Error{Severity: "FATAL", Code: "57P05",

@@ -719,7 +719,7 @@ func (sc *serverConn) timeoutReply(own *session, sev, code, msg string) []byte {
 	e := &wire.Error{Severity: sev, Code: code, Message: msg}
 	if k := sc.timeoutCancel.Load(); code == "57014" && k != 0 {
 		kind := timeoutKind(k - 1)
-		e.Message = fmt.Sprintf("canceling statement due to %s (%s)", kind.limitName(), time.Duration(own.timeouts().of(kind)))
+		e.Message = "canceling statement due to " + kind.cause(time.Duration(own.timeouts().of(kind)))
 		e.Hint = fmt.Sprintf("raise %s for this database or user, or make the query faster", kind.limitName())
 	} else if body := sc.cur.Body(); !sc.cur.Truncated() {
 		// Not the cancel's reply after all: pass it on unchanged.

@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,6 +49,14 @@ func (k timeoutKind) limitName() string {
 		return "lease_timeout"
 	}
 	return timeoutKindNames[k] + "_timeout"
+}
+
+// cause says in a client's message what ran out: the words PostgreSQL
+// and PgBouncer use ("query timeout", "transaction timeout", which
+// applications match on), then the key and its value.
+func (k timeoutKind) cause(limit time.Duration) string {
+	words := strings.ReplaceAll(strings.TrimSuffix(k.limitName(), "_timeout"), "_", " ")
+	return fmt.Sprintf("%s timeout (%s %s)", words, k.limitName(), limit)
 }
 
 // Fixed delays: what poolerd waits for on its own account, where no

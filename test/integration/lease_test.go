@@ -100,7 +100,7 @@ func TestLeaseWorkGetsWhatIsLeft(t *testing.T) {
 	}
 	got := <-res
 	pe := toPgErr(t, got.err, "waiter")
-	if pe.Code != "57014" || !strings.Contains(pe.Message, "lease_timeout (2s)") {
+	if pe.Code != "57014" || !strings.Contains(pe.Message, "due to lease timeout (lease_timeout 2s)") {
 		t.Fatalf("waiter got %s %q, want 57014 naming lease_timeout", pe.Code, pe.Message)
 	}
 	// With a fresh clock after the wait, the cancel would come at about
@@ -142,7 +142,7 @@ func TestLeaseInsideBlockEnds(t *testing.T) {
 			_, err = c.Exec(ctx, "SELECT 1")
 		}
 		pe := toPgErr(t, err, tc.name)
-		if pe.Code != "25P04" || pe.Severity != "FATAL" || !strings.Contains(pe.Message, "lease_timeout (800ms)") {
+		if pe.Code != "25P04" || pe.Severity != "FATAL" || !strings.Contains(pe.Message, "due to lease timeout (lease_timeout 800ms)") {
 			t.Errorf("%s: got %s %s %q, want FATAL 25P04 naming lease_timeout", tc.name, pe.Severity, pe.Code, pe.Message)
 		}
 	}

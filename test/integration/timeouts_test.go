@@ -422,7 +422,7 @@ func TestTimeoutQueryOverrides(t *testing.T) {
 			}
 		} else {
 			var pe *pgconn.PgError
-			if !errors.As(r.err, &pe) || pe.Code != "57014" || !strings.Contains(pe.Message, "query_timeout ("+tc.limit+")") {
+			if !errors.As(r.err, &pe) || pe.Code != "57014" || !strings.Contains(pe.Message, "due to query timeout (query_timeout "+tc.limit+")") {
 				t.Errorf("%s: got %v after %s, want 57014 naming query_timeout (%s)", what, r.err, r.elapsed, tc.limit)
 			} else if r.elapsed > 1400*time.Millisecond {
 				t.Errorf("%s: cancelled only after %s", what, r.elapsed)
