@@ -55,8 +55,12 @@ func (k timeoutKind) limitName() string {
 // and PgBouncer use ("query timeout", "transaction timeout", which
 // applications match on), then the key and its value.
 func (k timeoutKind) cause(limit time.Duration) string {
-	words := strings.ReplaceAll(strings.TrimSuffix(k.limitName(), "_timeout"), "_", " ")
-	return fmt.Sprintf("%s timeout (%s %s)", words, k.limitName(), limit)
+	return fmt.Sprintf("%s (%s %s)", k.words(), k.limitName(), limit)
+}
+
+// words is the limit in words: "query timeout".
+func (k timeoutKind) words() string {
+	return strings.ReplaceAll(k.limitName(), "_", " ")
 }
 
 // Fixed delays: what poolerd waits for on its own account, where no
@@ -437,7 +441,7 @@ func (t serverTimes) lease() int64 {
 func (s *session) cancelFor(kind timeoutKind, sc *serverConn) {
 	s.dbp.timeoutCounts[kind].Add(1)
 	limit := time.Duration(s.timeouts().of(kind))
-	s.log.Warn(kind.limitName()+" reached; cancelling the query",
+	s.log.Warn(kind.words()+" reached; cancelling the query",
 		zap.Duration(kind.limitName(), limit), zap.Uint64("conn_id", sc.ID()),
 		zap.String("query", s.queryText()))
 	sc.mu.Lock()

@@ -293,7 +293,7 @@ func TestTimeoutQuery(t *testing.T) {
 				t.Errorf("pool has %d connections after the timeout, %d before: a cancelled query must not cost its server connection", st.Total, before.Total)
 			}
 			found := false
-			for _, e := range toLogEntries(t, p, "query_timeout reached") {
+			for _, e := range toLogEntries(t, p, "query timeout reached") {
 				if e.str("query") == tc.sql && e.str("query_timeout") == "300ms" {
 					found = true
 				}
