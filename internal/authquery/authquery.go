@@ -31,9 +31,11 @@ func (e *ServerError) Error() string {
 // Lookup runs query on rw, a connection logged in to PostgreSQL and idle,
 // with user as $1 (extended protocol, text format), and returns the secret
 // in the second column of its only row. found is false when there is no
-// row or the secret is NULL (no password, or one whose VALID UNTIL has
-// passed with the default query): such a user never logs in. The
-// connection is idle again after a nil error.
+// row. A NULL (or empty) secret (no password, or one whose VALID UNTIL has
+// passed with the default query) is found with the zero Secret: such a
+// user never logs in with a password, but auth_type trust admits it, as
+// PgBouncer and PostgreSQL's trust do. The connection is idle again after
+// a nil error.
 func Lookup(rw io.ReadWriter, query, user string) (secret auth.Secret, found bool, err error) {
 	fe := pgproto3.NewFrontend(rw, rw)
 	fe.SetMaxBodyLen(maxBody)
@@ -91,7 +93,7 @@ func secretOf(rows [][][]byte, user string) (auth.Secret, bool, error) {
 	case string(rows[0][0]) != user:
 		return auth.Secret{}, false, errors.New("auth_query returned another user's row: its first column must be the name given as $1")
 	case rows[0][1] == nil || len(rows[0][1]) == 0:
-		return auth.Secret{}, false, nil // no password, or expired
+		return auth.Secret{}, true, nil // no password, or expired
 	}
 	s, err := auth.ParseSecret(string(rows[0][1]))
 	if err != nil {

@@ -44,7 +44,7 @@ func TestLookup(t *testing.T) {
 	}{
 		{"scram", append(ok, &pgproto3.DataRow{Values: [][]byte{[]byte("alice"), []byte(scramSecret)}}, &pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")}, rfq), true, auth.SecretSCRAM, ""},
 		{"md5", append(ok, &pgproto3.DataRow{Values: [][]byte{[]byte("alice"), []byte("md5" + strings.Repeat("a", 32))}}, rfq), true, auth.SecretMD5, ""},
-		{"expired", append(ok, &pgproto3.DataRow{Values: [][]byte{[]byte("alice"), nil}}, rfq), false, 0, ""},
+		{"expired", append(ok, &pgproto3.DataRow{Values: [][]byte{[]byte("alice"), nil}}, rfq), true, 0, ""},
 		{"no row", append(ok, &pgproto3.CommandComplete{CommandTag: []byte("SELECT 0")}, rfq), false, 0, ""},
 		{"two rows", append(ok, &pgproto3.DataRow{Values: [][]byte{[]byte("alice"), []byte("x")}}, &pgproto3.DataRow{Values: [][]byte{[]byte("alice"), []byte("y")}}, rfq), false, 0, "more than one row"},
 		{"one column", append(ok, &pgproto3.DataRow{Values: [][]byte{[]byte("alice")}}, rfq), false, 0, "columns"},

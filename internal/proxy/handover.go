@@ -294,7 +294,7 @@ func (s *session) adopt(st *handOver, cfg *config.Config) *wire.Error {
 		if werr != nil {
 			return werr
 		}
-		if found {
+		if found && secret.Kind() != 0 {
 			dbp.setQuerySecret(secret)
 		}
 	}

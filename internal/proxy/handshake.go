@@ -655,6 +655,7 @@ func (s *session) authenticate(cfg *config.Config) (bool, auth.Secret) {
 			s.refuseLogin(werr)
 			return false, auth.Secret{}
 		}
+		known = known && secret.Kind() != 0 // found without a password: no password passes
 		if known {
 			queried = secret
 		}
@@ -798,7 +799,7 @@ func (s *session) authTrust(cfg *config.Config) (bool, auth.Secret) {
 			s.refuseLogin(werr)
 			return false, auth.Secret{}
 		}
-		if found {
+		if found { // with or without a password: trust does not ask
 			return true, secret
 		}
 	}

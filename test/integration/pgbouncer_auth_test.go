@@ -195,4 +195,28 @@ func TestTrustAuthQuery(t *testing.T) {
 	if pe.Code != "28000" || !strings.Contains(pe.Message, `"trust" authentication failed`) || !strings.Contains(pe.Detail, "auth_query") {
 		t.Fatalf("got %s %q (detail %q), want 28000 \"trust\" authentication failed, naming auth_query", pe.Code, pe.Message, pe.Detail)
 	}
+
+	// A user auth_query finds without a password (NULL: no password, or
+	// expired) is admitted by trust, as by PgBouncer's and PostgreSQL's
+	// trust; the server login goes without one. A password method
+	// admits no password against it.
+	nullQuery := "SELECT rolname, NULL::text FROM pg_catalog.pg_authid WHERE rolname = $1"
+	p = startPoolerd(t, func(c *config.Config) {
+		c.AuthType = config.AuthTrust
+		c.AuthUser = "aqt_auth"
+		c.AuthQuery = nullQuery
+		c.Users = []config.User{{Name: "aqt_auth", Password: authPW}}
+	})
+	if got := currentUser(t, p.dsn(pgtest.RoleTrust, "", pgtest.DBApp)); got != pgtest.RoleTrust {
+		t.Fatalf("found without a password: current_user %q, want %q", got, pgtest.RoleTrust)
+	}
+	p = startPoolerd(t, func(c *config.Config) {
+		c.AuthType = config.AuthMD5
+		c.AuthUser = "aqt_auth"
+		c.AuthQuery = nullQuery
+		c.Users = []config.User{{Name: "aqt_auth", Password: authPW}}
+	})
+	if pe := loginPgError(t, p.dsn(pgtest.RoleTrust, pgtest.Password, pgtest.DBApp)); pe.Code != "28P01" {
+		t.Fatalf("md5 against a NULL secret: got %s %q, want 28P01", pe.Code, pe.Message)
+	}
 }
