@@ -44,6 +44,9 @@ const (
 const (
 	AuthSCRAM = "scram-sha-256"
 	AuthMD5   = "md5"
+	// AuthPlain asks for the password in clear text (PgBouncer's plain,
+	// pg_hba.conf's password) and checks it against any kind of secret.
+	AuthPlain = "plain"
 	AuthTrust = "trust"
 	// AuthAny admits every user name without a password, listed or not
 	// (PgBouncer's auth_type any; trust with auth_file admits only the
@@ -118,7 +121,7 @@ type Config struct {
 	// must present.
 	Upstream string `mapstructure:"upstream"`
 
-	// AuthType is how clients authenticate: scram-sha-256, md5, trust, any or
+	// AuthType is how clients authenticate: scram-sha-256, md5, plain, trust, any or
 	// hba (the access rules decide).
 	AuthType string `mapstructure:"auth_type"`
 	// AuthFile is a PgBouncer-format userlist file ("user" "secret" per line).

@@ -215,9 +215,9 @@ func (c *Config) Validate() error {
 		}
 	}
 	switch c.AuthType {
-	case AuthSCRAM, AuthMD5, AuthTrust, AuthAny, AuthHBA, AuthLDAP, AuthPAM:
+	case AuthSCRAM, AuthMD5, AuthPlain, AuthTrust, AuthAny, AuthHBA, AuthLDAP, AuthPAM:
 	default:
-		bad("auth_type %q is not one of scram-sha-256, md5, trust, any, ldap, pam, hba (POOLERD_AUTH_TYPE / --auth-type)", c.AuthType)
+		bad("auth_type %q is not one of scram-sha-256, md5, plain, trust, any, ldap, pam, hba (POOLERD_AUTH_TYPE / --auth-type)", c.AuthType)
 	}
 	c.validateHBA(bad)
 	c.validateExternalAuth(bad)

@@ -84,7 +84,7 @@ func Rules() []Rule {
 		{Section: "pgbouncer", Key: "unix_socket_dir", To: "unix_socket_dir", kind: kindPath, Default: "/tmp", Note: "the socket is `.s.PGSQL.<listen_port>` there; empty: none."},
 		{Section: "pgbouncer", Key: "unix_socket_mode", To: "unix_socket_mode", kind: kindString, Default: "0777"},
 		{Section: "pgbouncer", Key: "unix_socket_group", To: "unix_socket_group", kind: kindString},
-		{Section: "pgbouncer", Key: "auth_type", To: "auth_type", kind: kindSpecial, Default: "md5", Note: "`md5`, `scram-sha-256`, `trust`, `any`, `ldap`, `pam` and `hba` as in PgBouncer (`trust` admits only users of `auth_file` or `auth_query`; `any` every user name, reported: poolerd does not ignore it; `pam` with the service `pgbouncer`); `plain` becomes `md5` (reported); `cert` is reported and `md5` is used (`cert` works as an hba rule)"},
+		{Section: "pgbouncer", Key: "auth_type", To: "auth_type", kind: kindSpecial, Default: "md5", Note: "`md5`, `scram-sha-256`, `plain`, `trust`, `any`, `ldap`, `pam` and `hba` as in PgBouncer (`trust` admits only users of `auth_file` or `auth_query`; `any` every user name, reported: poolerd does not ignore it; `pam` with the service `pgbouncer`); `cert` is reported and `md5` is used (`cert` works as an hba rule)"},
 		{Section: "pgbouncer", Key: "auth_file", To: "auth_file", kind: kindPath, Note: "same format (userlist.txt)"},
 		{Section: "pgbouncer", Key: "auth_hba_file", To: "auth_hba_file", kind: kindPath, ifKey: true, Note: adviceHBA},
 		{Section: "pgbouncer", Key: "auth_ident_file", To: "auth_ident_file", kind: kindPath, Note: "user-name maps (pg_ident.conf format) for `peer` and `cert` rules with `map=`"},
@@ -412,7 +412,7 @@ func (res *Result) setPgbouncer(r Rule, e entry, set map[string]entry, ignore fu
 		res.Tree["listen"] = strings.Join(listen, ",")
 	case "auth_type":
 		switch v := strings.ToLower(e.value); v {
-		case config.AuthMD5, config.AuthSCRAM, config.AuthTrust, config.AuthHBA, config.AuthLDAP, config.AuthPAM:
+		case config.AuthMD5, config.AuthSCRAM, config.AuthPlain, config.AuthTrust, config.AuthHBA, config.AuthLDAP, config.AuthPAM:
 			res.Tree["auth_type"] = v
 			_, file := set["auth_file"]
 			_, user := set["auth_user"]
@@ -421,9 +421,6 @@ func (res *Result) setPgbouncer(r Rule, e entry, set map[string]entry, ignore fu
 				// auth_query's): with neither, no one.
 				ignore("auth_type trust without auth_file", e, "PgBouncer admits no one (a user must exist in auth_file), poolerd every user name: set auth_file to admit only its users")
 			}
-		case "plain":
-			res.Tree["auth_type"] = config.AuthMD5
-			ignore("auth_type plain", e, "poolerd does not ask for cleartext passwords: md5 is used (plain passwords in auth_file still work)")
 		case config.AuthAny:
 			res.Tree["auth_type"] = config.AuthAny
 			ignore("auth_type any", e, "any user name is accepted without a password, as with any, but poolerd logs in to PostgreSQL as the client's user where a database entry sets no user")

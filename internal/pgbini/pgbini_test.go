@@ -130,6 +130,7 @@ func TestAuthTypeTrustAndAny(t *testing.T) {
 		{"auth_type = trust\nauth_user = pgbouncer\n", config.AuthTrust, ""},
 		{"auth_type = ldap\nauth_ldap_options = ldapurl=\"ldap://h/dc=x?uid?sub\"\n", config.AuthLDAP, ""},
 		{"auth_type = pam\n", config.AuthPAM, ""},
+		{"auth_type = plain\n", config.AuthPlain, ""},
 	} {
 		writeFile(t, filepath.Join(dir, "p.ini"), "[pgbouncer]\n"+tc.text)
 		res, err := Load(filepath.Join(dir, "p.ini"))

@@ -27,7 +27,11 @@ import (
 // client no rule matches, or whose rule is reject, is refused here
 // (false), before any authentication, as PostgreSQL does.
 func (s *session) accessMethod(cfg *config.Config) (hba.Rule, bool) {
-	if cfg.AuthType != config.AuthHBA {
+	switch cfg.AuthType {
+	case config.AuthHBA:
+	case config.AuthPlain:
+		return hba.Rule{Method: hba.Password}, true
+	default:
 		return hba.Rule{Method: cfg.AuthType, LDAP: cfg.LDAPOptions(), PAMService: cfg.AuthPAMService}, true
 	}
 	c := hba.Client{TLS: s.tls, Database: s.database, User: s.user, Replication: s.login.repl == replPhysical}
@@ -136,7 +140,8 @@ func (s *session) authPassword(secret auth.Secret, known bool) (bool, error) {
 // lookupSecret finds the secret of a user the configuration does not know
 // with auth_query, run as auth_user on the server of the client's
 // database; answers are cached for auth_cache_ttl. A user with no row or a
-// NULL secret is unknown (false). An error is a refusal to send.
+// NULL secret is found with the zero Secret (trust admits it, a password
+// never matches it). An error is a refusal to send.
 func (srv *Server) lookupSecret(ctx context.Context, cfg *config.Config, database, user string) (auth.Secret, bool, *wire.Error) {
 	if _, err := cfg.Route(database, user); err != nil {
 		return auth.Secret{}, false, nil // no such database: the login fails like a wrong password

@@ -175,6 +175,34 @@ func TestAuthClientMD5(t *testing.T) {
 	})
 }
 
+// TestAuthClientPlain: auth_type plain (PgBouncer's) asks for the password
+// in clear text and checks it against every kind of secret; a SCRAM
+// verifier then logs the user in to PostgreSQL by pass-through.
+func TestAuthClientPlain(t *testing.T) {
+	t.Parallel()
+	verifier := scramSecretOf(t, pgtest.RoleSCRAM)
+	p := startPoolerd(t, func(c *config.Config) {
+		c.AuthType = config.AuthPlain
+		c.Users = []config.User{{Name: pgtest.RoleSCRAM, Password: verifier}, {Name: pgtest.RoleMD5, Password: auth.MD5Hash(pgtest.RoleMD5, pgtest.Password)}}
+	})
+	c := dialFE(t, p.addr)
+	c.startup(pgtest.RoleApp)
+	if m := c.recv(); func() bool { _, ok := m.(*pgproto3.AuthenticationCleartextPassword); return !ok }() {
+		t.Fatalf("got %T, want AuthenticationCleartextPassword", m)
+	}
+	c.send(&pgproto3.PasswordMessage{Password: pgtest.Password})
+	c.authenticate(pgtest.Password)
+	c.mustQuery("SELECT 1")
+	for _, user := range []string{pgtest.RoleApp, pgtest.RoleSCRAM, pgtest.RoleMD5} {
+		if got := currentUser(t, p.dsn(user, pgtest.Password, pgtest.DBApp)); got != user {
+			t.Fatalf("current_user %q, want %q", got, user)
+		}
+		if pe := loginPgError(t, p.dsn(user, "wrong", pgtest.DBApp)); pe.Code != "28P01" {
+			t.Fatalf("%s with a wrong password: got %s %s, want 28P01", user, pe.Code, pe.Message)
+		}
+	}
+}
+
 func isSASL(m pgproto3.BackendMessage) bool {
 	s, ok := m.(*pgproto3.AuthenticationSASL)
 	if !ok {
