@@ -140,6 +140,11 @@ type Config struct {
 	// ApplicationNameAddHost appends " - host:port" of the client to the
 	// application_name it logs in with (PgBouncer's key), "app" if none.
 	ApplicationNameAddHost bool `mapstructure:"application_name_add_host"`
+	// ServerFastClose ends a client that holds a server connection
+	// (session mode, or pinned) as soon as it is idle outside a
+	// transaction once RECONNECT or a reload asked for that connection
+	// to close, instead of at the end of its session (PgBouncer's key).
+	ServerFastClose bool `mapstructure:"server_fast_close"`
 	// PIDFile is where poolerd writes its pid while it runs (PgBouncer's
 	// pidfile); empty: nowhere.
 	PIDFile string `mapstructure:"pidfile"`

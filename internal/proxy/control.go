@@ -157,6 +157,7 @@ func (srv *Server) Reconnect(database string) {
 	for _, p := range srv.poolsOf(database) {
 		p.pool.Reconnect()
 	}
+	srv.wakeForFastClose(database)
 }
 
 // WaitClose waits until the connections that Reconnect (or a reload) asked

@@ -193,6 +193,14 @@ func (d *dbPool) errPinCap(reason string) *wire.Error {
 		Hint:   "undo session state when done (CLOSE the cursor, UNLISTEN, pg_advisory_unlock, DROP the temporary table, DEALLOCATE, RESET ROLE) so that pins end, raise max_pinned_clients (POOLERD_MAX_PINNED_CLIENTS), or use pool_mode session for this client"}
 }
 
+// errFastClose ends a client whose server connection RECONNECT or a reload
+// asked to close, with server_fast_close on.
+func errFastClose() *wire.Error {
+	return &wire.Error{Severity: "FATAL", Code: "57P01", Message: "database configuration changed: its server connection is being replaced (server_fast_close)",
+		Detail: "RECONNECT or a reload changed the server connections of this database; this session held one, idle outside a transaction",
+		Hint:   "reconnect; the session's state (SET, prepared statements, temporary tables) starts over"}
+}
+
 // errKilled is the final message of a client ended by KILL_CLIENT.
 func errKilled() *wire.Error {
 	return &wire.Error{Severity: "FATAL", Code: "08P01", Message: "admin forced disconnect",

@@ -108,6 +108,7 @@ func (srv *Server) apply(next *config.Config) error {
 	}
 	srv.fleet.configure(next)
 
+	var reconnected []string
 	for _, p := range srv.poolList() {
 		old := p.route()
 		user := p.key.user
@@ -123,6 +124,7 @@ func (srv *Server) apply(next *config.Config) error {
 		if old.Host != route.Host || old.Port != route.Port || old.DBName != route.DBName ||
 			old.ServerUser != route.ServerUser || !old.ServerSecret.Equal(route.ServerSecret) {
 			p.pool.Reconnect()
+			reconnected = append(reconnected, p.key.database)
 		}
 		p.pool.Reconfigure(poolSettings(next, &route))
 	}
@@ -139,6 +141,9 @@ func (srv *Server) apply(next *config.Config) error {
 		}
 		rates := rl.forSession(s.database, s.user, s.appName(), s.conn.RemoteAddr())
 		s.rates.Store(&rates)
+	}
+	for _, db := range reconnected {
+		srv.wakeForFastClose(db)
 	}
 	srv.mu.Lock()
 	srv.warm = nil // the pools the new configuration names, from Warm below

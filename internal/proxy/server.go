@@ -832,20 +832,38 @@ func (s *session) terminateIfIdle() {
 	}
 	s.finalMu.Lock()
 	defer s.finalMu.Unlock()
-	claimed, werr := false, errShuttingDown()
+	werr := errShuttingDown()
 	handOver := s.srv.handingOver() && s.handOverable()
 	if handOver {
 		werr = errHandedOver
 	}
+	s.endIfIdleLocked(werr, handOver, nil)
+}
+
+// endIfIdleWith ends the session with werr now if it is idle holding
+// server connection on, as terminateIfIdle does; it reports whether it did.
+func (s *session) endIfIdleWith(on *serverConn, werr *wire.Error) bool {
+	if s.inRead.Load() {
+		return false
+	}
+	s.finalMu.Lock()
+	defer s.finalMu.Unlock()
+	return s.endIfIdleLocked(werr, false, on)
+}
+
+// endIfIdleLocked is terminateIfIdle's claim, with finalMu held; with on
+// set, only while the session holds on.
+func (s *session) endIfIdleLocked(werr *wire.Error, handOver bool, on *serverConn) bool {
+	claimed := false
 	s.attachMu.Lock()
 	sc := s.server.Load()
-	if sc == nil {
+	if sc == nil && on == nil {
 		claimed = s.endErr.CompareAndSwap(nil, werr)
 	}
 	s.attachMu.Unlock()
-	if sc != nil {
+	if sc != nil && (on == nil || sc == on) {
 		sc.mu.Lock()
-		if sc.owner.Load() != s || sc.cleanLocked() {
+		if on == nil && sc.owner.Load() != s || sc.owner.Load() == s && sc.cleanLocked() {
 			claimed = s.endErr.CompareAndSwap(nil, werr)
 		}
 		sc.mu.Unlock()
@@ -857,4 +875,5 @@ func (s *session) terminateIfIdle() {
 		s.withdrawWait(errTerminated)
 		s.finishLocked(werr, true)
 	}
+	return claimed
 }

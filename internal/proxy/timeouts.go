@@ -420,8 +420,53 @@ func (s *session) fire() {
 		s.timedOut(expired, sc)
 		return // the session ends
 	}
+	if s.fastClose(sc, now) {
+		return // the session ends
+	}
 	if next != 0 {
 		s.arm(next)
+	}
+}
+
+// fastClosePoll is how often a session whose server connection must close
+// (server_fast_close) looks again for an idle point while it is busy.
+const fastClosePoll = 50 * time.Millisecond
+
+// fastClose ends the session if server_fast_close is on and sc, the server
+// connection it holds, was asked to close (RECONNECT, a reload) and is
+// idle outside a transaction; while sc is busy it looks again soon. It
+// reports whether the session ended.
+func (s *session) fastClose(sc *serverConn, now int64) bool {
+	if sc == nil || !s.srv.cfg().ServerFastClose || !s.dbp.pool.CloseNeeded(sc) {
+		return false
+	}
+	if s.endIfIdleWith(sc, errFastClose()) {
+		s.log.Info("client closed: its server connection is being replaced (server_fast_close)", zap.Uint64("conn_id", sc.ID()))
+		return true
+	}
+	s.arm(now + int64(fastClosePoll))
+	return false
+}
+
+// wakeForFastClose has the sessions of database ("" for all) look at once
+// whether server_fast_close ends them (after RECONNECT or a reload).
+func (srv *Server) wakeForFastClose(database string) {
+	if !srv.cfg().ServerFastClose {
+		return
+	}
+	srv.mu.Lock()
+	var wake []*session
+	for _, s := range srv.sessions {
+		if database == "" || s.database == database {
+			wake = append(wake, s)
+		}
+	}
+	srv.mu.Unlock()
+	now := srv.nanotime()
+	for _, s := range wake {
+		if s.server.Load() != nil {
+			s.arm(now)
+		}
 	}
 }
 

@@ -1427,6 +1427,71 @@ func TestAdminReconnectWaitClose(t *testing.T) {
 	obErr(t, adm, "WAIT_CLOSE pgbouncer", "08P01", "cannot wait in admin db: pgbouncer")
 }
 
+// TestAdminReconnectFastClose: with server_fast_close, RECONNECT ends a
+// session-mode client idle on an old server connection at once (FATAL
+// 57P01 "database configuration changed"), and one in a transaction at
+// its end, never inside it; without it, both keep their connections
+// until their sessions end.
+func TestAdminReconnectFastClose(t *testing.T) {
+	t.Parallel()
+	for _, fast := range []bool{true, false} {
+		t.Run(fmt.Sprintf("server_fast_close=%v", fast), func(t *testing.T) {
+			t.Parallel()
+			p := obStart(t, obOpts{mutate: func(c *config.Config) {
+				c.PoolMode = config.PoolSession
+				c.ServerFastClose = fast
+			}})
+			adm := obAdmin(t, p.instance, pgtest.RoleApp)
+			idle := obConn(t, p.instance, pgtest.DBApp, "fc_idle")
+			pidIdle := obBackendPID(t, idle)
+			busy := obConn(t, p.instance, pgtest.DBApp, "fc_busy")
+			pidBusy := obBegin(t, busy)
+			obExec(t, busy, "CREATE TEMP TABLE fc (x int)")
+
+			obCmd(t, adm, "RECONNECT", "RECONNECT")
+			time.Sleep(300 * time.Millisecond)
+			// The transaction goes on, on its connection, and commits.
+			obExec(t, busy, "INSERT INTO fc VALUES (1)")
+			if pid := obBackendPID(t, busy); pid != pidBusy {
+				t.Fatalf("the transaction moved from backend %d to %d", pidBusy, pid)
+			}
+			obExec(t, busy, "COMMIT")
+			if !fast {
+				for _, c := range []struct {
+					conn *pgx.Conn
+					pid  int
+				}{{idle, pidIdle}, {busy, pidBusy}} {
+					if pid := obBackendPID(t, c.conn); pid != c.pid {
+						t.Errorf("without server_fast_close the session moved from backend %d to %d", c.pid, pid)
+					}
+				}
+				return
+			}
+			for what, c := range map[string]*pgx.Conn{"idle": idle, "after its commit": busy} {
+				var err error
+				eventually(t, 5*time.Second, what+" client ended", func() bool {
+					_, err = c.Exec(ctxTimeout(t, 5*time.Second), "SELECT 1")
+					return err != nil
+				})
+				var pe *pgconn.PgError
+				if !errors.As(err, &pe) || pe.Code != "57P01" || !strings.Contains(pe.Message, "database configuration changed") {
+					if !strings.Contains(err.Error(), "closed") {
+						t.Errorf("%s: got %v, want FATAL 57P01 database configuration changed", what, err)
+					}
+				}
+			}
+			if !strings.Contains(p.logs.String(), "client closed: its server connection is being replaced (server_fast_close)") {
+				t.Error("no log line for the fast close")
+			}
+			// New clients get new server connections.
+			c := obConn(t, p.instance, pgtest.DBApp, "fc_new")
+			if pid := obBackendPID(t, c); pid == pidIdle || pid == pidBusy {
+				t.Errorf("a new client got an old backend %d", pid)
+			}
+		})
+	}
+}
+
 func obBackendPID(t *testing.T, c *pgx.Conn) int {
 	t.Helper()
 	var pid int
