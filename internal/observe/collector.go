@@ -59,6 +59,7 @@ var poolMetricDefs = []metricDef{
 	{"poolerd_leaks_total", "Leak warnings: clients that kept a server connection busy past leak_detection_threshold.", nil},
 	{"poolerd_client_bytes_received_total", "Bytes received from clients and forwarded to PostgreSQL.", nil},
 	{"poolerd_client_bytes_sent_total", "Bytes sent to clients.", nil},
+	{"poolerd_client_logins_total", "Successful client logins.", nil},
 	{"poolerd_client_errors_total", "Errors sent to clients, by SQLSTATE class (first two characters).", []string{"class"}},
 	{"poolerd_prepared_client_parses_total", "Parse messages from clients (transaction and statement mode).", nil},
 	{"poolerd_prepared_server_parses_total", "Parse messages sent to PostgreSQL: clients' unnamed and first-time statements, and statements prepared again on another server connection.", nil},
@@ -169,6 +170,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter("poolerd_leaks_total", float64(ps.Leaks), db, user)
 		counter("poolerd_client_bytes_received_total", float64(ps.Traffic.Received), db, user)
 		counter("poolerd_client_bytes_sent_total", float64(ps.Traffic.Sent), db, user)
+		counter("poolerd_client_logins_total", float64(ps.Traffic.ClientLogins), db, user)
 		counter("poolerd_prepared_client_parses_total", float64(ps.Traffic.ClientParses), db, user)
 		counter("poolerd_prepared_server_parses_total", float64(ps.Traffic.ServerParses), db, user)
 		counter("poolerd_prepared_cache_hits_total", float64(ps.PreparedCacheHits), db, user)

@@ -19,7 +19,7 @@ func TestCollector(t *testing.T) {
 			Evictions: map[string]uint64{"broken": 2}},
 		SessionTimeouts: map[string]uint64{"query": 4},
 		Clients:         5,
-		Traffic:         proxy.Totals{Received: 100, Sent: 200, ClientParses: 7, ServerParses: 3},
+		Traffic:         proxy.Totals{Received: 100, Sent: 200, ClientParses: 7, ServerParses: 3, ClientLogins: 9},
 		Pins:            []proxy.PinStats{{Reason: "temp_table", Now: 1, Total: 6}},
 		ClientErrors:    map[string]uint64{"53": 2},
 	}
@@ -60,6 +60,9 @@ poolerd_timeouts_total{database="app",kind="query",user="u"} 4
 # HELP poolerd_client_bytes_sent_total Bytes sent to clients.
 # TYPE poolerd_client_bytes_sent_total counter
 poolerd_client_bytes_sent_total{database="app",user="u"} 200
+# HELP poolerd_client_logins_total Successful client logins.
+# TYPE poolerd_client_logins_total counter
+poolerd_client_logins_total{database="app",user="u"} 9
 # HELP poolerd_prepared_server_parses_total Parse messages sent to PostgreSQL: clients' unnamed and first-time statements, and statements prepared again on another server connection.
 # TYPE poolerd_prepared_server_parses_total counter
 poolerd_prepared_server_parses_total{database="app",user="u"} 3

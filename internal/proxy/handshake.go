@@ -570,6 +570,7 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 		return false
 	}
 	dbp.clients.Add(1) // logged in; end() takes it back
+	dbp.ctr.logins.Add(1)
 	if s.srv.shuttingDown() {
 		// Logged in during a shutdown that lets logins finish: its first
 		// request is answered, if it comes soon (Server.loginsFinish).

@@ -22,6 +22,7 @@ type counters struct {
 	queryNano atomic.Uint64 // time from sending a request to its ReadyForQuery
 	received  atomic.Uint64 // bytes from clients
 	sent      atomic.Uint64 // bytes to clients
+	logins    atomic.Uint64 // successful client logins
 	errors    sync.Map      // SQLSTATE class (string) -> *atomic.Uint64
 
 	// Transaction-mode prepared statements and session state.

@@ -385,6 +385,8 @@ type Totals struct {
 	// Prepared statements in transaction and statement mode: Parse from
 	// clients, Parse sent to PostgreSQL, Bind from clients.
 	ClientParses, ServerParses, Binds uint64
+	// ClientLogins counts successful client logins.
+	ClientLogins uint64
 }
 
 // Add adds o to t.
@@ -400,6 +402,7 @@ func (t *Totals) Add(o Totals) {
 	t.XactTimeUs += o.XactTimeUs
 	t.QueryTimeUs += o.QueryTimeUs
 	t.WaitTimeUs += o.WaitTimeUs
+	t.ClientLogins += o.ClientLogins
 }
 
 // totals reads a pool's counters.
@@ -418,6 +421,7 @@ func (d *dbPool) traffic(st pool.Stats) Totals {
 		ClientParses:      d.ctr.clientParses.Load(),
 		ServerParses:      d.ctr.serverParses.Load(),
 		Binds:             d.ctr.binds.Load(),
+		ClientLogins:      d.ctr.logins.Load(),
 		WaitTimeUs:        uint64(st.WaitTotal / time.Microsecond),
 	}
 }
