@@ -792,7 +792,10 @@ func TestAdminValuesUnderLoad(t *testing.T) {
 	if pe := loginPgError(t, p.dsn(pgtest.RoleApp, "wrong", pgtest.DBApp)); pe.Code != "28P01" {
 		t.Fatalf("wrong password: %s", pe.Code)
 	}
-	if d := func() int64 { tb, i := statsRow(); return tb.num(i, "total_client_login_count") - before.num(bi, "total_client_login_count") }(); d != 3 {
+	if d := func() int64 {
+		tb, i := statsRow()
+		return tb.num(i, "total_client_login_count") - before.num(bi, "total_client_login_count")
+	}(); d != 3 {
 		t.Errorf("total_client_login_count grew by %d after 3 logins and a refused one, want 3", d)
 	}
 	before, bi = statsRow()
