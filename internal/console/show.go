@@ -153,24 +153,23 @@ func serverState(si proxy.ServerInfo) string {
 	}
 }
 
-// showStats: SHOW STATS' 25 columns (total_server_assignment_count
-// second, as PgBouncer 1.25 sends them; the client_login_count pair as
-// PgBouncer 1.26).
+// showStats: SHOW STATS' 23 columns (total_server_assignment_count
+// second, as PgBouncer 1.25 sends them).
 func (c *Console) showStats() *resultSet {
 	r := newResult(text("database"), numeric("total_server_assignment_count"), numeric("total_xact_count"),
 		numeric("total_query_count"), numeric("total_received"), numeric("total_sent"), numeric("total_xact_time"),
 		numeric("total_query_time"), numeric("total_wait_time"), numeric("total_client_parse_count"),
-		numeric("total_server_parse_count"), numeric("total_bind_count"), numeric("total_client_login_count"), numeric("avg_server_assignment_count"),
+		numeric("total_server_parse_count"), numeric("total_bind_count"), numeric("avg_server_assignment_count"),
 		numeric("avg_xact_count"), numeric("avg_query_count"), numeric("avg_recv"), numeric("avg_sent"),
 		numeric("avg_xact_time"), numeric("avg_query_time"), numeric("avg_wait_time"), numeric("avg_client_parse_count"),
-		numeric("avg_server_parse_count"), numeric("avg_bind_count"), numeric("avg_client_login_count"))
+		numeric("avg_server_parse_count"), numeric("avg_bind_count"))
 	totals, avgs := c.p.DatabaseTotals(), c.averages()
 	for _, db := range statsDatabases(totals) {
 		t, a := totals[db], avgs[db]
 		r.row(db, t.ServerAssignments, t.Xacts, t.Queries, t.Received, t.Sent, t.XactTimeUs, t.QueryTimeUs, t.WaitTimeUs,
-			t.ClientParses, t.ServerParses, t.Binds, t.ClientLogins,
+			t.ClientParses, t.ServerParses, t.Binds,
 			a.ServerAssignments, a.Xacts, a.Queries, a.Received, a.Sent, a.XactTimeUs, a.QueryTimeUs, a.WaitTimeUs,
-			a.ClientParses, a.ServerParses, a.Binds, a.ClientLogins)
+			a.ClientParses, a.ServerParses, a.Binds)
 	}
 	return r
 }
@@ -187,10 +186,10 @@ func statsDatabases(totals map[string]proxy.Totals) []string {
 	return dbs
 }
 
-// showStatsTable: SHOW STATS_TOTALS or SHOW STATS_AVERAGES (13 columns;
-// only the averages' last four carry an avg_ prefix, as in PgBouncer).
+// showStatsTable: SHOW STATS_TOTALS or SHOW STATS_AVERAGES (12 columns;
+// only the averages' last three carry an avg_ prefix, as in PgBouncer).
 func (c *Console) showStatsTable(averages bool) *resultSet {
-	last := []string{"client_parse_count", "server_parse_count", "bind_count", "client_login_count"}
+	last := []string{"client_parse_count", "server_parse_count", "bind_count"}
 	if averages {
 		for i := range last {
 			last[i] = "avg_" + last[i]
@@ -198,17 +197,17 @@ func (c *Console) showStatsTable(averages bool) *resultSet {
 	}
 	r := newResult(text("database"), numeric("server_assignment_count"), numeric("xact_count"), numeric("query_count"),
 		numeric("bytes_received"), numeric("bytes_sent"), numeric("xact_time"), numeric("query_time"), numeric("wait_time"),
-		numeric(last[0]), numeric(last[1]), numeric(last[2]), numeric(last[3]))
+		numeric(last[0]), numeric(last[1]), numeric(last[2]))
 	totals, avgs := c.p.DatabaseTotals(), c.averages()
 	for _, db := range statsDatabases(totals) {
 		if averages {
 			a := avgs[db]
 			r.row(db, a.ServerAssignments, a.Xacts, a.Queries, a.Received, a.Sent, a.XactTimeUs, a.QueryTimeUs, a.WaitTimeUs,
-				a.ClientParses, a.ServerParses, a.Binds, a.ClientLogins)
+				a.ClientParses, a.ServerParses, a.Binds)
 		} else {
 			t := totals[db]
 			r.row(db, t.ServerAssignments, t.Xacts, t.Queries, t.Received, t.Sent, t.XactTimeUs, t.QueryTimeUs, t.WaitTimeUs,
-				t.ClientParses, t.ServerParses, t.Binds, t.ClientLogins)
+				t.ClientParses, t.ServerParses, t.Binds)
 		}
 	}
 	return r
@@ -234,7 +233,6 @@ func (c *Console) showTotals() *resultSet {
 		a.ClientParses += x.ClientParses
 		a.ServerParses += x.ServerParses
 		a.Binds += x.Binds
-		a.ClientLogins += x.ClientLogins
 	}
 	if a.Xacts > 0 {
 		a.XactTimeUs = xw / a.Xacts
@@ -253,11 +251,11 @@ func (c *Console) showTotals() *resultSet {
 		{"total_server_assignment_count", t.ServerAssignments}, {"total_xact_count", t.Xacts}, {"total_query_count", t.Queries},
 		{"total_client_bytes", t.Received}, {"total_server_bytes", t.Sent}, {"total_xact_time", t.XactTimeUs},
 		{"total_query_time", t.QueryTimeUs}, {"total_wait_time", t.WaitTimeUs}, {"total_ps_client_parse_count", t.ClientParses},
-		{"total_ps_server_parse_count", t.ServerParses}, {"total_ps_bind_count", t.Binds}, {"total_client_login_count", t.ClientLogins},
+		{"total_ps_server_parse_count", t.ServerParses}, {"total_ps_bind_count", t.Binds},
 		{"avg_server_assignment_count", a.ServerAssignments}, {"avg_xact_count", a.Xacts}, {"avg_query_count", a.Queries},
 		{"avg_client_bytes", a.Received}, {"avg_server_bytes", a.Sent}, {"avg_xact_time", a.XactTimeUs},
 		{"avg_query_time", a.QueryTimeUs}, {"avg_wait_time", a.WaitTimeUs}, {"avg_ps_client_parse_count", a.ClientParses},
-		{"avg_ps_server_parse_count", a.ServerParses}, {"avg_ps_bind_count", a.Binds}, {"avg_client_login_count", a.ClientLogins},
+		{"avg_ps_server_parse_count", a.ServerParses}, {"avg_ps_bind_count", a.Binds},
 	} {
 		r.row(kv.name, kv.v)
 	}

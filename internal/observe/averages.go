@@ -22,7 +22,6 @@ type Averages struct {
 	ServerAssignments, Xacts, Queries, Received, Sent uint64
 	XactTimeUs, QueryTimeUs, WaitTimeUs               uint64
 	ClientParses, ServerParses, Binds                 uint64
-	ClientLogins                                      uint64
 }
 
 // Stats keeps each database's averages over the last stats_period, and
@@ -136,6 +135,5 @@ func averages(prev, cur proxy.Totals, period time.Duration) Averages {
 		ClientParses:      per(prev.ClientParses, cur.ClientParses),
 		ServerParses:      per(prev.ServerParses, cur.ServerParses),
 		Binds:             per(prev.Binds, cur.Binds),
-		ClientLogins:      per(prev.ClientLogins, cur.ClientLogins),
 	}
 }
