@@ -390,7 +390,10 @@ func (c *Console) showDatabases() *resultSet {
 	cfg := c.p.Config()
 	first := cfg.ListenAddrs()[0] // validated: at least one
 	port, _ := strconv.Atoi(first[strings.LastIndexByte(first, ':')+1:])
-	r.row(adminDatabase, null{}, port, adminDatabase, adminDatabase, 0, 0, 0, 0, "statement", null{}, 0, 0, 0, c.consoleSessions(), 0, 0)
+	// Console logins count under max_db_client_connections as other
+	// clients do (an admin is never refused by it).
+	_, consoleMax := cfg.DBLimits(adminDatabase)
+	r.row(adminDatabase, null{}, port, adminDatabase, adminDatabase, 0, 0, 0, 0, "statement", null{}, 0, 0, consoleMax, c.consoleSessions(), 0, 0)
 	type dbRow struct {
 		name    string
 		entry   *config.Database

@@ -393,8 +393,9 @@ func TestConnLimitCheckoutTimeoutNamesLimit(t *testing.T) {
 
 // SHOW DATABASES and SHOW USERS show the connection limits in force for
 // each database and user, as PgBouncer does: an entry's own value, else
-// the global one (0: no limit); the admin console's rows are never
-// limited and show 0.
+// the global one (0: no limit). The admin console's database row shows
+// the global max_db_client_connections (console logins count under it, as
+// in PgBouncer) and no server limit; its user row shows none.
 func TestAdminShowConnectionLimits(t *testing.T) {
 	t.Parallel()
 	p := obStart(t, obOpts{mutate: func(c *config.Config) {
@@ -422,7 +423,7 @@ func TestAdminShowConnectionLimits(t *testing.T) {
 		}
 	}
 	check("SHOW DATABASES", "max_connections", "max_client_connections",
-		limits{pgtest.DBApp, 7, 11}, limits{pgtest.DBOther, 3, 0}, limits{"pgbouncer", 0, 0})
+		limits{pgtest.DBApp, 7, 11}, limits{pgtest.DBOther, 3, 0}, limits{"pgbouncer", 0, 11})
 	check("SHOW USERS", "max_user_connections", "max_user_client_connections",
 		limits{pgtest.RoleApp, 5, 13}, limits{pgtest.RoleSCRAM, 2, 4}, limits{"pgbouncer", 0, 0})
 }
