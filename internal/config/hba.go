@@ -115,18 +115,25 @@ func (c *Config) validateAuthQuery(bad func(string, ...any)) {
 	if c.AuthCacheTTL < 0 {
 		bad("auth_cache_ttl must not be negative (0 runs auth_query for every login)")
 	}
+	// As PgBouncer, a lookup that cannot work is reported, and the
+	// logins that need it are refused: the configuration still starts.
+	warn := func(format string, args ...any) {
+		c.comboWarnings = append(c.comboWarnings, fmt.Sprintf(format, args...))
+	}
 	check := func(where, user, query, dbname string) {
 		if user != "" && !strings.Contains(query, "$1") {
-			bad("%sauth_query %q has no $1: it must take the user name as its parameter $1 (the default is %s)", where, query, DefaultAuthQuery)
+			warn("%sauth_query %q has no $1: it must take the user name as its parameter $1 (the default is %s); every login that needs it fails", where, query, DefaultAuthQuery)
 		}
 		if dbname == "" {
 			return
 		}
-		switch d := c.entry(dbname); {
+		switch {
 		case dbname == WildcardDatabase:
 			bad("%sauth_dbname %q: name a database entry, not the wildcard", where, dbname)
-		case d == nil && (c.upstream == nil || c.upstream.Database != dbname):
-			bad("%sauth_dbname %q is not a database entry (or upstream's database): auth_query runs on that entry's server and database; add it under databases", where, dbname)
+		case IsConsoleDatabase(dbname):
+			warn("%sauth_dbname %q is the admin console's database, which cannot run auth_query: logins that need it are refused", where, dbname)
+		case c.entry(dbname) == nil && c.entry(WildcardDatabase) == nil && (c.upstream == nil || c.upstream.Database != dbname):
+			warn("%sauth_dbname %q is not a database entry (or upstream's database): auth_query runs on that entry's server and database, so logins that need it are refused; add it under databases", where, dbname)
 		}
 	}
 	check("", c.AuthUser, c.AuthQuery, c.AuthDBName)
@@ -135,6 +142,10 @@ func (c *Config) validateAuthQuery(bad func(string, ...any)) {
 		check(fmt.Sprintf("database %q ", d.Name), l.User, l.Query, l.DBName)
 	}
 }
+
+// IsConsoleDatabase reports whether name is the admin console's database:
+// "pgbouncer", as PgBouncer's tools expect, or "poolerd".
+func IsConsoleDatabase(name string) bool { return name == "pgbouncer" || name == "poolerd" }
 
 // entry returns the entry named exactly name, or nil.
 func (c *Config) entry(name string) *Database {

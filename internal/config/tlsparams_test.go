@@ -75,7 +75,6 @@ func TestHBAConfig(t *testing.T) {
 		"auth_type: hba\n": "auth_type hba needs access rules",
 		"auth_type: hba\nauth_hba_file: /nonexistent/hba.conf\n":                                                                                   "auth_hba_file",
 		"auth_type: hba\nauth_hba_rules:\n  - {type: host, database: all, user: +g, address: all, method: md5}\n":                                  "group membership",
-		"auth_user: app\nauth_query: SELECT 1\n":                                                                                                   "has no $1",
 		"client_tls_protocols: tlsv1.4\n":                                                                                                          "client_tls_protocols",
 		"auth_type: hba\nauth_hba_rules:\n  - {type: local, database: all, user: all, method: peer, map: m}\n":                                     "uses map=m: set auth_ident_file",
 		"auth_type: hba\nauth_ident_file: " + identFile + "\nauth_hba_rules:\n  - {type: local, database: all, user: all, method: peer, map: x}\n": "uses map=x, which auth_ident_file",
@@ -88,7 +87,9 @@ func TestHBAConfig(t *testing.T) {
 }
 
 // Per-database auth_user, auth_query and auth_dbname fall back to the
-// global ones; auth_dbname names an entry (or upstream's database).
+// global ones; auth_dbname names an entry (or upstream's database, or one
+// the wildcard serves). A lookup that cannot work is a warning, as
+// PgBouncer starts with it and refuses the logins that need it.
 func TestAuthLookupPerDatabase(t *testing.T) {
 	const up = "upstream: postgres://app:secret@db/app\n"
 	c, err := load(t, up+`auth_user: glob
@@ -113,13 +114,24 @@ databases:
 	if !c.AnyAuthUser() || !c.TrustListsUsers() {
 		t.Error("auth_user set: AnyAuthUser and TrustListsUsers should say so")
 	}
+	if _, err := load(t, up+"auth_dbname: '*'\ndatabases:\n  - {name: '*', host: h}\n"); err == nil || !strings.Contains(err.Error(), `auth_dbname "*": name a database entry, not the wildcard`) {
+		t.Errorf("auth_dbname '*': got %v", err)
+	}
 	for yaml, want := range map[string]string{
+		"auth_user: app\nauth_query: SELECT 1\n":                                       `auth_query "SELECT 1" has no $1`,
 		"databases:\n  - {name: a, host: h, auth_user: u, auth_query: 'SELECT 1'}\n": `database "a" auth_query "SELECT 1" has no $1`,
 		"databases:\n  - {name: a, host: h, auth_dbname: nope}\n":                    `database "a" auth_dbname "nope" is not a database entry`,
-		"auth_dbname: '*'\ndatabases:\n  - {name: '*', host: h}\n":                   `auth_dbname "*": name a database entry, not the wildcard`,
+		"databases:\n  - {name: a, host: h, auth_dbname: pgbouncer}\n":               `database "a" auth_dbname "pgbouncer" is the admin console's database`,
+		"databases:\n  - {name: a, host: h, auth_dbname: nope}\n  - {name: '*', host: h}\n": "",
 	} {
-		if _, err := load(t, up+yaml); err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("%q: got %v, want %q", yaml, err, want)
+		c, err := load(t, up+yaml)
+		if err != nil {
+			t.Errorf("%q: %v, want it to start", yaml, err)
+			continue
+		}
+		got := strings.Join(c.Warnings(), "\n")
+		if want == "" && strings.Contains(got, "auth_") || want != "" && !strings.Contains(got, want) {
+			t.Errorf("%q: warnings %q, want %q", yaml, got, want)
 		}
 	}
 }

@@ -149,6 +149,11 @@ func (srv *Server) lookupSecret(ctx context.Context, cfg *config.Config, databas
 	look := cfg.AuthLookup(database)
 	// auth_dbname: the query runs on that entry's server and database.
 	route, err := cfg.Route(cmp.Or(look.DBName, database), look.User)
+	if look.DBName != "" {
+		if werr := srv.authDBUnusable(look.DBName, err); werr != nil {
+			return auth.Secret{}, false, werr
+		}
+	}
 	if err != nil {
 		return auth.Secret{}, false, nil
 	}
@@ -169,6 +174,29 @@ func (srv *Server) lookupSecret(ctx context.Context, cfg *config.Config, databas
 		srv.authCache.Put(key, secret, now)
 	}
 	return secret, found, nil
+}
+
+// authDBUnusable refuses a login whose auth_query would run in dbname
+// (auth_dbname) when that database cannot run it: the admin console's,
+// one poolerd does not serve (routeErr), or one DISABLEd, as PgBouncer
+// refuses them ("bouncer config error"). The configuration warned at load.
+func (srv *Server) authDBUnusable(dbname string, routeErr error) *wire.Error {
+	var why, hint string
+	_, disabled := srv.dbFlags(dbname)
+	switch {
+	case IsConsoleDatabase(dbname):
+		why, hint = fmt.Sprintf("cannot use the reserved %q database as an auth_dbname", dbname), "set auth_dbname to a database poolerd serves from PostgreSQL"
+	case routeErr != nil:
+		why, hint = fmt.Sprintf("authentication database %q is not configured", dbname), "add it under databases ([databases] in a pgbouncer.ini), or set auth_dbname to a database poolerd serves"
+	case disabled:
+		srv.log.Warn("auth_query refused: its database is disabled", zap.String("auth_dbname", dbname))
+		return &wire.Error{Severity: "FATAL", Code: "08P01", Message: fmt.Sprintf("authentication database %q is disabled", dbname),
+			Hint: fmt.Sprintf("an administrator ran DISABLE %s; ENABLE %s on the admin console lets its lookups run again", dbname, dbname)}
+	default:
+		return nil
+	}
+	srv.log.Error("auth_query cannot run: "+why, zap.String("auth_dbname", dbname))
+	return &wire.Error{Severity: "FATAL", Code: "08P01", Message: why + " (bouncer config error)", Hint: hint}
 }
 
 // runAuthQuery logs in as look's auth_user to route's server and database

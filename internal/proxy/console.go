@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
@@ -22,7 +23,7 @@ import (
 
 // IsConsoleDatabase reports whether name is the admin console's virtual
 // database: "pgbouncer", as PgBouncer's tools expect, or "poolerd".
-func IsConsoleDatabase(name string) bool { return name == "pgbouncer" || name == "poolerd" }
+func IsConsoleDatabase(name string) bool { return config.IsConsoleDatabase(name) }
 
 // Console serves admin console connections.
 //

@@ -494,6 +494,10 @@ func TestAuthQueryPerDatabase(t *testing.T) {
 			{Name: "b", Host: pg.Host, Port: pg.Port, DBName: pgtest.DBOther, AuthUser: "pdq_auth", AuthQuery: ownQuery, AuthDBName: "a"},
 			{Name: "c", Host: pg.Host, Port: pg.Port, DBName: pgtest.DBApp},
 			{Name: "d", Host: pg.Host, Port: pg.Port, DBName: pgtest.DBOther, AuthUser: "pdq_auth", AuthQuery: ownQuery},
+			// auth_dbname that cannot run the query: refused at login,
+			// as PgBouncer does (the configuration starts with a warning).
+			{Name: "e", Host: pg.Host, Port: pg.Port, DBName: pgtest.DBApp, AuthUser: "pdq_auth", AuthDBName: "nowhere"},
+			{Name: "f", Host: pg.Host, Port: pg.Port, DBName: pgtest.DBApp, AuthUser: "pdq_auth", AuthDBName: "pgbouncer"},
 		}
 	})
 	for db, want := range map[string]string{"a": pgtest.DBApp, "b": pgtest.DBOther} {
@@ -525,4 +529,23 @@ func TestAuthQueryPerDatabase(t *testing.T) {
 	if pe := loginPgError(t, p.dsn("pdq_user", userPW, "d")); pe.Code != "28000" || !strings.Contains(pe.Hint, "auth_query") {
 		t.Errorf("entry d (its query in database other, which has no pdq_secrets): %s %s (hint %q), want 28000 naming auth_query", pe.Code, pe.Message, pe.Hint)
 	}
+	for db, want := range map[string]string{
+		"e": `authentication database "nowhere" is not configured (bouncer config error)`,
+		"f": `cannot use the reserved "pgbouncer" database as an auth_dbname (bouncer config error)`,
+	} {
+		if pe := loginPgError(t, p.dsn("pdq_user", userPW, db)); pe.Code != "08P01" || pe.Message != want || pe.Hint == "" {
+			t.Errorf("entry %s: %s %q, want 08P01 %q with a hint", db, pe.Code, pe.Message, want)
+		}
+	}
+	// A DISABLEd auth_dbname refuses the lookups that run there.
+	if _, err := adm.Exec(ctx, "DISABLE a", pgx.QueryExecModeSimpleProtocol); err != nil {
+		t.Fatal(err)
+	}
+	if pe := loginPgError(t, p.dsn("pdq_user", userPW, "b")); pe.Code != "08P01" || pe.Message != `authentication database "a" is disabled` {
+		t.Errorf("entry b with a disabled: %s %q", pe.Code, pe.Message)
+	}
+	if _, err := adm.Exec(ctx, "ENABLE a", pgx.QueryExecModeSimpleProtocol); err != nil {
+		t.Fatal(err)
+	}
+	connectDSN(t, p.dsn("pdq_user", userPW, "b"))
 }
