@@ -118,10 +118,10 @@ databases:
 		t.Errorf("auth_dbname '*': got %v", err)
 	}
 	for yaml, want := range map[string]string{
-		"auth_user: app\nauth_query: SELECT 1\n":                                       `auth_query "SELECT 1" has no $1`,
-		"databases:\n  - {name: a, host: h, auth_user: u, auth_query: 'SELECT 1'}\n": `database "a" auth_query "SELECT 1" has no $1`,
-		"databases:\n  - {name: a, host: h, auth_dbname: nope}\n":                    `database "a" auth_dbname "nope" is not a database entry`,
-		"databases:\n  - {name: a, host: h, auth_dbname: pgbouncer}\n":               `database "a" auth_dbname "pgbouncer" is the admin console's database`,
+		"auth_user: app\nauth_query: SELECT 1\n":                                            `auth_query "SELECT 1" has no $1`,
+		"databases:\n  - {name: a, host: h, auth_user: u, auth_query: 'SELECT 1'}\n":        `database "a" auth_query "SELECT 1" has no $1`,
+		"databases:\n  - {name: a, host: h, auth_dbname: nope}\n":                           `database "a" auth_dbname "nope" is not a database entry`,
+		"databases:\n  - {name: a, host: h, auth_dbname: pgbouncer}\n":                      `database "a" auth_dbname "pgbouncer" is the admin console's database`,
 		"databases:\n  - {name: a, host: h, auth_dbname: nope}\n  - {name: '*', host: h}\n": "",
 	} {
 		c, err := load(t, up+yaml)

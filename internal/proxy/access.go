@@ -181,13 +181,15 @@ func (srv *Server) lookupSecret(ctx context.Context, cfg *config.Config, databas
 // one poolerd does not serve (routeErr), or one DISABLEd, as PgBouncer
 // refuses them ("bouncer config error"). The configuration warned at load.
 func (srv *Server) authDBUnusable(dbname string, routeErr error) *wire.Error {
-	var why, hint string
+	var msg, hint string
 	_, disabled := srv.dbFlags(dbname)
 	switch {
 	case IsConsoleDatabase(dbname):
-		why, hint = fmt.Sprintf("cannot use the reserved %q database as an auth_dbname", dbname), "set auth_dbname to a database poolerd serves from PostgreSQL"
+		msg = fmt.Sprintf("cannot use the reserved %q database as an auth_dbname (bouncer config error)", dbname)
+		hint = "set auth_dbname to a database poolerd serves from PostgreSQL"
 	case routeErr != nil:
-		why, hint = fmt.Sprintf("authentication database %q is not configured", dbname), "add it under databases ([databases] in a pgbouncer.ini), or set auth_dbname to a database poolerd serves"
+		msg = fmt.Sprintf("authentication database %q is not configured (bouncer config error)", dbname)
+		hint = "add it under databases ([databases] in a pgbouncer.ini), or set auth_dbname to a database poolerd serves"
 	case disabled:
 		srv.log.Warn("auth_query refused: its database is disabled", zap.String("auth_dbname", dbname))
 		return &wire.Error{Severity: "FATAL", Code: "08P01", Message: fmt.Sprintf("authentication database %q is disabled", dbname),
@@ -195,8 +197,8 @@ func (srv *Server) authDBUnusable(dbname string, routeErr error) *wire.Error {
 	default:
 		return nil
 	}
-	srv.log.Error("auth_query cannot run: "+why, zap.String("auth_dbname", dbname))
-	return &wire.Error{Severity: "FATAL", Code: "08P01", Message: why + " (bouncer config error)", Hint: hint}
+	srv.log.Error("auth_query cannot run: "+msg, zap.String("auth_dbname", dbname))
+	return &wire.Error{Severity: "FATAL", Code: "08P01", Message: msg, Hint: hint}
 }
 
 // runAuthQuery logs in as look's auth_user to route's server and database
