@@ -323,8 +323,12 @@ func (c *replayConn) Read(p []byte) (int, error) {
 // tlsRefusal is the refusal of a login that client_tls_sslmode does not
 // allow: a plain connection where TLS is required, or a client certificate
 // whose common name is not the user (verify-full); nil if it may go on.
+// The Unix socket is exempt, as in PgBouncer and PostgreSQL: it carries no
+// TLS, and its peers are local.
 func (s *session) tlsRefusal(mode string) error {
+	_, unix := s.conn.RemoteAddr().(*net.UnixAddr)
 	switch {
+	case unix:
 	case !s.tls && (mode == "require" || mode == "verify-ca" || mode == "verify-full"):
 		return &wire.Error{Severity: "FATAL", Code: "28000", Message: "SSL required",
 			Hint: fmt.Sprintf("client_tls_sslmode is %s: connect with sslmode=require (or verify-ca, verify-full)", mode)}

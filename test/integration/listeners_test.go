@@ -159,6 +159,41 @@ databases:
 	}
 }
 
+// TestListenersUnixSocketNoTLS: client_tls_sslmode require refuses plain
+// TCP clients, and not Unix-socket ones (no TLS there), as PgBouncer and
+// PostgreSQL do.
+func TestListenersUnixSocketNoTLS(t *testing.T) {
+	t.Parallel()
+	bin := lcBuildBinary(t)
+	files, err := pgtest.MakeTLSFiles(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lcFreeAddr(t)
+	sockDir := t.TempDir()
+	file := filepath.Join(t.TempDir(), "poolerd.yaml")
+	lcWrite(t, file, fmt.Sprintf(`listen: %s
+unix_socket_dir: %s
+auth_type: trust
+client_tls_sslmode: require
+client_tls_cert_file: %s
+client_tls_key_file: %s
+`, addr, sockDir, files.ServerCert, files.ServerKey))
+	proc := lcStartBinary(t, bin, "--config", file, "--http-listen=", "--upstream", pg.DSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp))
+	_, port, _ := net.SplitHostPort(addr)
+	c, err := connectAnswered(t, proc, fmt.Sprintf("host=%s port=%s user=%s dbname=%s sslmode=disable", sockDir, port, pgtest.RoleApp, pgtest.DBApp))
+	if err != nil {
+		t.Fatalf("plain over the Unix socket with client_tls_sslmode require: %v", err)
+	}
+	if _, err := c.Exec(ctxTimeout(t, 5*time.Second), "SELECT 1").ReadAll(); err != nil {
+		t.Fatal(err)
+	}
+	c.Close(context.Background())
+	_, err = connectAnswered(t, proc, fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable", pgtest.RoleApp, addr, pgtest.DBApp))
+	if err == nil || !strings.Contains(err.Error(), "SSL required") {
+		t.Errorf("plain over TCP: %v, want SSL required", err)
+	}
+}
 // connectAnswered connects with dsn, trying again until poolerd answers
 // (it may still be starting): the connection, or the server's error.
 func connectAnswered(t *testing.T, proc *lcProc, dsn string) (*pgconn.PgConn, error) {
