@@ -194,6 +194,7 @@ client_tls_key_file: %s
 		t.Errorf("plain over TCP: %v, want SSL required", err)
 	}
 }
+
 // connectAnswered connects with dsn, trying again until poolerd answers
 // (it may still be starting): the connection, or the server's error.
 func connectAnswered(t *testing.T, proc *lcProc, dsn string) (*pgconn.PgConn, error) {
