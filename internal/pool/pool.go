@@ -903,10 +903,16 @@ func (p *Pool[C]) Resume() {
 
 // Reconnect marks every open connection to be closed: idle ones now,
 // checked-out ones when they come back. New connections replace them as
-// needed.
+// needed; a connect backoff in progress ends (the next connect is due now).
 func (p *Pool[C]) Reconnect() {
 	p.mu.Lock()
 	p.gen++
+	if p.failures > 0 {
+		// Connects that failed did so with what is being replaced: the
+		// next one is due now, backing off from the base if it fails.
+		p.backoffN = 0
+		p.nextAttempt = p.cfg.Now()
+	}
 	for i := 0; i < len(p.idle); {
 		if c := p.idle[i]; c.PoolEntry().gen < p.gen {
 			p.countEvictionLocked(c, "reconnect")

@@ -268,6 +268,36 @@ func TestConnectFailureReachesTheWaiterAtOnce(t *testing.T) {
 	})
 }
 
+// Reconnect (RECONNECT, a changed server or TLS setting) ends a backoff:
+// the failures were with what is replaced, and the next checkout connects
+// at once instead of being refused until the retry.
+func TestReconnectEndsBackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &dialer{fail: errors.New("no pg_hba.conf entry, SSL encryption")}
+		p := newPool(d, 2, 0)
+		defer p.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		var ue *UnavailableError
+		if _, err := p.Get(ctx); !errors.As(err, &ue) {
+			t.Fatalf("first checkout: %v", err)
+		}
+		d.mu.Lock()
+		d.fail = nil // the new setting works
+		d.mu.Unlock()
+		if _, err := p.Get(ctx); !errors.As(err, &ue) {
+			t.Fatalf("within the backoff: %v, want it refused", err)
+		}
+		p.Reconnect()
+		start := time.Now()
+		c, err := p.Get(ctx)
+		if err != nil || time.Since(start) != 0 {
+			t.Fatalf("after Reconnect: %v after %s, want a connection at once", err, time.Since(start))
+		}
+		p.Put(c)
+	})
+}
+
 // FR-003: 1, 2, 4, 8, 16, 16 ... seconds between attempts; a success ends it.
 func TestBackoffSchedule(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {

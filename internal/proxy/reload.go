@@ -121,8 +121,11 @@ func (srv *Server) apply(next *config.Config) error {
 			continue
 		}
 		p.routeP.Store(&route)
+		// Where or how it logs in changed, TLS included (as PgBouncer
+		// recycles every server connection on a TLS change).
 		if old.Host != route.Host || old.Port != route.Port || old.DBName != route.DBName ||
-			old.ServerUser != route.ServerUser || !old.ServerSecret.Equal(route.ServerSecret) {
+			old.ServerUser != route.ServerUser || !old.ServerSecret.Equal(route.ServerSecret) ||
+			old.ServerTLSMode != route.ServerTLSMode || serverTLSChanged(cur, next) {
 			p.pool.Reconnect()
 			reconnected = append(reconnected, p.key.database)
 		}
@@ -175,6 +178,14 @@ func (p *dbPool) closeIfUnused() {
 			p.srv.metrics.forget(p.key.database, p.key.user)
 		}()
 	}
+}
+
+// serverTLSChanged reports whether next connects to PostgreSQL with other
+// TLS files, protocols or ciphers than cur.
+func serverTLSChanged(cur, next *config.Config) bool {
+	return cur.ServerTLSCAFile != next.ServerTLSCAFile || cur.ServerTLSCertFile != next.ServerTLSCertFile ||
+		cur.ServerTLSKeyFile != next.ServerTLSKeyFile || cur.ServerTLSProtocols != next.ServerTLSProtocols ||
+		cur.ServerTLSCiphers != next.ServerTLSCiphers
 }
 
 // rateConfigChanged reports whether a reload changes the rate limits; if

@@ -1508,6 +1508,25 @@ func TestAdminReconnectFastClose(t *testing.T) {
 	}
 }
 
+// TestAdminSetServerTLSReconnects: a changed server_tls_sslmode (SET or a
+// reload) replaces the server connections, as PgBouncer recycles them on
+// any server TLS change: none made with the old setting is used again.
+func TestAdminSetServerTLSReconnects(t *testing.T) {
+	t.Parallel()
+	p := obStart(t, obOpts{mutate: func(c *config.Config) {
+		c.ServerTLSSSLMode, c.MaxSize, c.MinSize = "prefer", 1, 0
+		// No sslmode in the URL: the global server_tls_sslmode applies.
+		c.Upstream = fmt.Sprintf("postgres://%s:%s@%s:%d/%s", pgtest.RoleApp, pgtest.Password, pg.Host, pg.Port, pgtest.DBApp)
+	}})
+	adm := obAdmin(t, p.instance, pgtest.RoleApp)
+	c := obConn(t, p.instance, pgtest.DBApp, "tlsre")
+	old := obBackendPID(t, c)
+	obCmd(t, adm, "SET server_tls_sslmode = disable", "SET server_tls_sslmode=disable")
+	if pid := obBackendPID(t, c); pid == old {
+		t.Errorf("backend %d, made under server_tls_sslmode prefer, used after the SET", pid)
+	}
+}
+
 func obBackendPID(t *testing.T, c *pgx.Conn) int {
 	t.Helper()
 	var pid int
