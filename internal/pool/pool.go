@@ -1512,7 +1512,7 @@ func (p *Pool[C]) fillReserveLocked(now time.Time) {
 			break // backing off, or a shared limit said no
 		}
 		p.stats.ReserveOpened++
-		p.log.Info("reserve connection opened: a request waited reserve_pool_timeout",
+		p.log.Info("taking connection from reserve_pool: a request waited reserve_pool_timeout",
 			zap.Int("open", p.total), zap.Int("max_size", set.MaxSize), zap.Int("reserve_pool_size", set.ReserveSize))
 	}
 }

@@ -65,7 +65,7 @@ func TestReservePoolBurst(t *testing.T) {
 	if n := rlMetric(t, p, "poolerd_server_connections", "state=active") + rlMetric(t, p, "poolerd_server_connections", "state=idle"); n != 2 {
 		t.Errorf("%v server connections after the burst, want the pool's 2", n)
 	}
-	if !strings.Contains(p.logs.String(), "reserve connection opened") {
+	if !strings.Contains(p.logs.String(), "taking connection from reserve_pool") {
 		t.Error("no log line says a reserve connection was opened")
 	}
 	for _, c := range held {
