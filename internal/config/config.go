@@ -145,6 +145,10 @@ type Config struct {
 	// transaction once RECONNECT or a reload asked for that connection
 	// to close, instead of at the end of its session (PgBouncer's key).
 	ServerFastClose bool `mapstructure:"server_fast_close"`
+	// LoginNotifyMessage, if set, is sent to every client that logs in to
+	// a database, as a NOTICE before its first ReadyForQuery (PgBouncer's
+	// key): a way to tell users they reach a pooler.
+	LoginNotifyMessage string `mapstructure:"login_notify_message"`
 	// PIDFile is where poolerd writes its pid while it runs (PgBouncer's
 	// pidfile); empty: nowhere.
 	PIDFile string `mapstructure:"pidfile"`

@@ -84,7 +84,7 @@ func TestEveryKeyHasAnEnvVar(t *testing.T) {
 					"event_loops": "auto", "verify_handoff": "always",
 					"unix_socket_dir": "/run/poolerd", "unix_socket_mode": "0770", "auth_dbname": "app", "server_tls_protocols": "tlsv1.3", "server_tls_ciphers": "fast", "client_tls_ecdhcurve": "secp384r1", "log_file": "/tmp/poolerd-test.log",
 					"auth_ldap_options": `ldapurl="ldap://ldap.example.net/dc=example,dc=net?uid?sub"`, "auth_pam_service": "poolerd",
-					"pidfile": "/run/poolerd.pid", "syslog_ident": "pgb", "syslog_facility": "local0"}[k.Name]
+					"pidfile": "/run/poolerd.pid", "syslog_ident": "pgb", "syslog_facility": "local0", "login_notify_message": "you reach poolerd"}[k.Name]
 				if k.Name == "unix_socket_group" {
 					t.Setenv("POOLERD_UNIX_SOCKET_DIR", "/run/poolerd") // a group needs the socket
 					val = "postgres"

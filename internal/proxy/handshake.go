@@ -565,6 +565,9 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 		welcome = wire.AppendParameterStatus(welcome, k, v)
 	}
 	welcome = wire.AppendBackendKeyData(welcome, s.pid, s.key)
+	if msg := cfg.LoginNotifyMessage; msg != "" {
+		welcome = (&wire.Error{Severity: "NOTICE", Code: "00000", Message: msg}).AppendNotice(welcome)
+	}
 	welcome = wire.AppendReadyForQuery(welcome, wire.TxIdle)
 	if _, err := s.conn.Write(welcome); err != nil {
 		s.srv.forget(s)

@@ -1527,6 +1527,34 @@ func TestAdminSetServerTLSReconnects(t *testing.T) {
 	}
 }
 
+// TestLoginNotifyMessage: login_notify_message reaches each client that
+// logs in to a database as a NOTICE before its first ReadyForQuery (as
+// PgBouncer's key); a console login does not get it.
+func TestLoginNotifyMessage(t *testing.T) {
+	t.Parallel()
+	p := obStart(t, obOpts{mutate: func(c *config.Config) { c.LoginNotifyMessage = "You are now connected to poolerd" }})
+	notices := func(db string) []string {
+		cfg, err := pgconn.ParseConfig(p.dsn(pgtest.RoleApp, pgtest.Password, db))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) { got = append(got, n.Severity+" "+n.Code+" "+n.Message) }
+		c, err := pgconn.ConnectConfig(ctxTimeout(t, 10*time.Second), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close(context.Background())
+		return got
+	}
+	if got := notices(pgtest.DBApp); !slices.Equal(got, []string{"NOTICE 00000 You are now connected to poolerd"}) {
+		t.Errorf("notices at login %q, want the login_notify_message", got)
+	}
+	if got := notices("pgbouncer"); len(got) != 0 {
+		t.Errorf("console login got notices %q", got)
+	}
+}
+
 func obBackendPID(t *testing.T, c *pgx.Conn) int {
 	t.Helper()
 	var pid int
