@@ -149,6 +149,10 @@ type Config struct {
 	// a database, as a NOTICE before its first ReadyForQuery (PgBouncer's
 	// key): a way to tell users they reach a pooler.
 	LoginNotifyMessage string `mapstructure:"login_notify_message"`
+	// QueryWaitNotify, if not zero, sends a client whose request has
+	// waited this long for a server connection one NOTICE saying so
+	// (PgBouncer's query_wait_notify).
+	QueryWaitNotify time.Duration `mapstructure:"query_wait_notify"`
 	// PIDFile is where poolerd writes its pid while it runs (PgBouncer's
 	// pidfile); empty: nowhere.
 	PIDFile string `mapstructure:"pidfile"`

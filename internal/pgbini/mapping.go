@@ -112,6 +112,7 @@ func Rules() []Rule {
 		{Section: "pgbouncer", Key: "server_check_delay", To: "validation_interval", kind: kindSeconds, Default: "30"},
 		{Section: "pgbouncer", Key: "server_fast_close", To: "server_fast_close", kind: kindBool},
 		{Section: "pgbouncer", Key: "login_notify_message", To: "login_notify_message", kind: kindString},
+		{Section: "pgbouncer", Key: "query_wait_notify", To: "query_wait_notify", kind: kindSeconds},
 		{Section: "pgbouncer", Key: "server_round_robin", Note: "no equivalent: nothing to set"},
 		{Section: "pgbouncer", Key: "server_lifetime", To: "max_lifetime", kind: kindSeconds, Note: "poolerd adds ±10 % jitter per connection"},
 		{Section: "pgbouncer", Key: "server_idle_timeout", To: "idle_timeout", kind: kindSeconds, Default: "600"},

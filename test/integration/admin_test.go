@@ -21,6 +21,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -1552,6 +1553,60 @@ func TestLoginNotifyMessage(t *testing.T) {
 	}
 	if got := notices("pgbouncer"); len(got) != 0 {
 		t.Errorf("console login got notices %q", got)
+	}
+}
+
+// TestQueryWaitNotify: a request that waits query_wait_notify for a server
+// connection gets one NOTICE in PgBouncer's words, once per wait, and runs
+// when a connection frees up; a shorter wait gets none.
+func TestQueryWaitNotify(t *testing.T) {
+	t.Parallel()
+	p := obStart(t, obOpts{mutate: func(c *config.Config) {
+		c.MaxSize, c.MinSize, c.PoolMode = 1, 0, config.PoolTransaction
+		c.QueryWaitNotify = 300 * time.Millisecond
+	}})
+	holder := obConn(t, p.instance, pgtest.DBApp, "qwn_holder")
+	cfg, err := pgconn.ParseConfig(p.dsn(pgtest.RoleApp, pgtest.Password, pgtest.DBApp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var got []string
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		mu.Lock()
+		got = append(got, n.Message)
+		mu.Unlock()
+	}
+	waiter, err := pgconn.ConnectConfig(ctxTimeout(t, 10*time.Second), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer waiter.Close(context.Background())
+	notices := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(got)
+	}
+	const want = "No server connection available in postgres backend, client being queued"
+	for round, hold := range []time.Duration{800 * time.Millisecond, 800 * time.Millisecond, 0} {
+		obExec(t, holder, "BEGIN")
+		obExec(t, holder, "SELECT 1")
+		committed := make(chan error, 1)
+		go func() {
+			time.Sleep(hold)
+			_, err := holder.Exec(context.Background(), "COMMIT")
+			committed <- err
+		}()
+		if _, err := waiter.Exec(ctxTimeout(t, 10*time.Second), "SELECT 1").ReadAll(); err != nil {
+			t.Fatalf("round %d: the waiting request: %v", round, err)
+		}
+		if err := <-committed; err != nil {
+			t.Fatal(err)
+		}
+		wantN := min(round+1, 2)
+		if n := notices(); len(n) != wantN || n[len(n)-1] != want {
+			t.Fatalf("round %d (held %s): notices %q, want %d of %q", round, hold, n, wantN, want)
+		}
 	}
 }
 
