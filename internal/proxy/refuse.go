@@ -19,9 +19,10 @@ import (
 // docs/operations.md, "Login refusals").
 const (
 	// maxAuthBody caps a client's password and SASL messages (the body,
-	// after the type byte and the length field). A SCRAM message is about
-	// 100 bytes.
-	maxAuthBody = 8 << 10
+	// after the type byte and the length field): PostgreSQL's
+	// PG_MAX_AUTH_TOKEN_LENGTH, so that a long password that logs in
+	// directly logs in through poolerd. A SCRAM message is about 100 bytes.
+	maxAuthBody = 65535
 	// maxStartupParams caps the parameters of a startup packet, each
 	// setting of "options" counted on its own. libpq, pgx and JDBC send
 	// fewer than 12.

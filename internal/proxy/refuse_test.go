@@ -269,11 +269,11 @@ func TestPreAuthLimits(t *testing.T) {
 		{name: "SASLInitialResponse too large", auth: config.AuthSCRAM, run: func(c *rawClient) {
 			c.login()
 			c.send(saslInitial(filler(100 << 10)))
-		}, code: "08P01", msg: fmt.Sprintf("authentication message too large: %d bytes, limit 8192", len("SCRAM-SHA-256")+1+4+100<<10)},
+		}, code: "08P01", msg: fmt.Sprintf("authentication message too large: %d bytes, limit 65535", len("SCRAM-SHA-256")+1+4+100<<10)},
 		{name: "SASLInitialResponse just over the limit", auth: config.AuthSCRAM, run: func(c *rawClient) {
 			c.login()
-			c.send(message('p', filler(8193)))
-		}, code: "08P01", msg: "authentication message too large: 8193 bytes, limit 8192"},
+			c.send(message('p', filler(65536)))
+		}, code: "08P01", msg: "authentication message too large: 65536 bytes, limit 65535"},
 		{name: "SASLInitialResponse with a bad length", auth: config.AuthSCRAM, run: func(c *rawClient) {
 			c.login()
 			c.send([]byte{'p', 0, 0, 0, 3})
@@ -294,12 +294,12 @@ func TestPreAuthLimits(t *testing.T) {
 			c.login()
 			c.sendNow(saslInitial([]byte("n,,n=,r=abcdefghijklmnopqrstuvwx")))
 			c.expect('R') // AuthenticationSASLContinue
-			c.send(message('p', filler(9000)))
-		}, code: "08P01", msg: "authentication message too large: 9000 bytes, limit 8192"},
+			c.send(message('p', filler(70000)))
+		}, code: "08P01", msg: "authentication message too large: 70000 bytes, limit 65535"},
 		{name: "PasswordMessage too large", auth: config.AuthMD5, run: func(c *rawClient) {
 			c.login()
-			c.send(message('p', filler(20000)))
-		}, code: "08P01", msg: "authentication message too large: 20000 bytes, limit 8192"},
+			c.send(message('p', filler(80000)))
+		}, code: "08P01", msg: "authentication message too large: 80000 bytes, limit 65535"},
 		{name: "PasswordMessage not terminated", auth: config.AuthMD5, run: func(c *rawClient) {
 			c.login()
 			c.send(message('p', []byte(payloadMark)))

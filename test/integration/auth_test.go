@@ -181,10 +181,18 @@ func TestAuthClientMD5(t *testing.T) {
 func TestAuthClientPlain(t *testing.T) {
 	t.Parallel()
 	verifier := scramSecretOf(t, pgtest.RoleSCRAM)
+	// A password as long as PostgreSQL takes (its 65535-byte limit on an
+	// authentication message) logs in too.
+	longPW := strings.Repeat("p", 60000)
 	p := startPoolerd(t, func(c *config.Config) {
 		c.AuthType = config.AuthPlain
-		c.Users = []config.User{{Name: pgtest.RoleSCRAM, Password: verifier}, {Name: pgtest.RoleMD5, Password: auth.MD5Hash(pgtest.RoleMD5, pgtest.Password)}}
+		c.Users = []config.User{{Name: pgtest.RoleSCRAM, Password: verifier}, {Name: pgtest.RoleMD5, Password: auth.MD5Hash(pgtest.RoleMD5, pgtest.Password)},
+			{Name: "long_pw_user", Password: longPW}}
+		c.Databases = []config.Database{{Name: "forced", Host: pg.Host, Port: pg.Port, DBName: pgtest.DBApp, User: pgtest.RoleApp, Password: pgtest.Password}}
 	})
+	if got := currentUser(t, p.dsn("long_pw_user", longPW, "forced")); got != pgtest.RoleApp {
+		t.Fatalf("a 60000-byte password: current_user %q, want the forced %q", got, pgtest.RoleApp)
+	}
 	c := dialFE(t, p.addr)
 	c.startup(pgtest.RoleApp)
 	if m := c.recv(); func() bool { _, ok := m.(*pgproto3.AuthenticationCleartextPassword); return !ok }() {
