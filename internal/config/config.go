@@ -47,6 +47,10 @@ const (
 	// AuthPlain asks for the password in clear text (PgBouncer's plain,
 	// pg_hba.conf's password) and checks it against any kind of secret.
 	AuthPlain = "plain"
+	// AuthCert admits a TLS client whose certificate (verified against
+	// client_tls_ca_file) names the user as its common name, without a
+	// password (PgBouncer's cert, pg_hba.conf's cert).
+	AuthCert = "cert"
 	AuthTrust = "trust"
 	// AuthAny admits every user name without a password, listed or not
 	// (PgBouncer's auth_type any; trust with auth_file admits only the

@@ -51,7 +51,7 @@ func Keys() []Key {
 		{Name: "http_web_config_file", Flag: "http-web-config-file", Help: "Prometheus web configuration file (TLS, basic auth) for http_listen; empty serves plain HTTP without auth"},
 		{Name: "http_probe_listen", Flag: "http-probe-listen", Help: "extra address serving only /healthz and /readyz, without auth or TLS; empty serves them on http_listen only"},
 		{Name: "upstream", Flag: "upstream", Help: "sidecar shorthand: postgres://user:password@host:port/db of the upstream server"},
-		{Name: "auth_type", Flag: "auth-type", Help: "client authentication: scram-sha-256, md5, plain (a clear-text password), trust, any, ldap, pam or hba (access rules decide)"},
+		{Name: "auth_type", Flag: "auth-type", Help: "client authentication: scram-sha-256, md5, plain (a clear-text password), cert (a TLS client certificate naming the user), trust, any, ldap, pam or hba (access rules decide)"},
 		{Name: "auth_file", Flag: "auth-file", Help: "PgBouncer-format userlist file with client secrets"},
 		{Name: "auth_hba_file", Help: "access rules in pg_hba.conf format, for auth_type hba"},
 		{Name: "auth_ldap_options", Help: "LDAP options of auth_type ldap, as on a pg_hba.conf ldap line (ldapurl=\"ldap://host/basedn?uid?sub\", or ldapserver, ldapprefix/ldapsuffix or ldapbasedn, ...)"},

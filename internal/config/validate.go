@@ -216,8 +216,12 @@ func (c *Config) Validate() error {
 	}
 	switch c.AuthType {
 	case AuthSCRAM, AuthMD5, AuthPlain, AuthTrust, AuthAny, AuthHBA, AuthLDAP, AuthPAM:
+	case AuthCert:
+		if c.ClientTLSSSLMode == "disable" || c.ClientTLSCAFile == "" {
+			bad("auth_type cert needs TLS from clients with their certificates checked: set client_tls_sslmode (verify-ca or verify-full) and client_tls_ca_file")
+		}
 	default:
-		bad("auth_type %q is not one of scram-sha-256, md5, plain, trust, any, ldap, pam, hba (POOLERD_AUTH_TYPE / --auth-type)", c.AuthType)
+		bad("auth_type %q is not one of scram-sha-256, md5, plain, cert, trust, any, ldap, pam, hba (POOLERD_AUTH_TYPE / --auth-type)", c.AuthType)
 	}
 	c.validateHBA(bad)
 	c.validateExternalAuth(bad)

@@ -84,7 +84,7 @@ func Rules() []Rule {
 		{Section: "pgbouncer", Key: "unix_socket_dir", To: "unix_socket_dir", kind: kindPath, Default: "/tmp", Note: "the socket is `.s.PGSQL.<listen_port>` there; empty: none."},
 		{Section: "pgbouncer", Key: "unix_socket_mode", To: "unix_socket_mode", kind: kindString, Default: "0777"},
 		{Section: "pgbouncer", Key: "unix_socket_group", To: "unix_socket_group", kind: kindString},
-		{Section: "pgbouncer", Key: "auth_type", To: "auth_type", kind: kindSpecial, Default: "md5", Note: "`md5`, `scram-sha-256`, `plain`, `trust`, `any`, `ldap`, `pam` and `hba` as in PgBouncer (`trust` admits only users of `auth_file` or `auth_query`; `any` every user name, reported: poolerd does not ignore it; `pam` with the service `pgbouncer`); `cert` is reported and `md5` is used (`cert` works as an hba rule)"},
+		{Section: "pgbouncer", Key: "auth_type", To: "auth_type", kind: kindSpecial, Default: "md5", Note: "`md5`, `scram-sha-256`, `plain`, `cert`, `trust`, `any`, `ldap`, `pam` and `hba` as in PgBouncer (`trust` admits only users of `auth_file` or `auth_query`; `any` every user name, reported: poolerd does not ignore it; `pam` with the service `pgbouncer`)"},
 		{Section: "pgbouncer", Key: "auth_file", To: "auth_file", kind: kindPath, Note: "same format (userlist.txt)"},
 		{Section: "pgbouncer", Key: "auth_hba_file", To: "auth_hba_file", kind: kindPath, ifKey: true, Note: adviceHBA},
 		{Section: "pgbouncer", Key: "auth_ident_file", To: "auth_ident_file", kind: kindPath, Note: "user-name maps (pg_ident.conf format) for `peer` and `cert` rules with `map=`"},
@@ -414,7 +414,7 @@ func (res *Result) setPgbouncer(r Rule, e entry, set map[string]entry, ignore fu
 		res.Tree["listen"] = strings.Join(listen, ",")
 	case "auth_type":
 		switch v := strings.ToLower(e.value); v {
-		case config.AuthMD5, config.AuthSCRAM, config.AuthPlain, config.AuthTrust, config.AuthHBA, config.AuthLDAP, config.AuthPAM:
+		case config.AuthMD5, config.AuthSCRAM, config.AuthPlain, config.AuthCert, config.AuthTrust, config.AuthHBA, config.AuthLDAP, config.AuthPAM:
 			res.Tree["auth_type"] = v
 			_, file := set["auth_file"]
 			_, user := set["auth_user"]

@@ -102,13 +102,13 @@ func (s *session) certOK(cfg *config.Config, identMap string) error {
 	tc, ok := s.conn.(*tls.Conn)
 	if !ok {
 		return &wire.Error{Severity: "FATAL", Code: "28000", Message: fmt.Sprintf("certificate authentication failed for user %q", s.user),
-			Hint: "the matching access rule uses cert, which needs TLS: connect with sslmode=require and a client certificate"}
+			Hint: "cert authentication (auth_type cert, or the matching access rule's) needs TLS: connect with sslmode=require and a client certificate"}
 	}
 	certs := tc.ConnectionState().PeerCertificates
 	if len(certs) == 0 {
 		return &wire.Error{Severity: "FATAL", Code: "28000", Message: fmt.Sprintf("certificate authentication failed for user %q", s.user),
 			Detail: "the client sent no certificate",
-			Hint:   "the matching access rule uses cert: connect with sslcert and sslkey, a certificate signed by client_tls_ca_file"}
+			Hint:   "cert authentication (auth_type cert, or the matching access rule's): connect with sslcert and sslkey, a certificate signed by client_tls_ca_file"}
 	}
 	if cn := certs[0].Subject.CommonName; identMap != "" && !cfg.IdentMaps().Allows(identMap, cn, s.user) {
 		return &wire.Error{Severity: "FATAL", Code: "28000", Message: fmt.Sprintf("certificate authentication failed for user %q", s.user),
@@ -117,7 +117,7 @@ func (s *session) certOK(cfg *config.Config, identMap string) error {
 	} else if identMap == "" && cn != s.user {
 		return &wire.Error{Severity: "FATAL", Code: "28000", Message: fmt.Sprintf("certificate authentication failed for user %q", s.user),
 			Detail: fmt.Sprintf("the client certificate's common name is %q", cn),
-			Hint:   "the matching access rule uses cert: connect as the user your certificate names, or use a certificate for this user"}
+			Hint:   "cert authentication (auth_type cert, or the matching access rule's): connect as the user your certificate names, or use a certificate for this user"}
 	}
 	return nil
 }

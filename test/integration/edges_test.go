@@ -243,6 +243,26 @@ func TestClientTLS(t *testing.T) {
 	// the TLS records buffered above it): it stays usable across idle
 	// periods longer than the parker's sweep, and a large result arrives
 	// whole.
+	// auth_type cert (PgBouncer's): the certificate's common name is the
+	// user, and no password is asked.
+	t.Run("auth_type cert", func(t *testing.T) {
+		p := startPoolerd(t, func(c *config.Config) {
+			// verify-ca: the common name is auth_type cert's to check.
+			c.ClientTLSSSLMode = "verify-ca"
+			c.ClientTLSCertFile, c.ClientTLSKeyFile = files.ServerCert, files.ServerKey
+			c.ClientTLSCAFile = files.CA
+			c.AuthType = config.AuthCert
+		})
+		dsn := func(user string) string {
+			return fmt.Sprintf("postgres://%s@%s/%s?%s", user, p.addr, pgtest.DBApp, withCert)
+		}
+		if got := currentUser(t, dsn(pgtest.RoleApp)); got != pgtest.RoleApp {
+			t.Fatalf("current_user %q", got)
+		}
+		if pe := loginPgError(t, dsn(pgtest.RoleSCRAM)); pe.Code != "28000" || !strings.Contains(pe.Message, "certificate authentication failed") {
+			t.Errorf("a certificate for another user: %s %s, want 28000", pe.Code, pe.Message)
+		}
+	})
 	t.Run("idle and large over TLS", func(t *testing.T) {
 		p := start(t, "require")
 		dsn := strings.Replace(p.appDSN(), "sslmode=disable", "sslmode=require", 1)
