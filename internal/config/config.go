@@ -50,7 +50,7 @@ const (
 	// AuthCert admits a TLS client whose certificate (verified against
 	// client_tls_ca_file) names the user as its common name, without a
 	// password (PgBouncer's cert, pg_hba.conf's cert).
-	AuthCert = "cert"
+	AuthCert  = "cert"
 	AuthTrust = "trust"
 	// AuthAny admits every user name without a password, listed or not
 	// (PgBouncer's auth_type any; trust with auth_file admits only the
