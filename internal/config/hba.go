@@ -147,6 +147,13 @@ func (c *Config) validateAuthQuery(bad func(string, ...any)) {
 // "pgbouncer", as PgBouncer's tools expect, or "poolerd".
 func IsConsoleDatabase(name string) bool { return name == "pgbouncer" || name == "poolerd" }
 
+// AutoDatabase reports whether name has no entry of its own and is served
+// by the * entry or upstream (PgBouncer's auto-database).
+func (c *Config) AutoDatabase(name string) bool {
+	_, ok := c.database(name)
+	return ok && c.entry(name) == nil
+}
+
 // entry returns the entry named exactly name, or nil.
 func (c *Config) entry(name string) *Database {
 	for i := range c.Databases {

@@ -783,8 +783,21 @@ func (srv *Server) getPoolWarm(database, user string, warm bool) (*dbPool, error
 		return p, nil
 	}
 	p := newDBPool(srv, key, route, warm, srv.dbPaused(database))
+	if srv.cfg().AutoDatabase(database) && !srv.hasPoolLocked(database) {
+		srv.log.Info("registered new auto-database", zap.String("database", database))
+	}
 	srv.pools[key] = p
 	return p, nil
+}
+
+// hasPoolLocked reports whether database has a pool. Call with srv.mu held.
+func (srv *Server) hasPoolLocked(database string) bool {
+	for k := range srv.pools {
+		if k.database == database {
+			return true
+		}
+	}
+	return false
 }
 
 // dbState is what the admin console set for one database.

@@ -1610,6 +1610,24 @@ func TestQueryWaitNotify(t *testing.T) {
 	}
 }
 
+// TestAutoDatabaseLogged: the first pool of a database served by upstream
+// (or the * entry), not by an entry of its own, is logged once in
+// PgBouncer's words; an entry's database is not.
+func TestAutoDatabaseLogged(t *testing.T) {
+	t.Parallel()
+	p := startPoolerd(t, func(c *config.Config) {
+		c.Users = []config.User{{Name: pgtest.RoleSCRAM, Password: pgtest.Password}}
+		c.Databases = []config.Database{{Name: "named", DBName: pgtest.DBApp}}
+	})
+	connectDSN(t, p.dsn(pgtest.RoleApp, pgtest.Password, pgtest.DBApp))
+	connectDSN(t, p.dsn(pgtest.RoleSCRAM, pgtest.Password, pgtest.DBApp)) // a second pool of it
+	connectDSN(t, p.dsn(pgtest.RoleApp, pgtest.Password, "named"))
+	entries := toLogEntries(t, p, "registered new auto-database")
+	if len(entries) != 1 || entries[0].str("database") != pgtest.DBApp {
+		t.Errorf("auto-database log lines %v, want one for %s", entries, pgtest.DBApp)
+	}
+}
+
 func obBackendPID(t *testing.T, c *pgx.Conn) int {
 	t.Helper()
 	var pid int
