@@ -30,17 +30,14 @@ type TLS struct {
 	Config *tls.Config
 }
 
-// NewTLS loads the files of a TLS policy: caFile (required for verify-ca
-// and verify-full) and a client certificate (certFile and keyFile, both or
+// NewTLS loads the files of a TLS policy: caFile (for verify-ca and
+// verify-full; without it the system's CA certificates are trusted, as
+// PgBouncer does) and a client certificate (certFile and keyFile, both or
 // neither), for PostgreSQL's cert authentication.
 func NewTLS(mode, caFile, certFile, keyFile string) (*TLS, error) {
 	t := &TLS{Mode: mode, Config: &tls.Config{MinVersion: tls.VersionTLS12}}
 	switch mode {
-	case "", TLSDisable, TLSAllow, TLSPrefer, TLSRequire:
-	case TLSVerifyCA, TLSVerifyFull:
-		if caFile == "" {
-			return nil, fmt.Errorf("server_tls_sslmode %s needs server_tls_ca_file, the CA that signed PostgreSQL's certificate", mode)
-		}
+	case "", TLSDisable, TLSAllow, TLSPrefer, TLSRequire, TLSVerifyCA, TLSVerifyFull:
 	default:
 		return nil, fmt.Errorf("server_tls_sslmode %q is not disable, allow, prefer, require, verify-ca or verify-full", mode)
 	}

@@ -159,7 +159,35 @@ type userSecret struct {
 func (c *Config) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	c.validate(bad, bad)
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	return nil
+}
+
+// ValidateApartFromTLS is Validate with the TLS settings that do not load
+// (a file missing, a key that does not match its certificate, a mode that
+// needs a certificate not yet set) apart, in tlsErr: the console's SET
+// applies the rest and keeps the running TLS settings, as PgBouncer does
+// while certificate and key are set one at a time.
+func (c *Config) ValidateApartFromTLS() (tlsErr, err error) {
+	var errs, tlsErrs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	tlsBad := func(format string, args ...any) { tlsErrs = append(tlsErrs, fmt.Errorf(format, args...)) }
+	c.validate(bad, tlsBad)
+	return errors.Join(tlsErrs...), errors.Join(errs...)
+}
+
+// validate checks c, telling bad what is wrong, and tlsBad what is wrong
+// with TLS files and the settings that need them.
+func (c *Config) validate(bad, tlsBad func(string, ...any)) {
 	c.comboWarnings = nil
+	// entriesBad: an entry on its own failed (the combinations of
+	// database and user entries are checked only when none did).
+	entriesBad := false
+	bad0 := bad
+	bad = func(format string, args ...any) { entriesBad = true; bad0(format, args...) }
 
 	for _, d := range []struct {
 		key string
@@ -310,7 +338,7 @@ func (c *Config) Validate() error {
 		bad("max_packet_size %d must be from 1024 to 1073741823 bytes (PostgreSQL's own limit)", c.MaxPacketSize)
 	}
 	if _, err := ClientTLS(c); err != nil {
-		bad("%v", err)
+		tlsBad("%v", err)
 	} else if c.ClientTLSSSLMode == "disable" {
 		// Checked even while unused, so that turning TLS on later does
 		// not reveal a typo.
@@ -332,7 +360,7 @@ func (c *Config) Validate() error {
 	}
 	for _, mode := range c.ServerTLSModes() {
 		if _, err := backend.NewTLS(mode, c.ServerTLSCAFile, c.ServerTLSCertFile, c.ServerTLSKeyFile); err != nil {
-			bad("%v", err)
+			tlsBad("%v", err)
 		}
 	}
 	for i, d := range c.Databases {
@@ -443,7 +471,7 @@ func (c *Config) Validate() error {
 	// too (a database's min_size above a user's max_size, say); checked
 	// once the entries are valid on their own.
 	for _, d := range c.Databases {
-		if len(errs) > 0 {
+		if entriesBad {
 			break
 		}
 		for _, u := range c.Users {
@@ -465,7 +493,6 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
-	return errors.Join(errs...)
 }
 
 // ServesNoDatabase reports whether no database entry and no upstream are

@@ -70,7 +70,7 @@ type Averager interface {
 // database commands do (see proxy's control.go for each).
 type Controls interface {
 	Reload() error
-	Set(key, value string) error
+	Set(key, value string) (notice string, err error)
 	RequestShutdown(mode string)
 	DatabaseKnown(database string) bool
 	Pause(ctx context.Context, database string) error

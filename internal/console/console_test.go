@@ -133,11 +133,11 @@ func (f *fakeProxy) LoginCount() int                               { return 1 }
 func (f *fakeProxy) DatabaseTotals() map[string]proxy.Totals       { return f.totals }
 func (f *fakeProxy) DatabaseAverages() map[string]observe.Averages { return f.avgs }
 func (f *fakeProxy) Reload() error                                 { return f.call("RELOAD", "") }
-func (f *fakeProxy) Set(key, value string) error {
+func (f *fakeProxy) Set(key, value string) (string, error) {
 	if key == "max_size" && value == "x" {
-		return errors.New("max_size: not a number")
+		return "", errors.New("max_size: not a number")
 	}
-	return f.call("SET", key+"="+value)
+	return "", f.call("SET", key+"="+value)
 }
 func (f *fakeProxy) RequestShutdown(mode string)        { _ = f.call("SHUTDOWN", mode) }
 func (f *fakeProxy) DatabaseKnown(database string) bool { return database == "app" }

@@ -131,9 +131,15 @@ func (s *session) set(key, value string) ([]byte, bool, *wire.Error) {
 	if proxy.RestartRequired(key) {
 		return nil, false, adminError("SET failed: %s can only change with a restart", key)
 	}
-	if err := p.Set(key, value); err != nil {
+	notice, err := p.Set(key, value)
+	if err != nil {
 		return nil, false, &wire.Error{Severity: "ERROR", Code: "08P01", Message: "SET failed", Detail: err.Error(),
 			Hint: "SHOW CONFIG lists the keys; durations are seconds (30) or have a unit (30s, 500ms), lists are comma-separated"}
+	}
+	var out []byte
+	if notice != "" {
+		out = (&wire.Error{Severity: "NOTICE", Code: "01000", Message: notice,
+			Hint: "set the matching certificate, key or CA file too; the new TLS settings apply once they load together"}).AppendNotice(nil)
 	}
 	// Never the password of the upstream or Redis URL.
 	s.log.Info("admin console: setting changed", zap.String(key, config.Redact(key, value)))
@@ -141,5 +147,5 @@ func (s *session) set(key, value string) ([]byte, bool, *wire.Error) {
 	if key == "upstream" || key == "redis_url" {
 		shown = config.FormatValue(p.Config(), key) // without the password
 	}
-	return wire.AppendCommandComplete(nil, "SET "+key+"="+shown), false, nil
+	return wire.AppendCommandComplete(out, "SET "+key+"="+shown), false, nil
 }

@@ -55,16 +55,26 @@ func (srv *Server) Reload() error {
 	return nil
 }
 
-// Set changes one top-level key of the running configuration.
-func (srv *Server) Set(key, value string) error {
+// Set changes one top-level key of the running configuration. TLS
+// settings that do not load (a certificate set before its key, say) are
+// kept as values while the running TLS settings stay in use, as in
+// PgBouncer: notice says so.
+func (srv *Server) Set(key, value string) (notice string, err error) {
 	next := *srv.cfg()
 	if err := config.SetValue(&next, key, value); err != nil {
-		return err
+		return "", err
 	}
-	if err := next.Validate(); err != nil {
-		return err
+	tlsErr, err := next.ValidateApartFromTLS()
+	if err != nil {
+		return "", err
 	}
-	return srv.apply(&next)
+	if err := srv.apply(&next); err != nil {
+		return "", err
+	}
+	if tlsErr != nil {
+		return "TLS settings could not be applied, still using old configuration: " + tlsErr.Error(), nil
+	}
+	return "", nil
 }
 
 // apply switches to a validated configuration without dropping clients:

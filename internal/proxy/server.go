@@ -195,7 +195,11 @@ func (srv *Server) setServerTLS(cfg *config.Config) {
 	for _, mode := range cfg.ServerTLSModes() {
 		t, err := backend.NewTLS(mode, cfg.ServerTLSCAFile, cfg.ServerTLSCertFile, cfg.ServerTLSKeyFile)
 		if err != nil {
-			srv.log.Error("server TLS settings not applied", zap.String("server_tls_sslmode", mode), zap.Error(err))
+			// All or nothing: the running settings stay in use.
+			srv.log.Error("server TLS settings not applied; still using the old ones", zap.String("server_tls_sslmode", mode), zap.Error(err))
+			if srv.serverTLS.Load() != nil {
+				return
+			}
 			continue
 		}
 		if t.Config != nil {

@@ -540,11 +540,11 @@ func TestScramWithMD5Secrets(t *testing.T) {
 		t.Fatalf("current_user %q", got)
 	}
 	// Back to md5 and to scram-sha-256 at run time (the console's SET).
-	if err := p.srv.Set("auth_type", "md5"); err != nil {
+	if _, err := p.srv.Set("auth_type", "md5"); err != nil {
 		t.Fatal(err)
 	}
 	_ = connectDSN(t, p.dsn(pgtest.RoleMD5, pgtest.Password, pgtest.DBApp))
-	if err := p.srv.Set("auth_type", "scram-sha-256"); err != nil {
+	if _, err := p.srv.Set("auth_type", "scram-sha-256"); err != nil {
 		t.Fatalf("SET auth_type scram-sha-256 with an md5 secret present: %v", err)
 	}
 	if pe := loginPgError(t, p.dsn(pgtest.RoleMD5, pgtest.Password, pgtest.DBApp)); pe.Code != "28P01" {

@@ -99,6 +99,9 @@ func TestServerTLS(t *testing.T) {
 		{"disable", "disable", "", "no encryption"},
 		{"verify-ca with another CA", "verify-ca", other.CA, "certificate"},
 		{"verify-full with another CA", "verify-full", other.CA, "certificate"},
+		// No CA file: the system's CAs (as PgBouncer), which did not sign
+		// the test server's certificate.
+		{"verify-full with the system's CAs", "verify-full", "", "certificate"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := start(t, tc.mode, tc.ca)
@@ -243,6 +246,60 @@ func TestClientTLS(t *testing.T) {
 	// the TLS records buffered above it): it stays usable across idle
 	// periods longer than the parker's sweep, and a large result arrives
 	// whole.
+	// SET of the certificate and key one at a time (as PgBouncer's tests
+	// and operators do): a key that does not match the running certificate
+	// is kept as a value, with a NOTICE, and the running TLS settings stay
+	// in use until the pair loads together.
+	t.Run("SET certificate and key one at a time", func(t *testing.T) {
+		next, err := pgtest.MakeTLSFiles(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := startPoolerd(t, func(c *config.Config) {
+			c.ClientTLSSSLMode = "require"
+			c.ClientTLSCertFile, c.ClientTLSKeyFile = files.ServerCert, files.ServerKey
+			c.AdminUsers = []string{pgtest.RoleApp}
+		})
+		cfg, err := pgconn.ParseConfig(strings.Replace(p.dsn(pgtest.RoleApp, pgtest.Password, "pgbouncer"), "sslmode=disable", "sslmode=require", 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var notices []string
+		cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) { notices = append(notices, n.Message) }
+		adm, err := pgconn.ConnectConfig(ctxTimeout(t, 10*time.Second), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer adm.Close(context.Background())
+		set := func(key, file string) {
+			t.Helper()
+			notices = nil
+			if _, err := adm.Exec(ctxTimeout(t, 10*time.Second), fmt.Sprintf("SET %s = '%s'", key, file)).ReadAll(); err != nil {
+				t.Fatalf("SET %s: %v", key, err)
+			}
+		}
+		verified := func(ca string) error {
+			dsn := strings.Replace(p.appDSN(), "sslmode=disable", "sslmode=verify-full&sslrootcert="+ca, 1)
+			return selectOne(dsn)
+		}
+		set("client_tls_key_file", next.ServerKey)
+		if len(notices) != 1 || !strings.Contains(notices[0], "TLS settings could not be applied, still using old configuration") {
+			t.Fatalf("SET of a key that does not match the certificate: notices %q", notices)
+		}
+		if err := verified(files.CA); err != nil {
+			t.Fatalf("the running certificate after the half-done change: %v", err)
+		}
+		set("client_tls_cert_file", next.ServerCert)
+		if len(notices) != 0 {
+			t.Fatalf("SET of the matching certificate: notices %q", notices)
+		}
+		if err := verified(next.CA); err != nil {
+			t.Fatalf("the new certificate: %v", err)
+		}
+		if err := verified(files.CA); err == nil {
+			t.Fatal("the old CA still verifies the new certificate")
+		}
+	})
 	// auth_type cert (PgBouncer's): the certificate's common name is the
 	// user, and no password is asked.
 	t.Run("auth_type cert", func(t *testing.T) {

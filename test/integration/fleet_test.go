@@ -388,7 +388,7 @@ func TestFleetBudgetRefusals(t *testing.T) {
 		if fs := p.srv.FleetStats(); fs.Enabled {
 			t.Fatalf("fleet enabled without a budget: %+v", fs)
 		}
-		if err := p.srv.Set("fleet_max_server_connections", "1"); err != nil {
+		if _, err := p.srv.Set("fleet_max_server_connections", "1"); err != nil {
 			t.Fatal(err)
 		}
 		hold(t, p) // the connection open from before has no lease

@@ -177,7 +177,7 @@ func TestHostsRoutingAndFailover(t *testing.T) {
 	// No standby is left: a standby-only entry refuses at checkout_timeout
 	// (long enough for its connects to fail first, on a loaded machine),
 	// naming why.
-	if err := p.srv.Set("checkout_timeout", "3s"); err != nil {
+	if _, err := p.srv.Set("checkout_timeout", "3s"); err != nil {
 		t.Fatal(err)
 	}
 	c, err := pgx.Connect(ctx, p.dsn(pgtest.RoleApp, pgtest.Password, "standby", "default_query_exec_mode=simple_protocol"))

@@ -28,13 +28,13 @@ func TestRateLimitBudgetSurvivesUnrelatedSet(t *testing.T) {
 			t.Fatal("the budget never ran out")
 		}
 	}
-	if err := p.srv.Set("log_level", "info"); err != nil {
+	if _, err := p.srv.Set("log_level", "info"); err != nil {
 		t.Fatal(err)
 	}
 	if !refused() {
 		t.Fatal("SET log_level gave the client a fresh budget")
 	}
-	if err := p.srv.Set("on_redis_error", "deny"); err != nil {
+	if _, err := p.srv.Set("on_redis_error", "deny"); err != nil {
 		t.Fatal(err)
 	}
 	if refused() {
