@@ -179,6 +179,9 @@ type AuthLookupSettings struct {
 // the global one (PgBouncer's per-database auth_user).
 func (c *Config) AuthLookup(database string) AuthLookupSettings {
 	l := AuthLookupSettings{User: c.AuthUser, Query: c.AuthQuery, DBName: c.AuthDBName}
+	if IsConsoleDatabase(database) {
+		return l // the global ones, as PgBouncer's admin database
+	}
 	if d, ok := c.database(database); ok { // its entry, or the wildcard's
 		l.User = cmp.Or(d.AuthUser, l.User)
 		l.Query = cmp.Or(d.AuthQuery, l.Query)

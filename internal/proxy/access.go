@@ -143,7 +143,7 @@ func (s *session) authPassword(secret auth.Secret, known bool) (bool, error) {
 // NULL secret is found with the zero Secret (trust admits it, a password
 // never matches it). An error is a refusal to send.
 func (srv *Server) lookupSecret(ctx context.Context, cfg *config.Config, database, user string) (auth.Secret, bool, *wire.Error) {
-	if _, err := cfg.Route(database, user); err != nil {
+	if _, err := cfg.Route(database, user); err != nil && !IsConsoleDatabase(database) {
 		return auth.Secret{}, false, nil // no such database: the login fails like a wrong password
 	}
 	look := cfg.AuthLookup(database)
@@ -174,6 +174,16 @@ func (srv *Server) lookupSecret(ctx context.Context, cfg *config.Config, databas
 		srv.authCache.Put(key, secret, now)
 	}
 	return secret, found, nil
+}
+
+// authQueried reports whether a login to database of a user poolerd has no
+// secret for looks the user up with auth_query: where an auth_user applies,
+// and for the admin console's database only with the global auth_dbname
+// (the console has no server of its own to run the query on), as in
+// PgBouncer.
+func authQueried(cfg *config.Config, database string) bool {
+	look := cfg.AuthLookup(database)
+	return look.User != "" && (!IsConsoleDatabase(database) || look.DBName != "")
 }
 
 // authDBUnusable refuses a login whose auth_query would run in dbname

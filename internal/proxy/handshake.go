@@ -656,7 +656,7 @@ func (s *session) authenticate(cfg *config.Config) (bool, auth.Secret) {
 	}
 	secret, known := cfg.ClientSecret(s.user)
 	var queried auth.Secret
-	if !known && cfg.AuthLookup(s.database).User != "" && !IsConsoleDatabase(s.database) {
+	if !known && authQueried(cfg, s.database) {
 		var werr *wire.Error
 		secret, known, werr = s.querySecret(cfg)
 		if werr != nil {
@@ -800,7 +800,7 @@ func (s *session) authTrust(cfg *config.Config) (bool, auth.Secret) {
 	if _, known := cfg.ClientSecret(s.user); known {
 		return true, auth.Secret{}
 	}
-	queried := cfg.AuthLookup(s.database).User != "" && !IsConsoleDatabase(s.database)
+	queried := authQueried(cfg, s.database)
 	if queried {
 		secret, found, werr := s.querySecret(cfg)
 		if werr != nil {

@@ -451,9 +451,51 @@ func authQueryRoles(ctx context.Context, t *testing.T, authRole, authPW, userPW 
 	}
 	qs = append(qs, "GRANT CONNECT ON DATABASE "+pgtest.DBApp+" TO "+strings.Join(all, ", "))
 	for _, q := range qs {
-		if _, err := su.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
+		// Tests running side by side GRANT on the same catalog rows
+		// (pg_authid, the database): PostgreSQL refuses one of two
+		// concurrent updates of a row's ACL; it succeeds when tried again.
+		for try := 0; ; try++ {
+			_, err := su.Exec(ctx, q)
+			var pe *pgconn.PgError
+			if err != nil && errors.As(err, &pe) && pe.Code == "XX000" && strings.Contains(pe.Message, "tuple concurrently updated") && try < 20 {
+				time.Sleep(20 * time.Millisecond)
+				continue
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+			break
 		}
+	}
+}
+
+// TestAuthQueryConsole: a console login of a user poolerd has no secret
+// for is looked up with auth_query in the global auth_dbname, as PgBouncer
+// does for its admin database; without auth_dbname there is no server to
+// run it on, and the login fails as a wrong password does.
+func TestAuthQueryConsole(t *testing.T) {
+	t.Parallel()
+	const userPW, authPW = "aqc-user-pw", "aqc-auth-pw"
+	authQueryRoles(ctxTimeout(t, 30*time.Second), t, "aqc_auth", authPW, userPW, "aqc_stats")
+	start := func(dbname string) *instance {
+		return startPoolerd(t, func(c *config.Config) {
+			c.AuthUser, c.AuthDBName = "aqc_auth", dbname
+			c.Users = []config.User{{Name: "aqc_auth", Password: authPW}}
+			c.StatsUsers = []string{"aqc_stats"}
+			// The wildcard's own auth_dbname is not the console's.
+			c.Databases = []config.Database{{Name: "*", AuthDBName: "nowhere"}}
+		})
+	}
+	p := start(pgtest.DBApp)
+	c := connectDSN(t, p.dsn("aqc_stats", userPW, "pgbouncer"))
+	if _, err := c.Exec(ctxTimeout(t, 10*time.Second), "SHOW STATS", pgx.QueryExecModeSimpleProtocol); err != nil {
+		t.Fatalf("SHOW STATS as a stats user found by auth_query: %v", err)
+	}
+	if pe := loginPgError(t, p.dsn("aqc_stats", "wrong", "pgbouncer")); pe.Code != "28P01" {
+		t.Errorf("wrong password: %s %s", pe.Code, pe.Message)
+	}
+	if pe := loginPgError(t, start("").dsn("aqc_stats", userPW, "pgbouncer")); pe.Code != "28P01" {
+		t.Errorf("no auth_dbname: %s %s, want 28P01", pe.Code, pe.Message)
 	}
 }
 
