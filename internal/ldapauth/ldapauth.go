@@ -263,6 +263,10 @@ func (o Options) search(conn *ldap.Conn, user string) (string, error) {
 			attr = "uid"
 		}
 		filter = "(" + attr + "=" + user + ")"
+	} else if !strings.HasPrefix(filter, "(") {
+		// libldap, which PostgreSQL and PgBouncer use, takes a filter
+		// without its outer parentheses (uid=$username); so does poolerd.
+		filter = "(" + filter + ")"
 	}
 	req := ldap.NewSearchRequest(o.BaseDN, o.Scope, ldap.NeverDerefAliases, 2, 0, false, filter, []string{"1.1"}, nil)
 	res, err := conn.Search(req)

@@ -26,6 +26,8 @@ func TestAuthenticate(t *testing.T) {
 		"search+bind":             `ldapserver=127.0.0.1 ldapport=` + port + ` ldapbasedn="` + ldaptest.BaseDN + `"`,
 		"search+bind as bind DN":  `ldapserver=127.0.0.1 ldapport=` + port + ` ldapbasedn="` + ldaptest.BaseDN + `" ldapbinddn="` + ldaptest.RootDN + `" ldapbindpasswd=` + ldaptest.RootPassword,
 		"search+bind with filter": `ldapserver=127.0.0.1 ldapport=` + port + ` ldapbasedn="` + people + `" ldapsearchfilter="(|(uid=$username)(mail=$username))"`,
+		// Without its outer parentheses, as libldap takes it.
+		"search+bind with a bare filter": `ldapserver=127.0.0.1 ldapport=` + port + ` ldapbasedn="` + people + `" ldapsearchfilter="uid=$username"`,
 		"ldapurl":                 `ldapurl="ldap://127.0.0.1:` + port + `/` + people + `?uid?sub"`,
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
