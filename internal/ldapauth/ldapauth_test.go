@@ -28,7 +28,7 @@ func TestAuthenticate(t *testing.T) {
 		"search+bind with filter": `ldapserver=127.0.0.1 ldapport=` + port + ` ldapbasedn="` + people + `" ldapsearchfilter="(|(uid=$username)(mail=$username))"`,
 		// Without its outer parentheses, as libldap takes it.
 		"search+bind with a bare filter": `ldapserver=127.0.0.1 ldapport=` + port + ` ldapbasedn="` + people + `" ldapsearchfilter="uid=$username"`,
-		"ldapurl":                 `ldapurl="ldap://127.0.0.1:` + port + `/` + people + `?uid?sub"`,
+		"ldapurl":                        `ldapurl="ldap://127.0.0.1:` + port + `/` + people + `?uid?sub"`,
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
