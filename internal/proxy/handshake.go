@@ -102,9 +102,9 @@ func (s *session) useRoute(dbp *dbPool, route config.Route, cfg *config.Config) 
 	s.dbp = dbp
 	s.mode = route.Settings.PoolMode
 	s.stateful = s.mode != config.PoolSession
-	s.maxPrepared = route.Settings.MaxPreparedStatements
+	s.maxPrepared.Store(int64(route.Settings.MaxPreparedStatements))
 	s.maxPacket = cfg.MaxPacketSize
-	s.tracked = s.stateful && s.maxPrepared > 0
+	s.tracked = s.stateful && route.Settings.MaxPreparedStatements > 0
 	s.refuseState = route.Settings.SessionState == config.SessionStateRefuse
 	s.timeoutsP.Store(s.srv.timeoutsFor(route.Settings)) // the client's own: per-user overrides apply
 }

@@ -151,6 +151,9 @@ func (srv *Server) apply(next *config.Config) error {
 	for _, s := range sessions {
 		if route, err := next.Route(s.database, s.user); err == nil {
 			s.timeoutsP.Store(srv.timeoutsFor(route.Settings))
+			if n := route.Settings.MaxPreparedStatements; n > 0 {
+				s.maxPrepared.Store(int64(n))
+			}
 		}
 		rates := rl.forSession(s.database, s.user, s.appName(), s.conn.RemoteAddr())
 		s.rates.Store(&rates)

@@ -54,7 +54,6 @@ type session struct {
 	tracked        bool   // ... and named prepared statements are mapped
 	refuseState    bool   // session_state: refuse
 	tls            bool   // the client connection is TLS (conn is a *tls.Conn): never parked
-	maxPrepared    int
 	maxPacket      int // max_packet_size at login (0: only the protocol's limit)
 
 	// Owned by the client goroutine (run, fromClient and what they call;
@@ -165,6 +164,10 @@ type session struct {
 	logged    atomic.Bool  // logged in: log lines carry database and user
 	lastReq   atomic.Int64 // nanotime of the last request (SHOW CLIENTS)
 	waitSince atomic.Int64 // nanotime since a request waits for a server; 0 when not waiting
+	// maxPrepared is max_prepared_statements: set at login, and by a
+	// reload or SET while it stays above 0 (a tracked session keeps
+	// mapping its statements).
+	maxPrepared atomic.Int64
 	// server is the connection held right now; stored by attach (under
 	// attachMu), cleared by whoever releases or loses it (under its mu).
 	server atomic.Pointer[serverConn]

@@ -464,7 +464,7 @@ func (s *session) noteBound(server, client string) {
 		s.bound = map[string]string{}
 	}
 	if s.bound[server] != client {
-		if len(s.bound) > 4*max(s.maxPrepared, 64) {
+		if len(s.bound) > 4*max(int(s.maxPrepared.Load()), 64) {
 			clear(s.bound)
 		}
 		s.bound[server] = client
@@ -483,7 +483,8 @@ func (s *session) clientName(server string) string {
 // more to fit; the caller closes them on the server (emitEvictions).
 func (s *session) makeRoomLocked(sc *serverConn) []string {
 	var out []string
-	for sc.stmts.len() > 0 && sc.stmts.len() >= s.maxPrepared {
+	limit := int(s.maxPrepared.Load())
+	for sc.stmts.len() > 0 && sc.stmts.len() >= limit {
 		name := sc.stmts.oldest()
 		sc.stmts.remove(name)
 		out = append(out, name)

@@ -1704,3 +1704,54 @@ func TestTxPreparedDeallocateAllThenFailedDiscard(t *testing.T) {
 		t.Fatalf("B's prepared statement after A's DEALLOCATE ALL: %v %q", r.Err, r.Rows)
 	}
 }
+
+// TestTxPreparedCapFollowsSet: max_prepared_statements changed by SET (or
+// a reload) applies to connected clients' statements from their next
+// Parse, as PgBouncer's cache size does: one server connection keeps 1,
+// then 5, then 2 of a client's statements.
+func TestTxPreparedCapFollowsSet(t *testing.T) {
+	t.Parallel()
+	p := obStart(t, obOpts{mutate: func(c *config.Config) {
+		c.PoolMode = config.PoolTransaction
+		c.MaxSize, c.MinSize = 1, 0
+		c.MaxPreparedStatements = 1
+	}})
+	adm := obAdmin(t, p.instance, pgtest.RoleApp)
+	ctx := ctxTimeout(t, 30*time.Second)
+	conn, err := txpConnect(ctx, p.appDSN(), pgx.QueryExecModeCacheStatement)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	prepare := func(from, to int) {
+		t.Helper()
+		for i := from; i < to; i++ {
+			var got int
+			if err := conn.QueryRow(ctx, fmt.Sprintf("SELECT %d + $1::int", i), 0).Scan(&got); err != nil || got != i {
+				t.Fatalf("statement %d: %d %v", i, got, err)
+			}
+		}
+	}
+	onServer := func() int {
+		t.Helper()
+		var n int
+		if err := conn.QueryRow(ctx, "SELECT count(*)::int FROM pg_prepared_statements", pgx.QueryExecModeSimpleProtocol).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	prepare(0, 5)
+	if n := onServer(); n != 1 {
+		t.Fatalf("max_prepared_statements 1: %d statements on the server connection", n)
+	}
+	obCmd(t, adm, "SET max_prepared_statements = 5", "SET max_prepared_statements=5")
+	prepare(5, 10)
+	if n := onServer(); n != 5 {
+		t.Fatalf("after SET 5: %d statements on the server connection", n)
+	}
+	obCmd(t, adm, "SET max_prepared_statements = 2", "SET max_prepared_statements=2")
+	prepare(10, 11)
+	if n := onServer(); n != 2 {
+		t.Fatalf("after SET 2 and one more statement: %d statements on the server connection", n)
+	}
+}
