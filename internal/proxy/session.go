@@ -54,7 +54,7 @@ type session struct {
 	tracked        bool   // ... and named prepared statements are mapped
 	refuseState    bool   // session_state: refuse
 	tls            bool   // the client connection is TLS (conn is a *tls.Conn): never parked
-	maxPacket      int // max_packet_size at login (0: only the protocol's limit)
+	maxPacket      int    // max_packet_size at login (0: only the protocol's limit)
 
 	// Owned by the client goroutine (run, fromClient and what they call;
 	// the goroutine may change between parks, never run two at once).
