@@ -326,7 +326,9 @@ func (o Options) dial(ctx context.Context) (*ldap.Conn, error) {
 // tlsConfig verifies the LDAP server's certificate against the system's
 // roots, or against the file LDAPTLS_CACERT names, and not at all with
 // LDAPTLS_REQCERT=never: the environment variables of OpenLDAP's client
-// library, which PostgreSQL's LDAP authentication follows.
+// library, which PostgreSQL's LDAP authentication follows. As that library,
+// a certificate with no subject alternative name may name the host in its
+// common name (Go's own check no longer looks there).
 func tlsConfig(host string) (*tls.Config, error) {
 	tc := &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
 	if f := os.Getenv("LDAPTLS_CACERT"); f != "" {
@@ -342,6 +344,33 @@ func tlsConfig(host string) (*tls.Config, error) {
 	}
 	if strings.EqualFold(os.Getenv("LDAPTLS_REQCERT"), "never") {
 		tc.InsecureSkipVerify = true
+		return tc, nil
 	}
+	roots := tc.RootCAs
+	tc.InsecureSkipVerify = true // verified here, with the common-name fallback
+	tc.VerifyConnection = func(cs tls.ConnectionState) error { return verifyLDAPServer(cs, roots, host) }
 	return tc, nil
+}
+
+// verifyLDAPServer checks the server's chain against roots (nil: the
+// system's) and that it names host: in a subject alternative name, or,
+// when it has none, in its common name (OpenLDAP's client library does so).
+func verifyLDAPServer(cs tls.ConnectionState, roots *x509.CertPool, host string) error {
+	if len(cs.PeerCertificates) == 0 {
+		return errors.New("the LDAP server sent no certificate")
+	}
+	leaf := cs.PeerCertificates[0]
+	inter := x509.NewCertPool()
+	for _, c := range cs.PeerCertificates[1:] {
+		inter.AddCert(c)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter}); err != nil {
+		return err
+	}
+	err := leaf.VerifyHostname(host)
+	if err != nil && len(leaf.DNSNames) == 0 && len(leaf.IPAddresses) == 0 && len(leaf.URIs) == 0 &&
+		strings.EqualFold(leaf.Subject.CommonName, host) {
+		return nil
+	}
+	return err
 }

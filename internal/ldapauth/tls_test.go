@@ -1,0 +1,87 @@
+package ldapauth
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// The server's certificate may name the host in its common name when it
+// has no subject alternative name, as OpenLDAP's client library allows
+// (PgBouncer's suite runs ldaps to 127.0.0.1 with such a certificate); with
+// a subject alternative name, only that counts, as in Go.
+func TestTLSCommonNameFallback(t *testing.T) {
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("LDAPTLS_CACERT", caFile)
+	t.Setenv("LDAPTLS_REQCERT", "")
+	leaf := func(serial int64, cn string, dns []string) tls.Certificate {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn}, DNSNames: dns,
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	}
+	handshake := func(cert tls.Certificate) error {
+		ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		go func() {
+			if c, err := ln.Accept(); err == nil {
+				_ = c.(*tls.Conn).Handshake()
+				c.Close()
+			}
+		}()
+		tc, err := tlsConfig("127.0.0.1")
+		if err != nil {
+			return err
+		}
+		c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", ln.Addr().String(), tc)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	}
+	if err := handshake(leaf(2, "127.0.0.1", nil)); err != nil {
+		t.Errorf("no SAN, common name 127.0.0.1: %v", err)
+	}
+	if err := handshake(leaf(3, "other.example", nil)); err == nil {
+		t.Error("no SAN, another common name: accepted")
+	}
+	if err := handshake(leaf(4, "127.0.0.1", []string{"ldap.example"})); err == nil {
+		t.Error("a SAN that is not the host, common name 127.0.0.1: accepted")
+	}
+}
