@@ -115,9 +115,12 @@ type watchdog struct {
 	// cancelled is the queryStart of the query cancelled by query_timeout,
 	// or minus the start of the lease whose request lease_timeout
 	// cancelled (both are positive clock readings); cancelAt is when that
-	// cancel was sent.
-	cancelled int64
-	cancelAt  int64
+	// cancel was sent. leaseQuery is the queryStart of the request
+	// lease_timeout cancelled: a later request pending when the cancel
+	// grace ends is not that request still unanswered.
+	cancelled  int64
+	cancelAt   int64
+	leaseQuery int64
 }
 
 // nanotime is the session clock: nanoseconds since the server started,
@@ -391,9 +394,12 @@ func (s *session) fire() {
 	// transaction_timeout does (the block cannot continue within the
 	// lease). After an unanswered cancel, the session ends too.
 	leaseCancelled := expired == timeoutLease && w.cancelled == -t.lease()
+	// The cancelled request itself still pending (not a later one, sent
+	// after the cancel's answer): the cancel went unanswered.
+	leaseUnanswered := leaseCancelled && t.pending > 0 && t.queryStart == w.leaseQuery
 	cancelLease := expired == timeoutLease && !leaseCancelled && t.pending > 0 && t.txStatus == wire.TxIdle
 	if cancelLease {
-		w.cancelled, w.cancelAt = -t.lease(), now
+		w.cancelled, w.cancelAt, w.leaseQuery = -t.lease(), now, t.queryStart
 		pick(now + int64(cancelGrace))
 	}
 	w.mu.Unlock()
@@ -407,7 +413,7 @@ func (s *session) fire() {
 		s.cancelFor(timeoutQuery, sc)
 	case cancelLease:
 		s.cancelFor(timeoutLease, sc)
-	case leaseCancelled && t.pending > 0:
+	case leaseUnanswered:
 		s.endForTimeout(timeoutLease, sc, errCancelUnanswered(timeoutLease, time.Duration(l.leaseTimeout)))
 		return // the session ends
 	case leaseCancelled:

@@ -210,3 +210,30 @@ func TestLeaseRequestThatOpensBlock(t *testing.T) {
 		t.Errorf("lease timeouts %d, want 1", n)
 	}
 }
+
+// The same with a client that keeps sending requests into its failed block
+// without a pause: a request of its in flight when the cancel grace ends
+// is a later one, not the cancelled request unanswered, and the session
+// ends with 25P04 all the same (it once ended with "the server did not
+// answer the cancel request").
+func TestLeaseRequestThatOpensBlockBusyClient(t *testing.T) {
+	t.Parallel()
+	p := startLeasePool(t, 600*time.Millisecond)
+	c := p.connect(t, "default_query_exec_mode=simple_protocol")
+	ctx := ctxTimeout(t, 30*time.Second)
+	_, err := c.Exec(ctx, "BEGIN; SELECT pg_sleep(5)")
+	if pe := toPgErr(t, err, "BEGIN; sleep"); pe.Code != "57014" {
+		t.Fatalf("got %s %q, want 57014", pe.Code, pe.Message)
+	}
+	for {
+		_, err := c.Exec(ctx, "SELECT 1")
+		if pe, ok := errors.AsType[*pgconn.PgError](err); ok && pe.Code == "25P02" {
+			continue
+		}
+		pe := toPgErr(t, err, "after the cancel")
+		if pe.Code != "25P04" || pe.Severity != "FATAL" {
+			t.Fatalf("got %s %s %q, want FATAL 25P04", pe.Severity, pe.Code, pe.Message)
+		}
+		return
+	}
+}
