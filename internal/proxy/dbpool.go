@@ -361,7 +361,9 @@ func (d *dbPool) checkout(q queuer, done <-chan struct{}, near *loopItem, lease 
 	}
 	w := q.queued()
 	w.Prefer(near.share())
+	note := q.waitNotice()
 	sc, err := d.pool.GetWith(w, limit, done)
+	note.stop() // a notice being written is out before sc is used
 	q.dequeued()
 	d.met.checkoutWait.Observe(time.Since(start).Seconds())
 	if err != nil {
@@ -395,6 +397,8 @@ func (d *dbPool) nearLoop(sc *serverConn, near *loopItem) (*serverConn, error) {
 type queuer interface {
 	queued() *pool.Waiter[*serverConn]
 	dequeued()
+	// waitNotice arms the query_wait_notify notice of the wait (nil: none).
+	waitNotice() *waitNotice
 }
 
 // loginQueuer queues a login's checkout (prepareLogin): a fresh waiter, as
@@ -403,6 +407,7 @@ type loginQueuer struct{}
 
 func (loginQueuer) queued() *pool.Waiter[*serverConn] { return pool.NewWaiter[*serverConn]() }
 func (loginQueuer) dequeued()                         {}
+func (loginQueuer) waitNotice() *waitNotice           { return nil } // not logged in yet: no notice
 
 // checkin returns a connection to the pool, or closes it if it is broken.
 func (d *dbPool) checkin(sc *serverConn) {

@@ -155,9 +155,6 @@ type session struct {
 	// or one that made it leave its event loop) last ended: a session
 	// waits on its own goroutine while it keeps waiting (loopsession.go).
 	waitedAt int64
-	// waitNote is the query_wait_notify notice of the checkout waiting
-	// now (queued to dequeued), nil when off.
-	waitNote *waitNotice
 
 	// Atomics: written by their owner, read by anyone (the server's
 	// reader, the watchdog, the parker, shutdown, the console).
@@ -1336,7 +1333,6 @@ func (s *session) attach(held *serverConn) error {
 func (s *session) queued() *pool.Waiter[*serverConn] {
 	s.yieldLoop()
 	s.waitSince.Store(s.srv.nanotime())
-	s.waitNote = s.startWaitNotice()
 	if s.waiter == nil || s.waiterPool != s.dbp.pool {
 		w, p := pool.NewWaiter[*serverConn](), s.dbp.pool
 		s.waiter, s.waiterPool = w, p
@@ -1350,8 +1346,6 @@ func (s *session) queued() *pool.Waiter[*serverConn] {
 
 // dequeued ends the wait queued began.
 func (s *session) dequeued() {
-	s.waitNote.stop()
-	s.waitNote = nil
 	s.waitMu.Lock()
 	s.waitCancel = nil
 	s.waitMu.Unlock()

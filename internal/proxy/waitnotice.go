@@ -27,9 +27,9 @@ func noticeQueued(waited time.Duration, d *dbPool) []byte {
 		Hint:    "the request runs when a connection frees up, or fails at checkout_timeout; the operator can raise max_size"}).AppendNotice(nil)
 }
 
-// startWaitNotice arms the notice of a checkout that starts waiting; nil
-// when query_wait_notify is off.
-func (s *session) startWaitNotice() *waitNotice {
+// waitNotice arms the notice of a checkout that starts waiting; nil when
+// query_wait_notify is off.
+func (s *session) waitNotice() *waitNotice {
 	after := s.srv.cfg().QueryWaitNotify
 	if after <= 0 {
 		return nil

@@ -260,6 +260,11 @@ func TestHostsReplicaLag(t *testing.T) {
 		port, _ := serverOf(t, ctx, c)
 		return port
 	}
+	// The replica has replayed the table (on a loaded machine it may
+	// lag behind the CREATE TABLE for more than max_replica_lag).
+	eventually(t, 20*time.Second, "the replica to replay lag_t", func() bool {
+		return replica.Exec(ctx, pgtest.DBApp, "SELECT 1 FROM lag_t") == nil
+	})
 	if port := inBlock(); port != replica.Port {
 		t.Fatalf("caught up: on port %d, want the replica %d", port, replica.Port)
 	}
