@@ -194,11 +194,14 @@ type serverConn struct {
 	// now running was sent (or the previous one answered), idleTxSince when
 	// the server became idle inside a transaction.
 	busySince, queryStart, idleTxSince int64
-	// cost is what the owner's transaction has cost so far (rows and
-	// bytes forwarded; reader goroutine), and spent what the last one cost
-	// in all, server time included, set when it ended for the owner's
+	// costRows and costBytes are what the owner's transaction has cost so
+	// far (rows and bytes forwarded; added by the reader goroutine, reset
+	// by attach: atomics, as a next owner may attach while the reader
+	// still finishes the last read), and spent what the last one cost in
+	// all, server time included, set when it ended for the owner's
 	// measured rate limits (settleRead).
-	cost, spent requestCost
+	costRows, costBytes atomic.Int64
+	spent               requestCost
 	// leaseStart is when the owner's checkout for its lease began waiting
 	// (lease_timeout; 0 where no wait began it: session mode, a pinned
 	// client's next transaction). Cleared with busySince.
@@ -507,7 +510,7 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 				}
 			case 'D':
 				if !sc.drop {
-					sc.cost.rows++
+					sc.costRows.Add(1)
 				}
 				if sc.drop && (sc.snapZ.Load() == sc.zRecv || sc.checkZ.Load() == sc.zRecv || sc.syncAt(sc.zRecv)) {
 					sc.cur.Capture(maxCapture)
@@ -688,7 +691,7 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 					copy(buf[out:], buf[off:off+n])
 				}
 				out += n
-				sc.cost.bytes += int64(n)
+				sc.costBytes.Add(int64(n))
 			}
 		}
 		off += n
@@ -778,7 +781,7 @@ func (sc *serverConn) noteTimesLocked(rfqs, answered int, status byte, now int64
 	case pending > 0:
 		sc.queryStart = now // the next pipelined request is now running
 	case status == wire.TxIdle && !sc.unsynced:
-		sc.spent, sc.cost = sc.cost, requestCost{}
+		sc.spent = requestCost{rows: sc.costRows.Swap(0), bytes: sc.costBytes.Swap(0)}
 		if sc.busySince != 0 {
 			d := uint64(now - sc.busySince)
 			m.xacts.Add(1)

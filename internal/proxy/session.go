@@ -1288,7 +1288,8 @@ func (s *session) attach(held *serverConn) error {
 		// its ReadyForQuery (the client left mid-transaction), is not
 		// this owner's. Before the owner is stored: the reader's next
 		// read loads the owner first.
-		sc.cost = requestCost{}
+		sc.costRows.Store(0)
+		sc.costBytes.Store(0)
 		sc.owner.Store(s)
 		sc.busy = true
 		sc.unsynced = false
