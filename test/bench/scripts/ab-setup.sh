@@ -3,7 +3,8 @@
 # (database app, pgbench scale 10, trust auth), poolerd with event_loops off
 # on 26001 and with LOOPS loops on 26002, and PgBouncer on 26003 when
 # installed (transaction mode, pool 20 for all), and stops everything at
-# exit. The ports are below the kernel's ephemeral range, so a lingering
+# exit, and the bare Go relay of ../shared/rig on 26004 when it is there.
+# The ports are below the kernel's ephemeral range, so a lingering
 # client socket never holds them. Sets W (the work directory), targets
 # ("name:port ..."; each name's pid is in $W/NAME.pid) and as_pg.
 BIN=${POOLERD:-bin/poolerd}
@@ -36,5 +37,13 @@ if command -v pgbouncer >/dev/null; then
   [ "$(id -u)" = 0 ] && chown postgres $W/pgb.ini $W/users.txt
   as_pg pgbouncer -d $W/pgb.ini
   targets="$targets pgbouncer:26003"
+fi
+# The bare Go relay of ../shared/rig (no pooling, no parsing; 1:1 upstream
+# connections), the yardstick of what Go itself costs, when it is there.
+RELAY_DIR=${BARE_RELAY_DIR:-$(dirname "$0")/../../../../shared/rig/bare-relay}
+if [ -f "$RELAY_DIR/main.go" ] && (cd "$RELAY_DIR" && go build -o $W/bare-relay .); then
+  $W/bare-relay -mode nested -loops 1 -listen 127.0.0.1:26004 -upstream 127.0.0.1:25432 >$W/bare.log 2>&1 &
+  echo $! > $W/bare.pid
+  targets="$targets bare:26004"
 fi
 sleep 1
