@@ -15,6 +15,9 @@ import (
 type pauser interface {
 	Pause(ctx context.Context, database string) error
 	Resume(database string) error
+	// ShuttingDown reports a shutdown or drain in progress: SIGUSR2 is
+	// then ignored, as PgBouncer does (there is nothing to resume to).
+	ShuttingDown() bool
 }
 
 // pauseOnSignals turns SIGUSR1 into PAUSE and SIGUSR2 into RESUME of every
@@ -56,6 +59,10 @@ func pauseOnSignals(srv pauser, sigs <-chan os.Signal, log *zap.Logger) {
 				}
 			}(ctx, pending.done)
 		case syscall.SIGUSR2:
+			if srv.ShuttingDown() {
+				log.Info("got SIGUSR2 while shutting down, ignoring")
+				continue
+			}
 			log.Info("SIGUSR2 received: resuming (RESUME)")
 			stopPausing()
 			if err := srv.Resume(""); err != nil {

@@ -9,13 +9,21 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // fakePauser records PAUSE and RESUME; its Pause blocks until its context
 // ends, like a pause waiting for a busy server connection.
 type fakePauser struct {
-	mu     sync.Mutex
-	events []string
+	mu       sync.Mutex
+	events   []string
+	shutting bool
+}
+
+func (f *fakePauser) ShuttingDown() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.shutting
 }
 
 func (f *fakePauser) add(e string) {
@@ -69,5 +77,27 @@ func TestPauseOnSignals(t *testing.T) {
 		if got[i] != want[i] {
 			t.Fatalf("events %q, want %q", got, want)
 		}
+	}
+}
+
+// During a shutdown SIGUSR2 is ignored (PgBouncer's "got SIGUSR2 while
+// shutting down, ignoring"): nothing is resumed.
+func TestSIGUSR2IgnoredDuringShutdown(t *testing.T) {
+	f := &fakePauser{shutting: true}
+	sigs := make(chan os.Signal)
+	done := make(chan struct{})
+	core, logs := observer.New(zap.InfoLevel)
+	go func() {
+		pauseOnSignals(f, sigs, zap.New(core))
+		close(done)
+	}()
+	sigs <- syscall.SIGUSR2
+	close(sigs)
+	<-done
+	if got := f.get(); len(got) != 0 {
+		t.Fatalf("events %q during a shutdown, want none", got)
+	}
+	if logs.FilterMessage("got SIGUSR2 while shutting down, ignoring").Len() != 1 {
+		t.Fatalf("log: %v", logs.All())
 	}
 }

@@ -118,7 +118,9 @@ func (c *ConsoleConn) Register(cl ConsoleClient) (pid, key uint32, err error) {
 	srv := c.srv
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
-	if srv.shutting.Load() {
+	// A shutdown that keeps the Unix socket open takes console logins
+	// there until its end (Close cancels ctx first).
+	if srv.ctx.Err() != nil || srv.shutting.Load() && !srv.consoleOnly.Load() {
 		return 0, 0, errShuttingDown()
 	}
 	c.client = cl

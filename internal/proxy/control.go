@@ -116,7 +116,7 @@ func (srv *Server) CancelPause(database string) {
 func (srv *Server) Resume(database string) error {
 	srv.mu.Lock()
 	if database == "" {
-		if srv.shutting.Load() {
+		if srv.shutting.Load() || srv.draining {
 			srv.mu.Unlock()
 			return ErrShutdownInProgress
 		}

@@ -388,6 +388,11 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 		s.database = s.user
 	}
 	s.logged.Store(true) // log lines name the database and user from now on
+	if s.srv.consoleOnly.Load() && onUnixSocket(s.conn) && !IsConsoleDatabase(s.database) {
+		// A shutdown or drain keeps the Unix socket for the console only.
+		s.refuseLogin(errShuttingDown())
+		return false
+	}
 	if err := s.tlsRefusal(cfg.ClientTLSSSLMode); err != nil {
 		s.refuseLogin(err)
 		return false

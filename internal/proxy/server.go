@@ -110,10 +110,12 @@ type Server struct {
 	ver       atomic.Pointer[string]
 	// shutting: stopAccepting ran. idleEnd: clients are ended with 57P01
 	// at their next idle point (SIGTERM's Shutdown, SHUTDOWN
-	// WAIT_FOR_CLIENTS's Drain).
-	shutting, idleEnd           atomic.Bool
-	loginTimeouts, authFailures atomic.Uint64
-	connIDs                     atomic.Uint64 // numbers server connections and sessions alike
+	// WAIT_FOR_CLIENTS's Drain). consoleOnly: a shutdown or drain closed
+	// the TCP listeners and keeps the Unix sockets open for admin console
+	// logins only, until the clients are gone (as PgBouncer does).
+	shutting, idleEnd, consoleOnly atomic.Bool
+	loginTimeouts, authFailures    atomic.Uint64
+	connIDs                        atomic.Uint64 // numbers server connections and sessions alike
 
 	// sessWG counts one per client session, from login to its end, and
 	// one per lingering close of a client connection (closeLingering).
@@ -422,7 +424,7 @@ func isTemporary(err error) bool {
 // connection is closed (see WaitClosed).
 func (srv *Server) Shutdown(ctx context.Context) error {
 	finish := srv.loginsFinish()
-	sessions := srv.stopAccepting(!finish)
+	sessions := srv.stopAccepting(!finish, true)
 	srv.idleEnd.Store(true)
 	for _, s := range sessions {
 		if finish && !s.requested.Load() {
@@ -436,20 +438,21 @@ func (srv *Server) Shutdown(ctx context.Context) error {
 		}
 		s.terminateIfIdle()
 	}
-	srv.endConsoles()
 	// A replication stream has no idle point to wait for: it ends now,
 	// with 57P01 at the next message boundary (the client reconnects to
 	// the poolerd that serves the port next).
 	srv.endReplication("", errShuttingDown())
-	done := srv.sessionsEnded()
+	// Admin console sessions stay until the clients are gone (they may
+	// watch the shutdown); Close then ends them and closes the Unix
+	// sockets kept for them.
 	var err error
 	select {
-	case <-done:
+	case <-srv.clientsGone():
 	case <-ctx.Done():
 		err = ctx.Err()
 		srv.log.Warn("shutdown_timeout reached; closing the remaining clients")
-		srv.closeAndWait(done)
 	}
+	srv.closeAndWait(srv.sessionsEnded())
 	srv.closePools()
 	srv.cancel()
 	return err
@@ -468,9 +471,9 @@ func (srv *Server) Drain(ctx context.Context) error { return srv.drain(ctx, nil)
 func (srv *Server) drain(ctx context.Context, tick func()) error {
 	srv.mu.Lock()
 	srv.draining = true
-	for ln := range srv.listeners {
-		_ = ln.Close()
-	}
+	// A hand-over leaves the Unix socket to the new poolerd: this one
+	// must not take its logins.
+	srv.closeListenersLocked(tick == nil)
 	srv.mu.Unlock()
 	srv.idleEnd.Store(true)
 	if tick != nil {
@@ -545,7 +548,7 @@ func (srv *Server) clientSessions() int {
 // Close ends every client and server connection at once.
 func (srv *Server) Close() {
 	srv.cancel() // first: loginsFinish is false from now on
-	sessions := srv.stopAccepting(true)
+	sessions := srv.stopAccepting(true, false)
 	for _, s := range sessions {
 		s.terminate(errShuttingDown())
 	}
@@ -564,7 +567,7 @@ func (srv *Server) trackLogin(nc net.Conn, add bool) bool {
 		delete(srv.logins, nc)
 		return true
 	}
-	if srv.shutting.Load() && !srv.loginsFinish() {
+	if srv.shutting.Load() && !srv.loginsFinish() && !(srv.consoleOnly.Load() && onUnixSocket(nc)) {
 		return false
 	}
 	srv.logins[nc] = struct{}{}
@@ -590,16 +593,15 @@ func (srv *Server) loginsFinish() bool {
 // during a shutdown with loginsFinish may take to send its first request.
 const firstRequestGrace = time.Second
 
-// stopAccepting marks the server as shutting down, closes its listeners and,
-// with cutLogins, the connections still logging in, and returns the
-// sessions logged in at that moment.
-func (srv *Server) stopAccepting(cutLogins bool) []*session {
+// stopAccepting marks the server as shutting down, closes its listeners
+// (the TCP ones only with keepUnix: see closeListenersLocked) and, with
+// cutLogins, the connections still logging in, and returns the sessions
+// logged in at that moment.
+func (srv *Server) stopAccepting(cutLogins, keepUnix bool) []*session {
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
 	srv.shutting.Store(true)
-	for ln := range srv.listeners {
-		_ = ln.Close()
-	}
+	srv.closeListenersLocked(keepUnix)
 	for nc := range srv.logins {
 		if !cutLogins {
 			break
@@ -609,6 +611,48 @@ func (srv *Server) stopAccepting(cutLogins bool) []*session {
 		_ = nc.SetReadDeadline(time.Now())
 	}
 	return srv.sessionListLocked()
+}
+
+// closeListenersLocked closes the listeners. With keepUnix the Unix sockets
+// stay open for admin console logins (consoleOnly): an operator can still
+// watch a shutdown or drain with SHOW on the local socket, as with
+// PgBouncer; other logins there are refused with 57P01 (startup), and
+// Close closes them at the end.
+func (srv *Server) closeListenersLocked(keepUnix bool) {
+	for ln := range srv.listeners {
+		if _, unix := ln.Addr().(*net.UnixAddr); unix && keepUnix {
+			srv.consoleOnly.Store(true)
+			continue
+		}
+		_ = ln.Close()
+		delete(srv.listeners, ln)
+	}
+}
+
+// onUnixSocket reports whether nc came in through a Unix socket.
+func onUnixSocket(nc net.Conn) bool {
+	_, unix := nc.LocalAddr().(*net.UnixAddr)
+	return unix
+}
+
+// clientsGone returns a channel closed once no client is connected or
+// logging in (clientSessions is 0); admin console connections do not count.
+func (srv *Server) clientsGone() <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(20 * time.Millisecond)
+		defer t.Stop()
+		for srv.clientSessions() > 0 {
+			select {
+			case <-t.C:
+			case <-srv.ctx.Done():
+				close(done)
+				return
+			}
+		}
+		close(done)
+	}()
+	return done
 }
 
 func (srv *Server) closePools() {

@@ -362,8 +362,15 @@ func (srv *Server) LoginTimeouts() uint64 { return srv.loginTimeouts.Load() }
 func (srv *Server) AuthFailures() uint64 { return srv.authFailures.Load() }
 
 // ShuttingDown reports whether the server is shutting down (a signal, or
-// SHUTDOWN on the console).
-func (srv *Server) ShuttingDown() bool { return srv.shuttingDown() }
+// SHUTDOWN on the console), or draining (SHUTDOWN WAIT_FOR_CLIENTS).
+func (srv *Server) ShuttingDown() bool {
+	if srv.shuttingDown() {
+		return true
+	}
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	return srv.draining
+}
 
 // Paused reports whether every database is paused (PAUSE without a
 // database on the console; RESUME ends it).

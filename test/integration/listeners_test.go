@@ -9,6 +9,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -246,5 +247,107 @@ func TestIniHTTPPortInUse(t *testing.T) {
 	strict := lcStartBinary(t, bin, "--config", yaml)
 	if code, _ := strict.wait(t, 15*time.Second); code == 0 || !strings.Contains(strict.stderr.String(), "listen on 127.0.0.1:9930 (http_listen") {
 		t.Errorf("YAML with the default http_listen in use: exit %d\n%s", code, strict.stderr.String())
+	}
+}
+
+// TestShutdownKeepsUnixSocketForConsole: SIGINT (safe shutdown) and SIGTERM
+// (SHUTDOWN WAIT_FOR_CLIENTS) close the TCP listeners at once but keep the
+// Unix socket open for admin console logins until the last client has
+// left, as PgBouncer does: an operator can watch the shutdown with SHOW on
+// the local socket. Other logins there get 57P01; RESUME is refused with
+// "pooler is shutting down"; a console connected before the signal keeps
+// working; once the clients are gone the process exits and the socket with
+// it.
+func TestShutdownKeepsUnixSocketForConsole(t *testing.T) {
+	t.Parallel()
+	bin := lcBuildBinary(t)
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
+		t.Run(sig.String(), func(t *testing.T) {
+			t.Parallel()
+			addr := lcFreeAddr(t)
+			sockDir := t.TempDir()
+			file := filepath.Join(t.TempDir(), "poolerd.yaml")
+			lcWrite(t, file, fmt.Sprintf(`listen: %s
+unix_socket_dir: %s
+pool_mode: transaction
+auth_type: hba
+auth_hba_rules:
+  - {type: local, database: all, user: all, method: trust}
+  - {type: host, database: all, user: all, address: 127.0.0.1/32, method: trust}
+`, addr, sockDir))
+			proc := lcStartBinary(t, bin, "--config", file, "--http-listen=", "--upstream", pg.DSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp))
+			_, port, _ := net.SplitHostPort(addr)
+			tcpDSN := fmt.Sprintf("host=127.0.0.1 port=%s user=%s dbname=%s sslmode=disable", port, pgtest.RoleApp, pgtest.DBApp)
+			unixDSN := fmt.Sprintf("host=%s port=%s user=%s dbname=%s sslmode=disable", sockDir, port, pgtest.RoleApp, pgtest.DBApp)
+			consoleDSN := fmt.Sprintf("host=%s port=%s user=pgbouncer dbname=pgbouncer sslmode=disable", sockDir, port)
+			run := func(c *pgconn.PgConn, sql string) error {
+				_, err := c.Exec(ctxTimeout(t, 5*time.Second), sql).ReadAll()
+				return err
+			}
+
+			client, err := connectAnswered(t, proc, tcpDSN)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer client.Close(context.Background())
+			if err := run(client, "BEGIN; SELECT 1"); err != nil {
+				t.Fatal(err)
+			}
+			before, err := connectAnswered(t, proc, consoleDSN)
+			if err != nil {
+				t.Fatalf("console over the Unix socket: %v", err)
+			}
+			defer before.Close(context.Background())
+			if err := proc.cmd.Process.Signal(sig); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, 5*time.Second, "the TCP listener to close", func() bool {
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				defer cancel()
+				c, err := pgconn.Connect(ctx, tcpDSN)
+				if err == nil {
+					c.Close(context.Background())
+				}
+				return err != nil && strings.Contains(err.Error(), "refused")
+			})
+
+			// The console is served on the Unix socket, new and old.
+			adm, err := connectAnswered(t, proc, consoleDSN)
+			if err != nil {
+				t.Fatalf("console login over the Unix socket during the shutdown: %v\n%s", err, proc.stderr.String())
+			}
+			defer adm.Close(context.Background())
+			if err := run(adm, "SHOW VERSION"); err != nil {
+				t.Errorf("SHOW VERSION during the shutdown: %v", err)
+			}
+			if err := run(before, "SHOW CLIENTS"); err != nil {
+				t.Errorf("SHOW CLIENTS on a console connected before the signal: %v", err)
+			}
+			var pe *pgconn.PgError
+			if err := run(adm, "RESUME"); !errors.As(err, &pe) || pe.Code != "08P01" || pe.Message != "pooler is shutting down" {
+				t.Errorf("RESUME during the shutdown: %v, want 08P01 pooler is shutting down", err)
+			}
+			// Any other login there is refused.
+			if _, err := connectAnswered(t, proc, unixDSN); !errors.As(err, &pe) || pe.Code != "57P01" {
+				t.Errorf("a client login over the Unix socket during the shutdown: %v, want 57P01", err)
+			}
+
+			// The client's transaction finishes; then it is gone and so is
+			// poolerd (SIGINT ends it at its idle point; SIGTERM waits for
+			// it to leave).
+			if err := run(client, "COMMIT"); err != nil {
+				t.Errorf("COMMIT during the shutdown: %v", err)
+			}
+			if sig == syscall.SIGTERM {
+				client.Close(context.Background())
+			}
+			if code, _ := proc.wait(t, 10*time.Second); code != 0 {
+				t.Errorf("exit status %d", code)
+			}
+			if c, err := pgconn.Connect(ctxTimeout(t, 2*time.Second), consoleDSN); err == nil {
+				c.Close(context.Background())
+				t.Error("the Unix socket still answers after the exit")
+			}
+		})
 	}
 }
