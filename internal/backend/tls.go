@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+
+	"github.com/poolerd/poolerd/internal/certcheck"
 )
 
 // Values of server_tls_sslmode, as libpq's sslmode and PgBouncer's
@@ -102,22 +104,14 @@ func (t *TLS) negotiate(nc net.Conn, host string) (net.Conn, error) {
 	cfg := t.Config.Clone()
 	switch t.mode() {
 	case TLSVerifyFull:
+		// The chain, and the host in a subject alternative name or, in a
+		// certificate without any, in the common name (as libpq).
 		cfg.ServerName = host
+		certcheck.Config(cfg, host)
 	case TLSVerifyCA:
 		// The chain is checked, the host name is not (as libpq's
 		// verify-ca).
-		cfg.InsecureSkipVerify = true
-		cfg.VerifyConnection = func(cs tls.ConnectionState) error {
-			if len(cs.PeerCertificates) == 0 {
-				return errors.New("server sent no certificate")
-			}
-			opts := x509.VerifyOptions{Roots: t.Config.RootCAs, Intermediates: x509.NewCertPool()}
-			for _, c := range cs.PeerCertificates[1:] {
-				opts.Intermediates.AddCert(c)
-			}
-			_, err := cs.PeerCertificates[0].Verify(opts)
-			return err
-		}
+		certcheck.Config(cfg, "")
 	default: // prefer, allow (on retry), require: encrypted, not verified
 		cfg.InsecureSkipVerify = true
 	}

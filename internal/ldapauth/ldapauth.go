@@ -23,6 +23,8 @@ import (
 	"time"
 
 	"github.com/go-ldap/ldap/v3"
+
+	"github.com/poolerd/poolerd/internal/certcheck"
 )
 
 // Options are the LDAP settings of PostgreSQL's ldap method.
@@ -346,31 +348,8 @@ func tlsConfig(host string) (*tls.Config, error) {
 		tc.InsecureSkipVerify = true
 		return tc, nil
 	}
-	roots := tc.RootCAs
-	tc.InsecureSkipVerify = true // verified here, with the common-name fallback
-	tc.VerifyConnection = func(cs tls.ConnectionState) error { return verifyLDAPServer(cs, roots, host) }
+	// The common name counts when the certificate has no subject
+	// alternative name, as OpenLDAP's client library allows.
+	certcheck.Config(tc, host)
 	return tc, nil
-}
-
-// verifyLDAPServer checks the server's chain against roots (nil: the
-// system's) and that it names host: in a subject alternative name, or,
-// when it has none, in its common name (OpenLDAP's client library does so).
-func verifyLDAPServer(cs tls.ConnectionState, roots *x509.CertPool, host string) error {
-	if len(cs.PeerCertificates) == 0 {
-		return errors.New("the LDAP server sent no certificate")
-	}
-	leaf := cs.PeerCertificates[0]
-	inter := x509.NewCertPool()
-	for _, c := range cs.PeerCertificates[1:] {
-		inter.AddCert(c)
-	}
-	if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter}); err != nil {
-		return err
-	}
-	err := leaf.VerifyHostname(host)
-	if err != nil && len(leaf.DNSNames) == 0 && len(leaf.IPAddresses) == 0 && len(leaf.URIs) == 0 &&
-		strings.EqualFold(leaf.Subject.CommonName, host) {
-		return nil
-	}
-	return err
 }

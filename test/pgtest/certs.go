@@ -26,14 +26,20 @@ type TLSFiles struct {
 	// ClientCert and ClientKey are a client certificate for RoleApp (CN),
 	// for PostgreSQL's cert authentication.
 	ClientCert, ClientKey string
+	// CNOnlyCert and CNOnlyKey are a server certificate that names
+	// "localhost" in its common name only, without a subject alternative
+	// name (as older internal CAs issue them).
+	CNOnlyCert, CNOnlyKey string
 }
 
 // MakeTLSFiles writes a new CA, a server certificate for localhost and
-// 127.0.0.1, and a client certificate for RoleApp into dir.
+// 127.0.0.1, a client certificate for RoleApp, and a server certificate
+// naming localhost in its common name only into dir.
 func MakeTLSFiles(dir string) (TLSFiles, error) {
 	f := TLSFiles{CA: filepath.Join(dir, "ca.crt"),
 		ServerCert: filepath.Join(dir, "server.crt"), ServerKey: filepath.Join(dir, "server.key"),
-		ClientCert: filepath.Join(dir, "client.crt"), ClientKey: filepath.Join(dir, "client.key")}
+		ClientCert: filepath.Join(dir, "client.crt"), ClientKey: filepath.Join(dir, "client.key"),
+		CNOnlyCert: filepath.Join(dir, "cn-only.crt"), CNOnlyKey: filepath.Join(dir, "cn-only.key")}
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return f, err
@@ -78,6 +84,10 @@ func MakeTLSFiles(dir string) (TLSFiles, error) {
 	if err := issue(3, &x509.Certificate{Subject: pkix.Name{CommonName: RoleApp},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}, f.ClientCert, f.ClientKey); err != nil {
 		return f, fmt.Errorf("pgtest: client certificate: %w", err)
+	}
+	if err := issue(4, &x509.Certificate{Subject: pkix.Name{CommonName: "localhost"},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}, f.CNOnlyCert, f.CNOnlyKey); err != nil {
+		return f, fmt.Errorf("pgtest: common-name-only certificate: %w", err)
 	}
 	return f, nil
 }
