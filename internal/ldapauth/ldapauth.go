@@ -325,26 +325,29 @@ func (o Options) dial(ctx context.Context) (*ldap.Conn, error) {
 	return nil, fmt.Errorf("no LDAP server answered: %w", errors.Join(errs...))
 }
 
-// tlsConfig verifies the LDAP server's certificate against the system's
-// roots, or against the file LDAPTLS_CACERT names, and not at all with
-// LDAPTLS_REQCERT=never: the environment variables of OpenLDAP's client
-// library, which PostgreSQL's LDAP authentication follows. As that library,
-// a certificate with no subject alternative name may name the host in its
-// common name (Go's own check no longer looks there).
+// tlsConfig verifies the LDAP server's certificate as OpenLDAP's client
+// library (which PostgreSQL's and PgBouncer's LDAP authentication use) is
+// configured to (ldapTLSSettings): against the system's roots, or the CA
+// file of TLS_CACERT, and not at all with TLS_REQCERT never or allow. As
+// that library, a certificate with no subject alternative name may name the
+// host in its common name (Go's own check no longer looks there).
 func tlsConfig(host string) (*tls.Config, error) {
 	tc := &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
-	if f := os.Getenv("LDAPTLS_CACERT"); f != "" {
-		pem, err := os.ReadFile(f)
+	st := ldapTLSSettings()
+	if st.caFile != "" {
+		pem, err := os.ReadFile(st.caFile)
 		if err != nil {
-			return nil, fmt.Errorf("LDAPTLS_CACERT: %w", err)
+			return nil, fmt.Errorf("TLS_CACERT (%s): %w", st.from, err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("LDAPTLS_CACERT %s holds no PEM certificate", f)
+			return nil, fmt.Errorf("TLS_CACERT %s (%s) holds no PEM certificate", st.caFile, st.from)
 		}
 		tc.RootCAs = pool
 	}
-	if strings.EqualFold(os.Getenv("LDAPTLS_REQCERT"), "never") {
+	switch strings.ToLower(st.reqCert) {
+	case "never", "allow":
+		// allow: a bad certificate does not end the session either.
 		tc.InsecureSkipVerify = true
 		return tc, nil
 	}
@@ -352,4 +355,61 @@ func tlsConfig(host string) (*tls.Config, error) {
 	// alternative name, as OpenLDAP's client library allows.
 	certcheck.Config(tc, host)
 	return tc, nil
+}
+
+// ldapTLS is OpenLDAP's client TLS configuration: what poolerd honours of
+// it.
+type ldapTLS struct {
+	caFile  string // TLS_CACERT
+	reqCert string // TLS_REQCERT: never, allow, try, demand, hard
+	from    string // where caFile was set, for errors
+}
+
+// ldapTLSSettings reads the TLS settings of OpenLDAP's client library as it
+// does: the system's ldap.conf (/etc/ldap/ldap.conf, or
+// /etc/openldap/ldap.conf), then the file $LDAPCONF names, then the
+// environment (LDAPTLS_CACERT, LDAPTLS_REQCERT), each over the one before;
+// nothing when LDAPNOINIT is set. ldaprc files in the user's home are not
+// read: poolerd is a daemon.
+func ldapTLSSettings() ldapTLS {
+	var st ldapTLS
+	if _, ok := os.LookupEnv("LDAPNOINIT"); ok {
+		return st
+	}
+	files := []string{"/etc/ldap/ldap.conf"}
+	if _, err := os.Stat(files[0]); err != nil {
+		files[0] = "/etc/openldap/ldap.conf"
+	}
+	if f := os.Getenv("LDAPCONF"); f != "" {
+		files = append(files, f)
+	}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			key, value, ok := strings.Cut(strings.TrimSpace(line), " ")
+			if !ok {
+				key, value, ok = strings.Cut(strings.TrimSpace(line), "\t")
+			}
+			if !ok || strings.HasPrefix(key, "#") {
+				continue
+			}
+			value = strings.TrimSpace(value)
+			switch strings.ToUpper(key) {
+			case "TLS_CACERT":
+				st.caFile, st.from = value, f
+			case "TLS_REQCERT":
+				st.reqCert = value
+			}
+		}
+	}
+	if v := os.Getenv("LDAPTLS_CACERT"); v != "" {
+		st.caFile, st.from = v, "LDAPTLS_CACERT"
+	}
+	if v := os.Getenv("LDAPTLS_REQCERT"); v != "" {
+		st.reqCert = v
+	}
+	return st
 }
