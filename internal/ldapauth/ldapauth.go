@@ -101,8 +101,6 @@ func Parse(opts map[string]string) (Options, error) {
 		return Options{}, errors.New("LDAP search+bind mode needs ldapbasedn")
 	case o.SearchAttribute != "" && o.SearchFilter != "":
 		return Options{}, errors.New("LDAP options ldapsearchattribute and ldapsearchfilter cannot be used together")
-	case o.StartTLS && o.Scheme == "ldaps":
-		return Options{}, errors.New("LDAP options ldaptls and ldapscheme ldaps cannot be used together: ldaps is TLS already")
 	case !search && o.Prefix == "" && o.Suffix == "":
 		return Options{}, errors.New("LDAP authentication needs ldapbasedn (search+bind mode) or ldapprefix and ldapsuffix (simple bind mode)")
 	}
@@ -291,6 +289,11 @@ const dialTimeout = 10 * time.Second
 // dial connects to the first server that answers, with TLS as the options
 // say.
 func (o Options) dial(ctx context.Context) (*ldap.Conn, error) {
+	if o.StartTLS && o.Scheme == "ldaps" {
+		// Accepted in the file, as PostgreSQL and PgBouncer accept it;
+		// every login through it fails, as theirs do.
+		return nil, errors.New("ldaptls=1 with ldapscheme ldaps (or an ldaps:// URL): StartTLS over a connection that is TLS already; remove one of them")
+	}
 	port := o.Port
 	if port == 0 {
 		port = 389

@@ -59,6 +59,15 @@ func TestAuthenticate(t *testing.T) {
 	if err := o.Authenticate(ctx, "alice@example.net", "alice-pw"); err != nil {
 		t.Errorf("found by mail: %v", err)
 	}
+	// ldaptls with ldaps is accepted in the file (as PostgreSQL and
+	// PgBouncer do) and fails every login, saying why.
+	both, err := ParseString(`ldapurl="ldaps://127.0.0.1:` + port + `/` + people + `?uid?sub" ldaptls=1`)
+	if err != nil {
+		t.Fatalf("ldaptls with an ldaps URL: %v", err)
+	}
+	if err := both.Authenticate(ctx, "alice", "alice-pw"); err == nil || errors.Is(err, ErrBadCredentials) || !strings.Contains(err.Error(), "StartTLS over a connection that is TLS already") {
+		t.Errorf("ldaptls with ldaps: %v", err)
+	}
 	// A server that does not answer is not a wrong password.
 	down, err := ParseString(`ldapserver=127.0.0.1 ldapport=1 ldapprefix="uid=" ldapsuffix=",` + people + `"`)
 	if err != nil {
@@ -79,7 +88,6 @@ func TestParse(t *testing.T) {
 		{`ldapserver=h ldapbasedn=x ldapfoo=1`, "unknown LDAP option"},
 		{`ldapserver=h ldapbasedn=x ldapport=99999`, "out of range"},
 		{`ldapserver=h ldapbasedn="x`, "no closing quote"},
-		{`ldapserver=h ldapbasedn=x ldaptls=1 ldapscheme=ldaps`, "cannot be used together"},
 		{`ldapurl="http://h/x"`, "unsupported LDAP URL scheme"},
 		{`ldapurl="ldap://h/x?uid?subtree"`, "unsupported LDAP URL scope"},
 	} {
