@@ -327,7 +327,10 @@ type field []token
 // tokenize splits a line into fields separated by blanks; within a field
 // items are separated by commas, and a field ending with a comma goes on
 // in the next word ("a, b" is one field). Double quotes keep blanks,
-// commas and keywords literal ("" is a quote inside quotes).
+// commas and keywords literal ("" is a quote inside quotes). As
+// PostgreSQL's tokenizer, a comma with nothing before it is skipped
+// ("a,,b" is a and b; ",b" after a blank starts a field b) and one at the
+// end of the line ends its field.
 func tokenize(line string) ([]field, error) {
 	var fields []field
 	var cur field
@@ -356,7 +359,7 @@ func tokenize(line string) ([]field, error) {
 			inQuote, quoted, has = true, true, true
 		case c == ',':
 			if !has {
-				return nil, errors.New("empty item in a comma-separated list")
+				continue
 			}
 			flushTok()
 			cont = true
@@ -377,9 +380,6 @@ func tokenize(line string) ([]field, error) {
 	}
 	if inQuote {
 		return nil, errors.New("unterminated quoted string")
-	}
-	if cont && !has {
-		return nil, errors.New("list ends with a comma")
 	}
 	flushTok()
 	if len(cur) > 0 {

@@ -2,6 +2,7 @@ package hba
 
 import (
 	"errors"
+	"github.com/poolerd/poolerd/internal/ldapauth"
 	"net"
 	"strings"
 	"testing"
@@ -85,7 +86,6 @@ func TestParseErrors(t *testing.T) {
 		{"host all all all cert", "only available for hostssl"},
 		{"host all all all md5 clientcert", "name=value"},
 		{`host "all all all md5`, "unterminated"},
-		{"host a,,b all all md5", "empty item"},
 		{"host @list all all md5", "only read from auth_hba_file"},
 		{"host all all all peer", "only supported on local sockets"},
 		{"local all all md5 map=m", "only valid for the peer and cert methods"},
@@ -93,6 +93,44 @@ func TestParseErrors(t *testing.T) {
 		_, err := Parse("f", []byte(tc.line), nil)
 		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "f:1") {
 			t.Errorf("%q: got %v, want an error with %q and the line", tc.line, err, tc.want)
+		}
+	}
+}
+
+// Commas as PostgreSQL's tokenizer takes them: an empty item is skipped,
+// a comma opening a field (after a blank) is too, and one at the end of
+// the line ends its field; a quoted option name is its text
+// (PgBouncer's suite writes such lines).
+func TestCommasAndQuotes(t *testing.T) {
+	for _, tc := range []struct {
+		line string
+		dbs  string
+		ldap func(o *ldapauth.Options) bool
+	}{
+		{"host a,,b all all md5", "a,b", nil},
+		{"host a, ,b all all md5", "a,b", nil},
+		{"host a,b, c all all md5", "a,b,c", nil},
+		{"host a all all md5,", "a", nil},
+		{`host all all 0.0.0.0/0 ldap ldapserver=127.0.0.1 "ldapport"=1389 ldapbasedn="dc=example,dc=net" ,ldapsearchfilter="uid=$username"`,
+			"all", func(o *ldapauth.Options) bool {
+				return o.Port == 1389 && o.BaseDN == "dc=example,dc=net" && o.SearchFilter == "uid=$username"
+			}},
+	} {
+		rules, err := Parse("f", []byte(tc.line), nil)
+		if err != nil {
+			t.Errorf("%q: %v", tc.line, err)
+			continue
+		}
+		r := rules[0]
+		var dbs []string
+		for _, n := range r.Databases {
+			dbs = append(dbs, n.Value)
+		}
+		if strings.Join(dbs, ",") != tc.dbs {
+			t.Errorf("%q: databases %q, want %s", tc.line, dbs, tc.dbs)
+		}
+		if tc.ldap != nil && (r.LDAP == nil || !tc.ldap(r.LDAP)) {
+			t.Errorf("%q: LDAP options %+v", tc.line, r.LDAP)
 		}
 	}
 }
