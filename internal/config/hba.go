@@ -130,6 +130,10 @@ func (c *Config) validateAuthQuery(bad func(string, ...any)) {
 		switch {
 		case dbname == WildcardDatabase:
 			bad("%sauth_dbname %q: name a database entry, not the wildcard", where, dbname)
+		case IsConsoleDatabase(dbname) && where == "":
+			// PgBouncer refuses this one setting at start (a database
+			// entry's is refused at login, below).
+			bad("auth_dbname %q: cannot use the reserved %q database as an auth_dbname: it is the admin console's, which cannot run auth_query; name a database entry", dbname, dbname)
 		case IsConsoleDatabase(dbname):
 			warn("%sauth_dbname %q is the admin console's database, which cannot run auth_query: logins that need it are refused", where, dbname)
 		case c.entry(dbname) == nil && c.entry(WildcardDatabase) == nil && (c.upstream == nil || c.upstream.Database != dbname):

@@ -117,6 +117,11 @@ databases:
 	if _, err := load(t, up+"auth_dbname: '*'\ndatabases:\n  - {name: '*', host: h}\n"); err == nil || !strings.Contains(err.Error(), `auth_dbname "*": name a database entry, not the wildcard`) {
 		t.Errorf("auth_dbname '*': got %v", err)
 	}
+	// The global auth_dbname naming the console stops the start, as in
+	// PgBouncer; a database entry's is a warning (its logins are refused).
+	if _, err := load(t, up+"auth_dbname: pgbouncer\n"); err == nil || !strings.Contains(err.Error(), `cannot use the reserved "pgbouncer" database as an auth_dbname`) {
+		t.Errorf("auth_dbname pgbouncer: got %v", err)
+	}
 	for yaml, want := range map[string]string{
 		"auth_user: app\nauth_query: SELECT 1\n":                                            `auth_query "SELECT 1" has no $1`,
 		"databases:\n  - {name: a, host: h, auth_user: u, auth_query: 'SELECT 1'}\n":        `database "a" auth_query "SELECT 1" has no $1`,
