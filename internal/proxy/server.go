@@ -538,11 +538,21 @@ func (srv *Server) closeAndWait(done <-chan struct{}) {
 }
 
 // clientSessions counts connected clients (not console connections),
-// replication connections included, and connections still logging in.
+// replication connections included, and connections still logging in;
+// once the Unix socket takes console logins only (consoleOnly), not those
+// logging in there, which never become clients.
 func (srv *Server) clientSessions() int {
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
-	return len(srv.logins) + len(srv.sessions) + len(srv.repl)
+	logins := len(srv.logins)
+	if srv.consoleOnly.Load() {
+		for nc := range srv.logins {
+			if onUnixSocket(nc) {
+				logins--
+			}
+		}
+	}
+	return logins + len(srv.sessions) + len(srv.repl)
 }
 
 // Close ends every client and server connection at once.

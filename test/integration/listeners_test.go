@@ -331,6 +331,13 @@ auth_hba_rules:
 			if _, err := connectAnswered(t, proc, unixDSN); !errors.As(err, &pe) || pe.Code != "57P01" {
 				t.Errorf("a client login over the Unix socket during the shutdown: %v, want 57P01", err)
 			}
+			// A connection to the Unix socket that sends nothing does not
+			// hold the exit up (it could only become a console session).
+			silent, err := net.Dial("unix", filepath.Join(sockDir, ".s.PGSQL."+port))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer silent.Close()
 
 			// The client's transaction finishes; then it is gone and so is
 			// poolerd (SIGINT ends it at its idle point; SIGTERM waits for
