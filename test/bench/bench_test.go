@@ -513,6 +513,25 @@ func TestCPUReport(t *testing.T) {
 		"| simple | 16 | 1.00 | 3.00 | 0.33× |",
 	})
 
+	// With the bare relay (a yardstick): its CPU, and poolerd's over it.
+	// Bare relay: 20 ticks and 10,000 switches over 20,000 transactions.
+	res.targets = append(res.targets, &target{name: targetBare, matrixOnly: true})
+	res.runs = append(append([]*pgbenchRun(nil), runs...), run(targetBare, 1, 10000, 10, 5000), run(targetBare, 2, 10000, 10, 5000))
+	out = renderReport(res)
+	checkTable(out, "## CPU seconds per 10,000 transactions", []string{
+		"| mode | clients | poolerd | PgBouncer | poolerd / PgBouncer | bare relay | poolerd / bare relay | machine, direct | machine, poolerd | machine, pgbouncer | machine, bare relay |",
+		"|---|---|---|---|---|---|---|---|---|---|---|",
+		"| simple | 16 | 0.200 | 0.400 | 0.50× | 0.100 | 2.00× | 2.500 | 6.667 | 10.000 | 10.000 |",
+	})
+	checkTable(out, "Context switches per transaction of the pooler process", []string{
+		"| mode | clients | poolerd ctx switches / txn | PgBouncer ctx switches / txn | poolerd / PgBouncer | bare relay ctx switches / txn |",
+		"|---|---|---|---|---|---|",
+		"| simple | 16 | 1.00 | 3.00 | 0.33× | 0.50 |",
+	})
+	if others(res.targets)[len(others(res.targets))-1].name != targetPgbouncer {
+		t.Error("the bare relay is not left out of the storm, churn and idle tests")
+	}
+
 	// Without PgBouncer there is no PgBouncer column and no ratio.
 	res.targets, res.runs = res.targets[:2], runs[:5]
 	out = renderReport(res)

@@ -70,6 +70,10 @@ type options struct {
 	poolerdEnv   []string // POOLERD_* settings for the poolerd target (-poolerd-env)
 	pgbouncerBin string
 	noPgbouncer  bool
+	// bareRelay is the directory of the bare Go relay (a yardstick in the
+	// matrix); "" for ../shared/rig/bare-relay beside the repository,
+	// "off" for none.
+	bareRelay string
 	noLog        bool
 	quick        bool
 	// tls: TLS on both sides (PostgreSQL accepts hostssl only, both
@@ -126,6 +130,7 @@ func mainExit() int {
 	})
 	fs.StringVar(&o.pgbouncerBin, "pgbouncer", "", "pgbouncer binary (default: pgbouncer on PATH, skipped when absent)")
 	fs.BoolVar(&o.noPgbouncer, "no-pgbouncer", false, "do not run PgBouncer even if installed")
+	fs.StringVar(&o.bareRelay, "bare-relay", "", "directory of the bare Go relay, a yardstick in the pgbench matrix (default: ../shared/rig/bare-relay beside the repository when it is there; off: none; never with -tls)")
 	fs.BoolVar(&o.noLog, "no-txlog", false, "no per-transaction pgbench logs (no p50/p99; slightly less pgbench CPU)")
 	fs.BoolVar(&o.tls, "tls", false, "TLS on both sides: PostgreSQL accepts hostssl only; poolerd and PgBouncer with client_tls_sslmode and server_tls_sslmode require; pgbench with sslmode=require")
 	fs.BoolVar(&o.quick, "quick", false, "smoke run: -T 3 -rounds 1 -idle-clients 1000 (explicit flags win)")
@@ -470,6 +475,14 @@ func run(ctx context.Context, o options, cl *cleaner) error {
 		cl.add(pb.stop)
 		res.targets = append(res.targets, pb)
 	}
+	if dir := bareRelayDir(o, root); dir != "" && !o.noMatrix {
+		br, err := bareRelayTarget(ctx, dir, workDir, pg)
+		if err != nil {
+			return err
+		}
+		cl.add(br.stop)
+		res.targets = append(res.targets, br)
+	}
 	for _, t := range res.targets[1:] {
 		logf("bench: starting %s on %s", t.name, t.addr())
 		if err := t.start(ctx); err != nil {
@@ -541,10 +554,10 @@ func run(ctx context.Context, o options, cl *cleaner) error {
 	}
 	total *= o.rounds
 	if o.stormClients > 0 {
-		total += o.rounds * len(res.targets)
+		total += o.rounds * len(others(res.targets))
 	}
 	if o.churn.seconds > 0 {
-		total += o.rounds * (len(res.targets) - 1)
+		total += o.rounds * (len(others(res.targets)) - 1)
 	}
 	done := 0
 	matrixStart := time.Now()
@@ -606,8 +619,9 @@ func run(ctx context.Context, o options, cl *cleaner) error {
 			}
 		}
 		if o.stormClients > 0 {
-			for i := range res.targets {
-				t := res.targets[(i+round-1)%len(res.targets)]
+			storm := others(res.targets)
+			for i := range storm {
+				t := storm[(i+round-1)%len(storm)]
 				if err := t.ensureRunning(ctx, logf); err != nil {
 					return err
 				}
@@ -626,7 +640,7 @@ func run(ctx context.Context, o options, cl *cleaner) error {
 		if o.churn.seconds > 0 {
 			// The poolers only: direct PostgreSQL would fork a backend per
 			// login and a burst would pass its max_connections.
-			pool := res.targets[1:]
+			pool := others(res.targets)[1:]
 			for i := range pool {
 				t := pool[(i+round-1)%len(pool)]
 				if err := t.ensureRunning(ctx, logf); err != nil {
@@ -656,7 +670,7 @@ func run(ctx context.Context, o options, cl *cleaner) error {
 		for _, t := range res.targets[1:] {
 			t.stop()
 		}
-		for _, t := range res.targets[1:] {
+		for _, t := range others(res.targets)[1:] {
 			ir, err := idleTest(ctx, t, o.idleClients)
 			if err != nil {
 				return err
@@ -876,4 +890,32 @@ func gatherInfo(root string, pg *pgtest.Server, poolerdBin, pgbouncerBin, pgbenc
 	}
 	i.Commit = commit
 	return i
+}
+
+// others is targets without the matrix-only ones (the bare relay).
+func others(targets []*target) []*target {
+	var out []*target
+	for _, t := range targets {
+		if !t.matrixOnly {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// bareRelayDir is where the bare relay's source is, or "" for none: -tls
+// runs have none (the relay would pass TLS through to PostgreSQL, so it
+// would measure PostgreSQL's TLS, not a pooler's).
+func bareRelayDir(o options, root string) string {
+	switch {
+	case o.bareRelay == "off" || o.tls:
+		return ""
+	case o.bareRelay != "":
+		return o.bareRelay
+	}
+	dir := filepath.Join(filepath.Dir(root), "shared", "rig", "bare-relay")
+	if _, err := os.Stat(filepath.Join(dir, "main.go")); err != nil {
+		return ""
+	}
+	return dir
 }

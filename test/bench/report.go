@@ -101,6 +101,9 @@ type report struct {
 	storms map[string]*agg
 	names  []string // target names in order
 	hasPB  bool
+	// hasBare: the bare Go relay ran in the matrix (a yardstick: what Go
+	// itself costs per transaction; not a pooler).
+	hasBare bool
 	b      strings.Builder
 }
 
@@ -116,6 +119,9 @@ func renderReport(res *results) string {
 		r.names = append(r.names, t.name)
 		if t.name == targetPgbouncer {
 			r.hasPB = true
+		}
+		if t.name == targetBare {
+			r.hasBare = true
 		}
 	}
 	group := map[cellKey][]*pgbenchRun{}
@@ -692,6 +698,10 @@ func (r *report) cpuTable() {
 		head += " PgBouncer | poolerd / PgBouncer |"
 		sep += "---|---|"
 	}
+	if r.hasBare {
+		head += " bare relay | poolerd / bare relay |"
+		sep += "---|---|"
+	}
 	for _, n := range r.names {
 		head += " machine, " + n + " |"
 		sep += "---|"
@@ -704,6 +714,10 @@ func (r *report) cpuTable() {
 			row := fmt.Sprintf("| %s | %d | %s |", mode, c, fmtF(pd.cpuPer10k(r.ticks), 3))
 			if r.hasPB {
 				row += fmt.Sprintf(" %s | %s |", fmtF(pb.cpuPer10k(r.ticks), 3), fmtRatio(ratio(pd.cpuPer10k(r.ticks), pb.cpuPer10k(r.ticks))))
+			}
+			if r.hasBare {
+				br := r.cell(mode, c, targetBare)
+				row += fmt.Sprintf(" %s | %s |", fmtF(br.cpuPer10k(r.ticks), 3), fmtRatio(ratio(pd.cpuPer10k(r.ticks), br.cpuPer10k(r.ticks))))
 			}
 			for _, n := range r.names {
 				row += " " + fmtF(r.cell(mode, c, n).machPer10k(r.ticks), 3) + " |"
@@ -728,6 +742,10 @@ func (r *report) ctxTable() {
 		head += " PgBouncer ctx switches / txn | poolerd / PgBouncer |"
 		sep += "---|---|"
 	}
+	if r.hasBare {
+		head += " bare relay ctx switches / txn |"
+		sep += "---|"
+	}
 	r.p("%s", head)
 	r.p("%s", sep)
 	for _, mode := range r.opts.modes {
@@ -737,6 +755,9 @@ func (r *report) ctxTable() {
 			if r.hasPB {
 				pb := r.cell(mode, c, targetPgbouncer).ctxPerTxn()
 				row += fmt.Sprintf(" %s | %s |", fmtF(pb, 2), fmtRatio(ratio(pd, pb)))
+			}
+			if r.hasBare {
+				row += fmt.Sprintf(" %s |", fmtF(r.cell(mode, c, targetBare).ctxPerTxn(), 2))
 			}
 			r.p("%s", row)
 		}
@@ -765,6 +786,10 @@ func (r *report) addedLatency() {
 		head += " added by PgBouncer, mean |"
 		sep += "---|"
 	}
+	if r.hasBare {
+		head += " bare relay added | poolerd / bare relay |"
+		sep += "---|---|"
+	}
 	r.p("%s", head)
 	r.p("%s", sep)
 	for _, mode := range r.opts.modes {
@@ -792,6 +817,10 @@ func (r *report) addedLatency() {
 			} else {
 				row += fmt.Sprintf(" %s µs |", signed(mean(pb)-mean(d)))
 			}
+		}
+		if r.hasBare {
+			br := r.cell(mode, 1, targetBare)
+			row += fmt.Sprintf(" %s µs | %s |", signed(med(br)-med(d)), addedRatio(med(pd)-med(d), med(br)-med(d)))
 		}
 		r.p("%s", row)
 	}

@@ -21,6 +21,7 @@ const (
 	targetDirect    = "direct"
 	targetPoolerd   = "poolerd"
 	targetPgbouncer = "pgbouncer"
+	targetBare      = "bare relay"
 
 	benchUser = pgtest.RoleApp
 	benchDB   = pgtest.DBApp
@@ -38,8 +39,12 @@ type target struct {
 	// cmdline describes how the target was started, for the report.
 	cmdline string
 	// tls: clients (the harness's own logins too) connect with TLS.
-	tls    bool
-	events []string // restarts and why
+	tls bool
+	// matrixOnly: the target runs in the pgbench -S matrix only (the bare
+	// relay: one PostgreSQL connection per client, no logins of its own),
+	// not in the storm, churn and idle tests.
+	matrixOnly bool
+	events     []string // restarts and why
 }
 
 func (t *target) pid() int {
@@ -309,6 +314,38 @@ server_tls_sslmode = require
 	t.launch = func() (*proc, error) {
 		n++
 		return startProc(targetPgbouncer, argv, env, dir, filepath.Join(workDir, fmt.Sprintf("pgbouncer-%d.log", n)), cred)
+	}
+	return t, nil
+}
+
+// bareRelayTarget builds the bare Go relay of ../shared/rig/bare-relay (dir)
+// into workDir and prepares it: one event loop whose epoll descriptor waits
+// in the runtime's poller, sockets off their net.Conn, no pooling, no
+// parsing, one PostgreSQL connection per client. It is the yardstick of
+// what Go itself costs per transaction: what poolerd spends above it is its
+// own design's (issue 32).
+func bareRelayTarget(ctx context.Context, dir, workDir string, pg *pgtest.Server) (*target, error) {
+	bin := filepath.Join(workDir, "bare-relay")
+	goBin := os.Getenv("GO")
+	if goBin == "" {
+		goBin = "go"
+	}
+	cmd := exec.CommandContext(ctx, goBin, "build", "-o", bin, ".")
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("building the bare relay in %s: %w\n%s", dir, err, out)
+	}
+	port, err := pgtest.FreePort()
+	if err != nil {
+		return nil, err
+	}
+	argv := []string{bin, "-mode", "nested", "-loops", "1", "-listen", fmt.Sprintf("127.0.0.1:%d", port), "-upstream", pg.Addr()}
+	t := &target{name: targetBare, port: port, matrixOnly: true,
+		cmdline: fmt.Sprintf("%s (built from %s)", strings.Join(argv, " "), dir)}
+	n := 0
+	t.launch = func() (*proc, error) {
+		n++
+		return startProc(targetBare, argv, os.Environ(), workDir, filepath.Join(workDir, fmt.Sprintf("bare-relay-%d.log", n)), nil)
 	}
 	return t, nil
 }
