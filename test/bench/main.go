@@ -74,8 +74,8 @@ type options struct {
 	// matrix); "" for ../shared/rig/bare-relay beside the repository,
 	// "off" for none.
 	bareRelay string
-	noLog        bool
-	quick        bool
+	noLog     bool
+	quick     bool
 	// tls: TLS on both sides (PostgreSQL accepts hostssl only, both
 	// poolers require TLS from clients and use it to PostgreSQL, pgbench
 	// connects with sslmode=require).

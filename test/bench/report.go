@@ -104,7 +104,7 @@ type report struct {
 	// hasBare: the bare Go relay ran in the matrix (a yardstick: what Go
 	// itself costs per transaction; not a pooler).
 	hasBare bool
-	b      strings.Builder
+	b       strings.Builder
 }
 
 func (r *report) p(format string, args ...any) { fmt.Fprintf(&r.b, format+"\n", args...) }
