@@ -295,8 +295,12 @@ type Stats struct {
 	// for a Warm pool), or less while the server refuses more connections
 	// (Config.Capacity), raised again by one every BackoffMax.
 	EffectiveMinSize int
-	// Total counts open connections plus those being opened.
+	// Total counts open connections plus those being opened, plus the
+	// places lent (Lent, TakeSlot).
 	Total, Idle, Active, Opening, Waiting int
+	// Lent counts places of the pool's size held by connections the pool
+	// does not hold (replication connections: TakeSlot).
+	Lent int
 	// Acquisitions counts successful checkouts; Hits reused an open
 	// connection, Misses got a newly opened one.
 	Acquisitions, Hits, Misses uint64
@@ -369,6 +373,7 @@ type Pool[C Conn] struct {
 	total   int
 	active  int
 	opening int
+	lent    int          // places held by TakeSlot, counted in total
 	waiters []*waiter[C] // FIFO
 	closed  bool
 	stats   Stats
@@ -934,8 +939,10 @@ func (p *Pool[C]) CloseNeeded(c C) bool {
 }
 
 // WaitEmpty waits until no connection is open or opening (after Pause).
+// Places lent (TakeSlot) do not count: a replication connection does not
+// pause.
 func (p *Pool[C]) WaitEmpty(ctx context.Context) error {
-	return p.waitFor(ctx, func() bool { return p.total == 0 })
+	return p.waitFor(ctx, func() bool { return p.total-p.lent == 0 })
 }
 
 // WaitReconnected waits until every connection open at the last
@@ -1072,6 +1079,16 @@ func (p *Pool[C]) removeIdleLocked(c C) {
 
 // closeLocked closes c and forgets it.
 func (p *Pool[C]) closeLocked(c C) {
+	p.forgetLocked(c)
+	p.total--
+	p.releaseSlot()
+	p.broadcastLocked()
+	p.evalLocked("connection closed")
+}
+
+// forgetLocked closes c and takes it out of the pool's lists, its place in
+// total (and in the shared limits) left to the caller.
+func (p *Pool[C]) forgetLocked(c C) {
 	e := c.PoolEntry()
 	if e.state == stateIdle {
 		p.removeIdleLocked(c)
@@ -1086,17 +1103,83 @@ func (p *Pool[C]) closeLocked(c C) {
 		p.conns = p.conns[:last]
 	}
 	e.state = stateClosed
-	p.total--
-	p.releaseSlot()
-	p.broadcastLocked()
 	// Close may block briefly on a socket; it never calls back into the pool.
 	go c.Close()
-	p.evalLocked("connection closed")
+}
+
+// TakeSlot takes a place in the pool's size for a connection the pool does
+// not hold (a replication connection, which PgBouncer counts in pool_size):
+// a free place at once, else the place of an idle connection, which is
+// closed (evicted), else the place of the first connection freed for it in
+// FIFO order with the checkouts, waiting until ctx ends as Get does. The
+// place counts in MaxSize and in the shared limits (Admit) until release
+// runs; Pause does not wait for it (WaitEmpty).
+func (p *Pool[C]) TakeSlot(ctx context.Context) (release func(), err error) {
+	p.mu.Lock()
+	switch {
+	case p.closed:
+		p.mu.Unlock()
+		return nil, ErrClosed
+	case len(p.waiters) > 0 || p.paused:
+		// Behind the queue (or the pause), as any checkout.
+	case p.total < p.set().MaxSize && (p.cfg.Admit == nil || p.cfg.Admit()):
+		p.total++
+		p.lent++
+		p.broadcastLocked()
+		p.mu.Unlock()
+		return p.slotRelease(), nil
+	case len(p.idle) > 0:
+		c := p.idle[0]
+		p.countEvictionLocked(c, "evicted")
+		p.forgetLocked(c)
+		p.lent++
+		p.broadcastLocked()
+		p.mu.Unlock()
+		return p.slotRelease(), nil
+	}
+	p.mu.Unlock()
+	c, err := p.Get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c.PoolEntry().state != stateActive {
+		return nil, ErrClosed
+	}
+	p.active--
+	p.stats.Releases++
+	p.countEvictionLocked(c, "evicted")
+	p.forgetLocked(c)
+	p.lent++
+	p.broadcastLocked()
+	return p.slotRelease(), nil
+}
+
+// slotRelease gives back a place TakeSlot took (once, however often it is
+// called): the next waiter gets a connection opened in it.
+func (p *Pool[C]) slotRelease() func() {
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			p.mu.Lock()
+			p.lent--
+			p.total--
+			p.releaseSlot()
+			p.broadcastLocked()
+			if !p.closed && len(p.waiters) > p.opening && p.total < p.set().MaxSize {
+				p.startConnectLocked()
+			}
+			p.evalLocked("replication connection closed")
+			p.mu.Unlock()
+			p.nudge()
+		})
+	}
 }
 
 func (p *Pool[C]) statsLocked() Stats {
 	s := p.stats
-	s.Total, s.Idle, s.Active, s.Opening, s.Waiting = p.total, len(p.idle), p.active, p.opening, len(p.waiters)
+	s.Total, s.Idle, s.Active, s.Opening, s.Waiting, s.Lent = p.total, len(p.idle), p.active, p.opening, len(p.waiters), p.lent
 	s.Paused = p.paused
 	s.EffectiveMinSize = p.warmTarget()
 	if len(p.waiters) > 0 {

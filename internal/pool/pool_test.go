@@ -1112,3 +1112,95 @@ func TestReservePool(t *testing.T) {
 		}
 	})
 }
+
+// TakeSlot: a replication connection's place counts in the pool's size. A
+// free place is taken at once; with the pool full, an idle connection is
+// evicted for it; with every connection busy, it waits in FIFO order and
+// takes the first one freed (closing it); its release lets a waiting
+// checkout open a connection; PAUSE does not wait for it.
+func TestTakeSlot(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &dialer{}
+		p := newPool(d, 2, 0)
+		defer p.Close()
+		ctx := context.Background()
+
+		rel1, err := p.TakeSlot(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := p.Stats(); st.Total != 1 || st.Lent != 1 || d.n != 0 {
+			t.Fatalf("a free place: total %d lent %d, %d connects; want 1, 1, 0", st.Total, st.Lent, d.n)
+		}
+		c1, err := p.Get(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Put(c1) // idle, the pool now full (one connection, one place lent)
+		rel2, err := p.TakeSlot(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if st := p.Stats(); st.Total != 2 || st.Lent != 2 || st.Idle != 0 || !c1.closed.Load() || st.Evictions["evicted"] != 1 {
+			t.Fatalf("the idle connection evicted: total %d lent %d idle %d closed %v evictions %v", st.Total, st.Lent, st.Idle, c1.closed.Load(), st.Evictions)
+		}
+
+		// Full of places: a checkout waits until a release lets it open.
+		got := make(chan *fakeConn, 1)
+		go func() {
+			c, err := p.Get(ctx)
+			if err != nil {
+				t.Error(err)
+			}
+			got <- c
+		}()
+		synctest.Wait()
+		if st := p.Stats(); st.Waiting != 1 {
+			t.Fatalf("waiting %d, want 1", st.Waiting)
+		}
+		rel1()
+		rel1() // once only
+		c2 := <-got
+		if st := p.Stats(); st.Total != 2 || st.Lent != 1 || st.Active != 1 {
+			t.Fatalf("after a release: total %d lent %d active %d; want 2, 1, 1", st.Total, st.Lent, st.Active)
+		}
+
+		// Every place busy: TakeSlot waits for the connection freed first,
+		// within its context.
+		short, cancel := context.WithTimeout(ctx, time.Second)
+		if _, err := p.TakeSlot(short); err == nil {
+			t.Fatal("TakeSlot with every place busy returned before its context ended")
+		}
+		cancel()
+		done := make(chan func(), 1)
+		go func() {
+			rel, err := p.TakeSlot(ctx)
+			if err != nil {
+				t.Error(err)
+			}
+			done <- rel
+		}()
+		synctest.Wait()
+		p.Put(c2)
+		rel3 := <-done
+		synctest.Wait()
+		if st := p.Stats(); st.Total != 2 || st.Lent != 2 || st.Active != 0 || !c2.closed.Load() {
+			t.Fatalf("the freed connection's place: total %d lent %d active %d closed %v", st.Total, st.Lent, st.Active, c2.closed.Load())
+		}
+
+		// PAUSE waits for pooled connections only.
+		p.Pause()
+		wctx, wcancel := context.WithTimeout(ctx, time.Second)
+		if err := p.WaitEmpty(wctx); err != nil {
+			t.Errorf("WaitEmpty with only places lent: %v", err)
+		}
+		wcancel()
+		p.Resume()
+		rel2()
+		rel3()
+		if st := p.Stats(); st.Total != 0 || st.Lent != 0 {
+			t.Fatalf("after every release: total %d lent %d", st.Total, st.Lent)
+		}
+	})
+}

@@ -109,9 +109,10 @@ type replPair struct {
 	// serverUser is the role it logged in as.
 	serverID   uint64
 	serverUser string
-	// limitDB and limitUser are the names the pair's server connection is
-	// counted under (max_db_connections, max_user_connections): its pool's.
-	limitDB, limitUser string
+	// release gives back the place the pair's server connection holds in
+	// its pool's size (pool.TakeSlot), and so under max_db_connections and
+	// max_user_connections.
+	release func()
 	connectedAt        time.Time
 	pid, key           uint32 // the client's BackendKeyData
 	log                *zap.Logger
@@ -138,11 +139,20 @@ var errReplEnded = errors.New("replication connection ended by poolerd")
 // client.
 func (s *session) openReplication(ctx context.Context, params map[string]string) bool {
 	dbp := s.dbp
-	if hit := s.srv.admitServer(dbp.key.database, dbp.key.user); hit != nil {
-		s.refuseLogin(&wire.Error{Severity: "FATAL", Code: "53300",
-			Message: fmt.Sprintf("no server connection for this replication client: %s reached", hit.key),
-			Detail:  fmt.Sprintf("%s is at its %s (%d of %d server connections, replication connections included)", hit.whose, hit.key, hit.count, hit.max),
-			Hint:    fmt.Sprintf("raise %s for %s, or have its pools hold fewer connections", hit.key, hit.whose)})
+	// The replication connection takes a place in its pool's size (and so
+	// under max_db_connections and max_user_connections), as PgBouncer
+	// counts it in pool_size: a free place, an idle connection's (closed
+	// for it), or the first one freed, waiting as a checkout does, within
+	// checkout_timeout.
+	tctx := ctx
+	if limit := dbp.route().Settings.CheckoutTimeout; limit > 0 {
+		var cancel context.CancelFunc
+		tctx, cancel = context.WithTimeout(ctx, limit)
+		defer cancel()
+	}
+	release, err := dbp.pool.TakeSlot(tctx)
+	if err != nil {
+		s.refuseLogin(asFatal(dbp.checkoutError(err)))
 		return false
 	}
 	// The entry's server_parameters, under the client's own.
@@ -154,7 +164,7 @@ func (s *session) openReplication(ctx context.Context, params map[string]string)
 	sp["replication"] = s.login.repl.startupValue()
 	bc, err := dbp.dialDirect(ctx, sp)
 	if err != nil {
-		s.srv.releaseServer(dbp.key.database, dbp.key.user)
+		release()
 		werr := wireError(asFatal(dbp.connectError(err)))
 		if werr.Hint == "" {
 			werr.Hint = fmt.Sprintf("PostgreSQL refused the replication connection poolerd opened for this client as %q: that role needs the REPLICATION attribute, and pg_hba.conf a line for it (database replication for physical replication, the database for logical)", dbp.route().ServerUser)
@@ -163,7 +173,7 @@ func (s *session) openReplication(ctx context.Context, params map[string]string)
 		return false
 	}
 	p := &replPair{srv: s.srv, id: s.id, client: s.conn, server: bc, mode: s.login.repl, database: s.database, user: s.user,
-		appName: params["application_name"], serverID: s.srv.connIDs.Add(1), serverUser: dbp.route().ServerUser, limitDB: dbp.key.database, limitUser: dbp.key.user,
+		appName: params["application_name"], serverID: s.srv.connIDs.Add(1), serverUser: dbp.route().ServerUser, release: release,
 		connectedAt: s.connectedAt, log: s.srv.log.With(zap.Uint64("client_id", s.id), zap.String("database", s.database),
 			zap.String("user", s.user), zap.String("replication", s.login.repl.String()))}
 	s.srv.registerRepl(p)
@@ -374,15 +384,15 @@ func (srv *Server) replPIDLocked(pid uint32) bool {
 	return false
 }
 
-// forgetRepl removes p and gives back its server connection's place under
-// the connection limits. Later calls do nothing.
+// forgetRepl removes p and gives back its server connection's place in its
+// pool. Later calls do nothing.
 func (srv *Server) forgetRepl(p *replPair) {
 	srv.mu.Lock()
 	_, ok := srv.repl[p.id]
 	delete(srv.repl, p.id)
 	srv.mu.Unlock()
 	if ok {
-		srv.releaseServer(p.limitDB, p.limitUser)
+		p.release()
 	}
 }
 

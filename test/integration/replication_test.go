@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/internal/pool"
 	"github.com/poolerd/poolerd/test/pgtest"
 )
 
@@ -409,5 +410,74 @@ func TestReplicationRefusals(t *testing.T) {
 	defer c.Close(context.Background())
 	if _, err := c.Exec(ctx, "SELECT 1").ReadAll(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestReplicationCountsInPoolSize: a replication connection takes a place
+// in its pool's size, as PgBouncer counts it in pool_size: a free place, or
+// an idle connection's (closed for it); with every place taken, a checkout
+// and another replication login wait (here until checkout_timeout), and a
+// replication connection that closes gives its place to the next.
+func TestReplicationCountsInPoolSize(t *testing.T) {
+	t.Parallel()
+	_, p := startReplicationServer(t, func(c *config.Config) {
+		c.MaxSize = 2
+		c.CheckoutTimeout = 2 * time.Second
+	})
+	ctx := ctxTimeout(t, time.Minute)
+	poolOf := func() pool.Stats {
+		for _, ps := range p.srv.Pools() {
+			if ps.User == replRole {
+				return ps.Stats
+			}
+		}
+		return pool.Stats{}
+	}
+	normal := func() error {
+		c, err := pgconn.Connect(ctx, p.dsn(replRole, pgtest.Password, pgtest.DBApp))
+		if err != nil {
+			return err
+		}
+		defer c.Close(context.Background())
+		_, err = c.Exec(ctx, "SELECT 1").ReadAll()
+		return err
+	}
+	// Two idle server connections fill the pool.
+	a, err := pgconn.Connect(ctx, p.dsn(replRole, pgtest.Password, pgtest.DBApp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close(context.Background())
+	if _, err := a.Exec(ctx, "BEGIN; SELECT 1").ReadAll(); err != nil {
+		t.Fatal(err)
+	}
+	if err := normal(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Exec(ctx, "COMMIT").ReadAll(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "two idle server connections", func() bool { st := poolOf(); return st.Idle == 2 && st.Total == 2 })
+
+	// Each replication connection takes an idle one's place.
+	r1 := replConnect(t, ctx, p, "database")
+	replConnect(t, ctx, p, "database")
+	if st := poolOf(); st.Total != 2 || st.Lent != 2 || st.Idle != 0 || st.Evictions["evicted"] != 2 {
+		t.Fatalf("pool after two replication logins: total %d lent %d idle %d evictions %v; want 2, 2, 0, 2 evicted", st.Total, st.Lent, st.Idle, st.Evictions)
+	}
+	// Every place taken: a query and a third replication login wait.
+	var pe *pgconn.PgError
+	if err := normal(); !errors.As(err, &pe) || !strings.Contains(pe.Message, "checkout_timeout") {
+		t.Errorf("a query with the pool full of replication connections: %v, want the checkout_timeout refusal", err)
+	}
+	_, err = pgconn.Connect(ctx, p.dsn(replRole, pgtest.Password, pgtest.DBApp, "replication=database"))
+	if !errors.As(err, &pe) || pe.Severity != "FATAL" || !strings.Contains(pe.Message, "checkout_timeout") {
+		t.Errorf("a third replication login: %v, want FATAL checkout_timeout", err)
+	}
+	// A replication connection that ends frees its place.
+	r1.Close(context.Background())
+	eventually(t, 5*time.Second, "the place to free", func() bool { return poolOf().Lent == 1 })
+	if err := normal(); err != nil {
+		t.Errorf("a query after a replication connection closed: %v", err)
 	}
 }
