@@ -112,10 +112,10 @@ type replPair struct {
 	// release gives back the place the pair's server connection holds in
 	// its pool's size (pool.TakeSlot), and so under max_db_connections and
 	// max_user_connections.
-	release func()
-	connectedAt        time.Time
-	pid, key           uint32 // the client's BackendKeyData
-	log                *zap.Logger
+	release     func()
+	connectedAt time.Time
+	pid, key    uint32 // the client's BackendKeyData
+	log         *zap.Logger
 
 	// end, once set, is the FATAL that ends the pair: the server-to-client
 	// copy sends it at the next message boundary (see endWith).
