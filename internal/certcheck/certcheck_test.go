@@ -1,48 +1,29 @@
 package certcheck
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"math/big"
 	"net"
 	"testing"
-	"time"
+
+	"github.com/poolerd/poolerd/test/pgtest"
 )
 
 func TestVerify(t *testing.T) {
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := pgtest.NewCA()
 	if err != nil {
 		t.Fatal(err)
 	}
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	other, err := pgtest.NewCA()
 	if err != nil {
 		t.Fatal(err)
 	}
-	ca, _ := x509.ParseCertificate(caDER)
-	roots := x509.NewCertPool()
-	roots.AddCert(ca)
-	other := x509.NewCertPool()
-	leaf := func(serial int64, cn string, dns []string, ips []net.IP) tls.ConnectionState {
-		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	leaf := func(cn string, dns []string, ips []net.IP) tls.ConnectionState {
+		c, err := ca.Issue(cn, dns, ips, x509.ExtKeyUsageServerAuth)
 		if err != nil {
 			t.Fatal(err)
 		}
-		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn}, DNSNames: dns,
-			IPAddresses: ips, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, _ := x509.ParseCertificate(der)
-		return tls.ConnectionState{PeerCertificates: []*x509.Certificate{c}}
+		return tls.ConnectionState{PeerCertificates: []*x509.Certificate{c.Leaf}}
 	}
 	for _, tc := range []struct {
 		name  string
@@ -51,16 +32,16 @@ func TestVerify(t *testing.T) {
 		host  string
 		ok    bool
 	}{
-		{"no SAN, common name is the host", leaf(2, "localhost", nil, nil), roots, "localhost", true},
-		{"no SAN, common name is the host in other case", leaf(3, "LocalHost", nil, nil), roots, "localhost", true},
-		{"no SAN, common name is the IP", leaf(4, "127.0.0.1", nil, nil), roots, "127.0.0.1", true},
-		{"no SAN, another common name", leaf(5, "db.example", nil, nil), roots, "localhost", false},
-		{"a SAN that is not the host, common name the host", leaf(6, "localhost", []string{"db.example"}, nil), roots, "localhost", false},
-		{"an IP SAN that is not the host, common name the host", leaf(7, "localhost", nil, []net.IP{net.ParseIP("10.0.0.1")}), roots, "localhost", false},
-		{"the SAN names the host", leaf(8, "whatever", []string{"localhost"}, nil), roots, "localhost", true},
-		{"another CA", leaf(9, "localhost", nil, nil), other, "localhost", false},
-		{"chain only (verify-ca), any name", leaf(10, "db.example", nil, nil), roots, "", true},
-		{"no certificate", tls.ConnectionState{}, roots, "", false},
+		{"no SAN, common name is the host", leaf("localhost", nil, nil), ca.Pool(), "localhost", true},
+		{"no SAN, common name is the host in other case", leaf("LocalHost", nil, nil), ca.Pool(), "localhost", true},
+		{"no SAN, common name is the IP", leaf("127.0.0.1", nil, nil), ca.Pool(), "127.0.0.1", true},
+		{"no SAN, another common name", leaf("db.example", nil, nil), ca.Pool(), "localhost", false},
+		{"a SAN that is not the host, common name the host", leaf("localhost", []string{"db.example"}, nil), ca.Pool(), "localhost", false},
+		{"an IP SAN that is not the host, common name the host", leaf("localhost", nil, []net.IP{net.ParseIP("10.0.0.1")}), ca.Pool(), "localhost", false},
+		{"the SAN names the host", leaf("whatever", []string{"localhost"}, nil), ca.Pool(), "localhost", true},
+		{"another CA", leaf("localhost", nil, nil), other.Pool(), "localhost", false},
+		{"chain only (verify-ca), any name", leaf("db.example", nil, nil), ca.Pool(), "", true},
+		{"no certificate", tls.ConnectionState{}, ca.Pool(), "", false},
 	} {
 		err := Verify(tc.cs, tc.roots, tc.host)
 		if (err == nil) != tc.ok {

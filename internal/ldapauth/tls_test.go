@@ -1,19 +1,15 @@
 package ldapauth
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/poolerd/poolerd/test/pgtest"
 )
 
 // The server's certificate may name the host in its common name when it
@@ -24,13 +20,13 @@ func TestTLSCommonNameFallback(t *testing.T) {
 	caFile, leaf, handshake := tlsFixture(t)
 	t.Setenv("LDAPTLS_CACERT", caFile)
 	t.Setenv("LDAPTLS_REQCERT", "")
-	if err := handshake(leaf(2, "127.0.0.1", nil)); err != nil {
+	if err := handshake(leaf("127.0.0.1", nil)); err != nil {
 		t.Errorf("no SAN, common name 127.0.0.1: %v", err)
 	}
-	if err := handshake(leaf(3, "other.example", nil)); err == nil {
+	if err := handshake(leaf("other.example", nil)); err == nil {
 		t.Error("no SAN, another common name: accepted")
 	}
-	if err := handshake(leaf(4, "127.0.0.1", []string{"ldap.example"})); err == nil {
+	if err := handshake(leaf("127.0.0.1", []string{"ldap.example"})); err == nil {
 		t.Error("a SAN that is not the host, common name 127.0.0.1: accepted")
 	}
 }
@@ -49,7 +45,7 @@ func TestTLSSettingsFromLDAPCONF(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cert := leaf(2, "127.0.0.1", nil)
+	cert := leaf("127.0.0.1", nil)
 	write("# the test CA\nTLS_CACERT " + caFile + "\n")
 	if err := handshake(cert); err != nil {
 		t.Errorf("TLS_CACERT in $LDAPCONF: %v", err)
@@ -76,36 +72,21 @@ func TestTLSSettingsFromLDAPCONF(t *testing.T) {
 // tlsFixture makes a CA (its file), a function that issues a server
 // certificate from it, and one that runs a TLS handshake with tlsConfig
 // against a server presenting a certificate.
-func tlsFixture(t *testing.T) (string, func(int64, string, []string) tls.Certificate, func(tls.Certificate) error) {
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+func tlsFixture(t *testing.T) (string, func(string, []string) tls.Certificate, func(tls.Certificate) error) {
+	ca, err := pgtest.NewCA()
 	if err != nil {
 		t.Fatal(err)
 	}
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
 	caFile := filepath.Join(t.TempDir(), "ca.pem")
-	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o600); err != nil {
+	if err := ca.WriteFile(caFile); err != nil {
 		t.Fatal(err)
 	}
-	leaf := func(serial int64, cn string, dns []string) tls.Certificate {
-		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	leaf := func(cn string, dns []string) tls.Certificate {
+		c, err := ca.Issue(cn, dns, nil, x509.ExtKeyUsageServerAuth)
 		if err != nil {
 			t.Fatal(err)
 		}
-		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn}, DNSNames: dns,
-			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+		return c
 	}
 	handshake := func(cert tls.Certificate) error {
 		ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert}})
