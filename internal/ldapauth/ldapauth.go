@@ -306,13 +306,23 @@ func (o Options) dial(ctx context.Context) (*ldap.Conn, error) {
 		deadline = dl
 	}
 	var errs []error
+	useTLS := o.Scheme == "ldaps" || o.StartTLS
 	for _, host := range o.Servers {
-		tc, err := tlsConfig(host)
-		if err != nil {
-			return nil, err
+		// The TLS settings are read only for a connection that uses TLS:
+		// a TLS_CACERT that does not load must not stop plain ldap://.
+		var tc *tls.Config
+		if useTLS {
+			var err error
+			if tc, err = tlsConfig(host); err != nil {
+				return nil, err
+			}
 		}
 		addr := o.Scheme + "://" + net.JoinHostPort(host, strconv.Itoa(port))
-		conn, err := ldap.DialURL(addr, ldap.DialWithDialer(&net.Dialer{Deadline: deadline}), ldap.DialWithTLSConfig(tc))
+		opts := []ldap.DialOpt{ldap.DialWithDialer(&net.Dialer{Deadline: deadline})}
+		if tc != nil {
+			opts = append(opts, ldap.DialWithTLSConfig(tc))
+		}
+		conn, err := ldap.DialURL(addr, opts...)
 		if err == nil && o.StartTLS {
 			if err = conn.StartTLS(tc); err != nil {
 				conn.Close()

@@ -3,6 +3,7 @@ package ldapauth
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -67,6 +68,16 @@ func TestAuthenticate(t *testing.T) {
 	}
 	if err := both.Authenticate(ctx, "alice", "alice-pw"); err == nil || errors.Is(err, ErrBadCredentials) || !strings.Contains(err.Error(), "StartTLS over a connection that is TLS already") {
 		t.Errorf("ldaptls with ldaps: %v", err)
+	}
+	// TLS settings that do not load (a missing TLS_CACERT) stop only TLS
+	// connections: plain ldap:// logins go on.
+	t.Setenv("LDAPTLS_CACERT", filepath.Join(t.TempDir(), "missing.pem"))
+	plain, err := ParseString(modes["simple bind"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := plain.Authenticate(ctx, "alice", "alice-pw"); err != nil {
+		t.Errorf("plain LDAP with a TLS_CACERT that does not load: %v", err)
 	}
 	// A server that does not answer is not a wrong password.
 	down, err := ParseString(`ldapserver=127.0.0.1 ldapport=1 ldapprefix="uid=" ldapsuffix=",` + people + `"`)

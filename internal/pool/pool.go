@@ -1129,31 +1129,30 @@ func (p *Pool[C]) TakeSlot(ctx context.Context) (release func(), err error) {
 		p.mu.Unlock()
 		return p.slotRelease(), nil
 	case len(p.idle) > 0:
-		c := p.idle[0]
-		p.countEvictionLocked(c, "evicted")
-		p.forgetLocked(c)
-		p.lent++
-		p.broadcastLocked()
+		p.lendLocked(p.idle[0])
 		p.mu.Unlock()
 		return p.slotRelease(), nil
 	}
 	p.mu.Unlock()
-	c, err := p.Get(ctx)
+	c, err := p.Get(ctx) // checked out: ours to turn into a place
 	if err != nil {
 		return nil, err
 	}
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if c.PoolEntry().state != stateActive {
-		return nil, ErrClosed
-	}
 	p.active--
 	p.stats.Releases++
+	p.lendLocked(c)
+	p.mu.Unlock()
+	return p.slotRelease(), nil
+}
+
+// lendLocked closes c (idle, or checked out by TakeSlot) and keeps its
+// place, and its share of the shared limits, as a place lent.
+func (p *Pool[C]) lendLocked(c C) {
 	p.countEvictionLocked(c, "evicted")
 	p.forgetLocked(c)
 	p.lent++
 	p.broadcastLocked()
-	return p.slotRelease(), nil
 }
 
 // slotRelease gives back a place TakeSlot took (once, however often it is
