@@ -17,6 +17,7 @@ import (
 	"github.com/poolerd/poolerd/internal/backend"
 	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/internal/pool"
+	"github.com/poolerd/poolerd/internal/txstate"
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
@@ -83,9 +84,9 @@ type dbPool struct {
 	defaults map[string]string
 	// learned maps a startup parameter (name, raw value) to the value the
 	// server reports for it, or to the error setting it gave.
-	learned map[paramKey]paramResult
+	learned map[txstate.Param]paramResult
 	// paramSets are parameter maps shared by this pool's clients that have
-	// the same parameters (by paramsKey), copied by a client before it
+	// the same parameters (by txstate.ParamsKey), copied by a client before it
 	// changes one, with their key; at most maxParamSets.
 	paramSets map[string]paramSet
 	// clientKey is the latest SCRAM ClientKey recovered from a client of
@@ -104,14 +105,14 @@ type dbPool struct {
 // parameter sets keep their own maps.
 const maxParamSets = 64
 
-// paramSet is a shared parameter map and its paramsKey.
+// paramSet is a shared parameter map and its txstate.ParamsKey.
 type paramSet struct {
 	key    string
 	params map[string]string
 }
 
 // shareParams returns the pool's shared set equal to params (whose
-// paramsKey is key), making params the shared one if there is none yet;
+// txstate.ParamsKey is key), making params the shared one if there is none yet;
 // ok is false if too many distinct sets are shared already.
 func (d *dbPool) shareParams(key string, params map[string]string) (set paramSet, ok bool) {
 	d.mu.Lock()
@@ -129,8 +130,6 @@ func (d *dbPool) shareParams(key string, params map[string]string) (set paramSet
 	d.paramSets[key] = set
 	return set, true
 }
-
-type paramKey struct{ name, value string }
 
 type paramResult struct {
 	value string
@@ -169,7 +168,7 @@ func newDBPool(srv *Server, key poolKey, route config.Route, warm, paused bool) 
 		key: key,
 		log: srv.log.With(zap.String("database", key.database), zap.String("user", key.user),
 			zap.String("server", backend.Target{Host: route.Host, Port: route.Port}.String())),
-		learned: map[paramKey]paramResult{},
+		learned: map[txstate.Param]paramResult{},
 		built:   make(chan struct{}),
 		met:     srv.metrics.forPool(key.database, key.user),
 	}
@@ -556,17 +555,17 @@ func transientRefusal(code string) bool {
 func (d *dbPool) prepareLogin(ctx context.Context, startup map[string]string, keep bool) (map[string]string, *serverConn, error) {
 	d.mu.Lock()
 	haveDefaults := d.defaults != nil
-	var unknown []paramKey
+	var unknown []txstate.Param
 	out := make(map[string]string, len(startup))
 	for name, value := range startup {
-		if name == "application_name" && printableASCII(value) {
+		if name == "application_name" && txstate.PrintableASCII(value) {
 			out[name] = value // stored as given; no need to ask the server
 			continue
 		}
-		r, ok := d.learned[paramKey{name, value}]
+		r, ok := d.learned[txstate.Param{Name: name, Value: value}]
 		switch {
 		case !ok:
-			unknown = append(unknown, paramKey{name, value})
+			unknown = append(unknown, txstate.Param{Name: name, Value: value})
 		case r.err != nil:
 			d.mu.Unlock()
 			return nil, nil, r.err
@@ -593,7 +592,7 @@ func (d *dbPool) prepareLogin(ctx context.Context, startup map[string]string, ke
 	if len(unknown) == 0 {
 		return out, done(), nil
 	}
-	sql := setConfigSQL(unknown)
+	sql := txstate.SetConfigSQL(unknown)
 	qctx, cancel := context.WithTimeout(ctx, d.route().Settings.ServerConnectTimeout)
 	err := sc.exec(qctx, sql)
 	cancel()
@@ -616,21 +615,21 @@ func (d *dbPool) prepareLogin(ctx context.Context, startup map[string]string, ke
 	}
 	d.mu.Lock()
 	for _, k := range unknown {
-		v := k.value
-		if reported, ok := sc.params[k.name]; ok {
+		v := k.Value
+		if reported, ok := sc.params[k.Name]; ok {
 			v = reported
 		} else {
-			sc.applied[k.name] = k.value
+			sc.applied[k.Name] = k.Value
 			sc.paramGen++
 		}
 		d.remember(k, paramResult{value: v})
-		out[k.name] = v
+		out[k.Name] = v
 	}
 	d.mu.Unlock()
 	return out, done(), nil
 }
 
-func (d *dbPool) remember(k paramKey, r paramResult) {
+func (d *dbPool) remember(k txstate.Param, r paramResult) {
 	if len(d.learned) >= maxParamCache {
 		clear(d.learned)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/poolerd/poolerd/internal/limiter"
 	"github.com/poolerd/poolerd/internal/pool"
+	"github.com/poolerd/poolerd/internal/txstate"
 
 	"github.com/poolerd/poolerd/internal/wire"
 )
@@ -188,7 +189,7 @@ func (d *dbPool) errPinCap(reason string) *wire.Error {
 	set := d.route().Settings
 	return &wire.Error{Severity: "ERROR", Code: "53400",
 		Message: fmt.Sprintf("too many pinned clients: %s would keep this client on its server connection, and %d clients of pool %s/%s are pinned already (max_pinned_clients %s)",
-			pinWhat(reason), d.pins.Load(), d.key.database, d.key.user, set.MaxPinnedClients),
+			txstate.PinWhat(reason), d.pins.Load(), d.key.database, d.key.user, set.MaxPinnedClients),
 		Detail: "a pinned client keeps its server connection until its session state is gone; the cap keeps connections for the other clients",
 		Hint:   "undo session state when done (CLOSE the cursor, UNLISTEN, pg_advisory_unlock, DROP the temporary table, DEALLOCATE, RESET ROLE) so that pins end, raise max_pinned_clients (POOLERD_MAX_PINNED_CLIENTS), or use pool_mode session for this client"}
 }

@@ -2,23 +2,21 @@ package proxy
 
 import (
 	"context"
-	"encoding/binary"
-	"encoding/json"
-	"fmt"
 	"sort"
 	"strings"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/poolerd/poolerd/internal/txstate"
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
 // The hand-off check (verify_handoff): before a transaction- or
 // statement-mode server connection passes from one client to another,
-// poolerd asks it, in one query with one row (handoffSQL), what session
+// poolerd asks it, in one query with one row (txstate.HandoffSQL), what session
 // state it holds, and compares the answer with what poolerd believes is
-// there (checkHandoff). A connection that holds anything poolerd did not
+// there (txstate.CheckHandoff). A connection that holds anything poolerd did not
 // expect is closed instead of handed out: a WARN names what was found and
 // the client that left it, and poolerd_handoff_dirty_total{kind} counts it.
 //
@@ -36,206 +34,12 @@ import (
 // hand-off, a client leaving (session.releaseAtEnd), runs the check
 // synchronously after the reset query, before the connection goes back.
 
-// Kinds of leftover session state, as metric labels (handoffKinds).
-const (
-	handoffRole         = "role"
-	handoffListen       = "listen"
-	handoffAdvisoryLock = "advisory_lock"
-	handoffTempTable    = "temp_table"
-	handoffCursor       = "cursor"
-	handoffSQLPrepare   = "sql_prepare"
-	handoffProtoPrepare = "protocol_prepare"
-	handoffSetting      = "setting"
-	handoffCheckFailed  = "check_failed"
-)
-
-// handoffKinds are every kind, in the order the WARN lists them.
-var handoffKinds = [...]string{handoffRole, handoffListen, handoffAdvisoryLock, handoffTempTable,
-	handoffCursor, handoffSQLPrepare, handoffProtoPrepare, handoffSetting, handoffCheckFailed}
-
 // evictHandoffDirty is the eviction reason of a connection the check closed.
 const evictHandoffDirty = "handoff_dirty"
 
 // maxHandoffRow bounds the captured answer of a check (its settings column
 // grows with the settings a client left).
 const maxHandoffRow = 64 << 10
-
-// handoffCols is the number of columns of handoffSQL's row.
-const handoffCols = 10
-
-// handoffSQL is the fingerprint query: current_user, session_user, the
-// role setting, the channels listened to, the session's advisory locks,
-// its temporary relations, open cursors, SQL-level prepared statements,
-// protocol-level ones that are not poolerd's (poolerd_s<N>, poolerd_nop),
-// and the session-level settings as a JSON object (pg_settings' source
-// session, without role and session_authorization, which the role columns
-// cover, and without txScopedSettings; and custom, the customized options a.b poolerd knows were
-// touched, which pg_settings does not list in PostgreSQL 15). Every name
-// is qualified with pg_catalog.
-func handoffSQL(custom []string) string {
-	settings := "SELECT name AS n, pg_catalog.current_setting(name) AS v FROM pg_catalog.pg_settings" +
-		" WHERE source OPERATOR(pg_catalog.=) 'session' AND name OPERATOR(pg_catalog.<>) 'role'" +
-		" AND name OPERATOR(pg_catalog.<>) 'session_authorization'"
-	for _, n := range txScopedSettings {
-		settings += " AND name OPERATOR(pg_catalog.<>) " + quoteLiteral(n)
-	}
-	if len(custom) > 0 {
-		lits := make([]string, len(custom))
-		for i, n := range custom {
-			lits[i] = quoteLiteral(n)
-		}
-		settings += " UNION SELECT c, pg_catalog.current_setting(c, true) FROM pg_catalog.unnest(ARRAY[" +
-			strings.Join(lits, ", ") + "]::pg_catalog.text[]) AS c WHERE pg_catalog.current_setting(c, true) IS NOT NULL"
-	}
-	agg := func(col, from string) string {
-		return "(SELECT pg_catalog.string_agg(" + col + "::pg_catalog.text, ',' ORDER BY " + col + ") FROM " + from + ")"
-	}
-	return "SELECT current_user::pg_catalog.text, session_user::pg_catalog.text, pg_catalog.current_setting('role'), " +
-		agg("ch", "pg_catalog.pg_listening_channels() AS ch") + ", " +
-		"(SELECT pg_catalog.count(*) FROM pg_catalog.pg_locks WHERE locktype OPERATOR(pg_catalog.=) 'advisory' AND pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())::pg_catalog.text, " +
-		agg("relname", "pg_catalog.pg_class WHERE relnamespace OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema()") + ", " +
-		agg("name", "pg_catalog.pg_cursors") + ", " +
-		agg("name", "pg_catalog.pg_prepared_statements WHERE from_sql") + ", " +
-		agg("name", "pg_catalog.pg_prepared_statements WHERE NOT from_sql AND name OPERATOR(pg_catalog.!~) '^poolerd_(s[0-9]+|nop)$'") + ", " +
-		"(SELECT pg_catalog.json_object_agg(s.n, s.v)::pg_catalog.text FROM (" + settings + ") AS s)"
-}
-
-// handoffExpect is what poolerd believes a clean connection holds.
-type handoffExpect struct {
-	// login is the role poolerd logged in as (session_user).
-	login string
-	// role is the role a client's startup parameter set (applied
-	// "role"), "" for none.
-	role string
-	// roleReset: a function a client called may have set the role or
-	// options, and the next client gets RESET ROLE; RESET ALL first
-	// (serverConn.roleBy): role and settings are not compared.
-	roleReset bool
-	// tracked: protocol-level statements are poolerd's (the pool maps
-	// them); without it, client statement names pass through.
-	tracked bool
-	// params are the reported parameters (ParameterStatus keeps them
-	// exact), applied the other settings poolerd set or found, and norm
-	// the values known to be in the server's normal form (a settings
-	// snapshot read them with current_setting): an applied value that
-	// came from a client's startup packet ("16MB" for "16MB", "30000" for
-	// "30s") may be spelled otherwise by the server, so only a value
-	// equal to norm's is compared.
-	params, applied, norm map[string]string
-}
-
-// handoffFinding is one kind of state a check found that poolerd did not
-// expect, with what it was.
-type handoffFinding struct {
-	kind, what string
-}
-
-// parseHandoffRow splits the body of handoffSQL's DataRow; NULL columns are
-// empty.
-func parseHandoffRow(body []byte) ([]string, bool) {
-	if len(body) < 2 || int(binary.BigEndian.Uint16(body)) != handoffCols {
-		return nil, false
-	}
-	cols := make([]string, 0, handoffCols)
-	p := body[2:]
-	for range handoffCols {
-		if len(p) < 4 {
-			return nil, false
-		}
-		l := int(int32(binary.BigEndian.Uint32(p)))
-		p = p[4:]
-		if l < 0 {
-			cols = append(cols, "")
-			continue
-		}
-		if l > len(p) {
-			return nil, false
-		}
-		cols = append(cols, string(p[:l]))
-		p = p[l:]
-	}
-	return cols, true
-}
-
-// checkHandoff compares a check's row (parseHandoffRow) with what poolerd
-// expects; nil means clean.
-func checkHandoff(cols []string, e handoffExpect) []handoffFinding {
-	var out []handoffFinding
-	add := func(kind, format string, a ...any) {
-		out = append(out, handoffFinding{kind, fmt.Sprintf(format, a...)})
-	}
-	curUser, sessUser, role := cols[0], cols[1], cols[2]
-	switch {
-	case sessUser != e.login:
-		add(handoffRole, "session_user %q, logged in as %q", sessUser, e.login)
-	case e.roleReset:
-		// The next client gets RESET ROLE before its first request.
-	case e.role != "" && curUser != e.role:
-		add(handoffRole, "current_user %q, the client's startup role is %q", curUser, e.role)
-	case e.role == "" && (curUser != sessUser || role != "none"):
-		add(handoffRole, "current_user %q (role %q), session_user %q", curUser, role, sessUser)
-	}
-	if cols[3] != "" {
-		add(handoffListen, "channels %s", cols[3])
-	}
-	if cols[4] != "0" {
-		add(handoffAdvisoryLock, "%s session advisory locks", cols[4])
-	}
-	if cols[5] != "" {
-		add(handoffTempTable, "temporary relations %s", cols[5])
-	}
-	if cols[6] != "" {
-		add(handoffCursor, "cursors %s", cols[6])
-	}
-	if cols[7] != "" {
-		add(handoffSQLPrepare, "SQL-level prepared statements %s", cols[7])
-	}
-	if cols[8] != "" && e.tracked {
-		add(handoffProtoPrepare, "protocol-level prepared statements %s", cols[8])
-	}
-	var found map[string]string
-	if e.roleReset {
-		// The next client gets RESET ROLE; RESET ALL first (a function
-		// or DO block may have set options no text names), which also
-		// takes every setting back.
-		return out
-	}
-	if cols[9] != "" {
-		if err := json.Unmarshal([]byte(cols[9]), &found); err != nil {
-			add(handoffCheckFailed, "settings column unreadable: %v", err)
-			return out
-		}
-	}
-	var bad []string
-	for name, value := range found {
-		if _, reported := e.params[name]; reported {
-			continue
-		}
-		want, ok := e.applied[name]
-		switch {
-		case !ok && value == "" && strings.Contains(name, "."):
-			// A customized option reset: a placeholder stays, empty.
-		case !ok:
-			bad = append(bad, fmt.Sprintf("%s set (not by poolerd)", name))
-		case want != value && e.norm[name] == want:
-			bad = append(bad, fmt.Sprintf("%s differs from the value poolerd applied", name))
-		}
-	}
-	for name, want := range e.applied {
-		if _, ok := found[name]; ok || name == "role" {
-			continue
-		}
-		if _, reported := e.params[name]; reported || want == "" && strings.Contains(name, ".") {
-			continue
-		}
-		bad = append(bad, fmt.Sprintf("%s no longer set", name))
-	}
-	if len(bad) > 0 {
-		sort.Strings(bad)
-		add(handoffSetting, "%s", strings.Join(bad, ", "))
-	}
-	return out
-}
 
 // handoffClient is who left a connection, for the WARN: no secret.
 type handoffClient struct {
@@ -298,7 +102,7 @@ func (sc *serverConn) prepareHandoffLocked(own *session) string {
 	}
 	sc.verifyRow = sc.verifyRow[:0]
 	sc.verifyGot = false
-	return handoffSQL(sc.handoffCustomLocked(own))
+	return txstate.HandoffSQL(sc.handoffCustomLocked(own))
 }
 
 // verifyLocked sends the check for own on a clean connection, which own
@@ -356,8 +160,8 @@ func (sc *serverConn) handoffRow(body []byte, truncated bool) {
 // dirty or failed, it is marked broken, to be closed at its idle point,
 // and the WARN and the metric say so.
 func (sc *serverConn) handoffAnsweredLocked() {
-	var found []handoffFinding
-	cols, ok := parseHandoffRow(sc.verifyRow)
+	var found []txstate.HandoffFinding
+	cols, ok := txstate.ParseHandoffRow(sc.verifyRow)
 	switch {
 	case !sc.verifyGot || !ok:
 		what := "no complete answer"
@@ -365,12 +169,12 @@ func (sc *serverConn) handoffAnsweredLocked() {
 			what = sc.opErr.Error()
 			sc.opErr = nil // the check's own error
 		}
-		found = []handoffFinding{{handoffCheckFailed, what}}
+		found = []txstate.HandoffFinding{{Kind: txstate.HandoffCheckFailed, What: what}}
 	default:
 		role := sc.applied["role"]
-		found = checkHandoff(cols, handoffExpect{
-			login: sc.loginAuth, role: role, roleReset: sc.roleBy != 0, tracked: sc.verifyTracked,
-			params: sc.params, applied: sc.applied, norm: sc.normApplied,
+		found = txstate.CheckHandoff(cols, txstate.HandoffExpect{
+			Login: sc.loginAuth, Role: role, RoleReset: sc.roleBy != 0, Tracked: sc.verifyTracked,
+			Params: sc.params, Applied: sc.applied, Norm: sc.normApplied,
 		})
 	}
 	sc.verifyRow = sc.verifyRow[:0]
@@ -384,13 +188,13 @@ func (sc *serverConn) handoffAnsweredLocked() {
 }
 
 // reportHandoff logs and counts a dirty or failed check.
-func (sc *serverConn) reportHandoff(found []handoffFinding) {
+func (sc *serverConn) reportHandoff(found []txstate.HandoffFinding) {
 	kinds := make([]string, 0, len(found))
 	whats := make([]string, 0, len(found))
 	for _, f := range found {
-		kinds = append(kinds, f.kind)
-		whats = append(whats, f.kind+": "+f.what)
-		sc.dbp.srv.countHandoffDirty(f.kind)
+		kinds = append(kinds, f.Kind)
+		whats = append(whats, f.Kind+": "+f.What)
+		sc.dbp.srv.countHandoffDirty(f.Kind)
 	}
 	fields := []zap.Field{zap.Uint64("conn_id", sc.ID()), zap.Strings("kinds", kinds),
 		zap.String("found", strings.Join(whats, "; "))}
@@ -409,17 +213,8 @@ const handoffDirtyMsg = "hand-off check: server connection holds session state p
 // countHandoffDirty counts one finding of kind.
 func (srv *Server) countHandoffDirty(kind string) {
 	if m := srv.metrics; m != nil {
-		m.handoffDirty[handoffKindIndex(kind)].Inc()
+		m.handoffDirty[txstate.HandoffKindIndex(kind)].Inc()
 	}
-}
-
-func handoffKindIndex(kind string) int {
-	for i, k := range handoffKinds {
-		if k == kind {
-			return i
-		}
-	}
-	return len(handoffKinds) - 1
 }
 
 // verifyHandoff runs the check synchronously on a connection nobody holds,

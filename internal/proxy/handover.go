@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/internal/txstate"
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
@@ -209,7 +210,7 @@ func (s *session) handOverState() ([]byte, string) {
 	s.stmu.Lock()
 	for name, d := range s.stmts {
 		st.Statements = append(st.Statements, handOverStmt{Name: name, Key: []byte(d.key),
-			Settings: d.eff.settings, Calls: d.eff.calls, Commits: d.eff.commits})
+			Settings: d.eff.Settings, Calls: d.eff.Calls, Commits: d.eff.Commits})
 	}
 	s.stmu.Unlock()
 	b, err := json.Marshal(&st)
@@ -312,7 +313,7 @@ func (s *session) adopt(st *handOver, cfg *config.Config) *wire.Error {
 		}
 		s.custom[n] = true
 	}
-	s.pkey = paramsKey(s.params)
+	s.pkey = txstate.ParamsKey(s.params)
 	if set, ok := dbp.shareParams(s.pkey, s.params); ok {
 		s.params, s.pkey, s.paramsShared = set.params, set.key, true
 	}

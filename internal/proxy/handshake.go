@@ -25,6 +25,7 @@ import (
 	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/internal/hba"
 	"github.com/poolerd/poolerd/internal/netopt"
+	"github.com/poolerd/poolerd/internal/txstate"
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
@@ -407,7 +408,7 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	case s.login.repl != replNone:
 		params = replicationParams(raw)
 	default:
-		params, err = startupParams(raw)
+		params, err = txstate.StartupParams(raw)
 	}
 	if err == nil && s.login.repl == replNone && cfg.ApplicationNameAddHost && !IsConsoleDatabase(s.database) {
 		// As PgBouncer: at login only; a later SET is the client's.
@@ -528,7 +529,7 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	s.params = map[string]string{}
 	defaults := dbp.defaultParams()
 	for k, v := range defaults {
-		if syncedParam(k) {
+		if txstate.SyncedParam(k) {
 			s.params[k] = v
 		}
 	}
@@ -536,7 +537,7 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	// Clients of one application have the same parameters: they share one
 	// map (copied before a change, see ownParams), which an idle client
 	// would otherwise hold alone.
-	s.pkey = paramsKey(s.params)
+	s.pkey = txstate.ParamsKey(s.params)
 	if set, ok := dbp.shareParams(s.pkey, s.params); ok {
 		s.params, s.pkey, s.paramsShared = set.params, set.key, true
 	}
@@ -936,13 +937,21 @@ func (srv *Server) verifier(user string, secret auth.Secret, known bool) *auth.S
 		return nil
 	}
 	srv.mu.Lock()
-	defer srv.mu.Unlock()
-	if v, ok := srv.verifiers[user]; ok {
+	v, ok := srv.verifiers[user]
+	srv.mu.Unlock()
+	if ok {
 		return v
 	}
+	// Derived without srv.mu held: 4096 rounds of PBKDF2 take milliseconds,
+	// and every accept, login and snapshot takes that lock.
 	v, err := auth.DeriveSCRAMVerifier(pw, nil, auth.DefaultSCRAMIterations)
 	if err != nil {
 		return nil
+	}
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	if first, ok := srv.verifiers[user]; ok {
+		return first // a concurrent login derived one first
 	}
 	srv.verifiers[user] = v
 	return v

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/poolerd/poolerd/internal/sqlscan"
+	"github.com/poolerd/poolerd/internal/txstate"
 )
 
 // counters are a pool's traffic totals since start, kept with atomics on
@@ -101,9 +102,9 @@ type metrics struct {
 	checkoutWait, queryDur, xactDur *prometheus.HistogramVec
 	// handoffDirtyVec counts the hand-off checks that found a dirty
 	// connection, by kind (handoff.go); handoffDirty are its children,
-	// in handoffKinds' order.
+	// in txstate.HandoffKinds' order.
 	handoffDirtyVec *prometheus.CounterVec
-	handoffDirty    [len(handoffKinds)]prometheus.Counter
+	handoffDirty    [len(txstate.HandoffKinds)]prometheus.Counter
 }
 
 // poolMetrics are one pool's histogram children, resolved once when the
@@ -139,7 +140,7 @@ func newMetrics() *metrics {
 			Help: "Server connections the hand-off check (verify_handoff) closed, by kind of session state found (a connection with several kinds counts once per kind; check_failed: the check itself failed).",
 		}, []string{"kind"}),
 	}
-	for i, k := range handoffKinds {
+	for i, k := range txstate.HandoffKinds {
 		m.handoffDirty[i] = m.handoffDirtyVec.WithLabelValues(k)
 	}
 	return m

@@ -1,12 +1,11 @@
 package proxy
 
 import (
-	"fmt"
 	"time"
 
 	"go.uber.org/zap"
 
-	"github.com/poolerd/poolerd/internal/sqlscan"
+	"github.com/poolerd/poolerd/internal/txstate"
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
@@ -37,7 +36,7 @@ import (
 // read back.
 //
 // A request can change the transaction status it started in, so the
-// decision looks at what the lost request may have done (txShape), not only
+// decision looks at what the lost request may have done (txstate.TxShape), not only
 // at that status. From the request's statements in order (a simple Query's
 // text; for the extended protocol, the statement each Execute of the Sync
 // group runs, known from its Bind, or, with max_prepared_statements 0,
@@ -83,62 +82,8 @@ import (
 // lost one would have been after an error (see abortSQL).
 const failBlockSQL = "BEGIN; DO $poolerd$BEGIN RAISE EXCEPTION 'poolerd: the transaction was lost with its server connection'; END$poolerd$"
 
-// keepPlan is what a client that keeps its session is told.
-type keepPlan struct {
-	werr   *wire.Error // the error
-	answer []byte      // written now: werr and ReadyForQuery; nil when nothing is owed
-}
-
-// txShape is what a request may have done to the transaction status, from
-// its statements in order (see the comment at the top): a set of the
-// flags below.
-type txShape uint8
-
-const (
-	// txOpens: the last block boundary opens a block (BEGIN, START
-	// TRANSACTION).
-	txOpens txShape = 1 << iota
-	// txEnds: the last block boundary ends a block (COMMIT, END, ROLLBACK,
-	// ABORT).
-	txEnds
-	// txAfterEnd: a statement ran after that end, outside any block: it
-	// may have committed.
-	txAfterEnd
-	// txUnknown is the shape of text that was not read whole: it may
-	// have opened a block, and run statements outside one.
-	txUnknown = txOpens | txAfterEnd
-)
-
-// shapeOf is the shape of SQL text with effects e; truncated says it was
-// not read whole.
-func shapeOf(e sqlscan.Effects, truncated bool) txShape {
-	switch {
-	case truncated:
-		return txUnknown
-	case e.BeginTx:
-		return txOpens
-	case e.AfterEndTx:
-		return txEnds | txAfterEnd
-	case e.EndTx:
-		return txEnds
-	}
-	return 0
-}
-
-// then is the shape of a request of shape a that runs statements of shape
-// b next.
-func (a txShape) then(b txShape) txShape {
-	switch {
-	case b&(txOpens|txEnds) != 0:
-		return b // b's last boundary is the request's
-	case a&txEnds != 0:
-		return a | txAfterEnd // b runs after a's end
-	}
-	return a
-}
-
 // textShape is the shape of the Query or Parse just scanned (s.eff).
-func (s *session) textShape() txShape { return shapeOf(s.eff, s.cur.Truncated()) }
+func (s *session) textShape() txstate.TxShape { return txstate.ShapeOf(s.eff, s.cur.Truncated()) }
 
 // noteShape records in b what the Query or Parse of type t just scanned
 // may do to the transaction status: a Query's text is its request's
@@ -148,8 +93,8 @@ func (s *session) noteShape(b *batch, t byte) {
 	switch {
 	case t == 'Q':
 		sh := s.textShape()
-		b.opens = b.opens || sh&txOpens != 0
-		b.commits = b.commits || sh&txAfterEnd != 0
+		b.opens = b.opens || sh&txstate.TxOpens != 0
+		b.commits = b.commits || sh&txstate.TxAfterEnd != 0
 	case t == 'P' && !s.tracked:
 		s.bindTx = s.textShape()
 	}
@@ -183,8 +128,8 @@ func (s *session) noteRuns(b *batch, t byte) {
 		b.commits = b.commits || s.portalCommits || !s.tracked
 		s.groupRan = true
 		s.groupMsgs++
-		s.grpTx = s.grpTx.then(s.bindTx)
-		if s.bindDrop != dropNone && s.tracked {
+		s.grpTx = s.grpTx.Then(s.bindTx)
+		if s.bindDrop != txstate.DropNone && s.tracked {
 			if sc := s.server.Load(); sc != nil {
 				s.dropStatements(sc, s.bindDrop, b.reqs)
 			}
@@ -195,8 +140,8 @@ func (s *session) noteRuns(b *batch, t byte) {
 		s.groupMsgs++
 	case 'S':
 		s.groupRan, s.groupMsgs = false, 0
-		b.opens = b.opens || s.grpTx&txOpens != 0
-		b.commits = b.commits || s.grpTx&txAfterEnd != 0
+		b.opens = b.opens || s.grpTx&txstate.TxOpens != 0
+		b.commits = b.commits || s.grpTx&txstate.TxAfterEnd != 0
 		s.grpTx = 0
 	default:
 		s.groupMsgs++
@@ -209,7 +154,7 @@ func (s *session) noteRuns(b *batch, t byte) {
 // On keep, the client's statement names are put back as an error would
 // leave them, s is told how to go on, lossMu is locked (kept unlocks it)
 // and sc is detached from s; nil means the session ends.
-func (s *session) keepLocked(sc *serverConn, lostErr *wire.Error, limit time.Duration) *keepPlan {
+func (s *session) keepLocked(sc *serverConn, lostErr *wire.Error, limit time.Duration) *txstate.KeepPlan {
 	if !s.mayKeep() || s.severed.Load() || s.sawFatal.Load() ||
 		sc.busy || sc.unsynced || sc.midFrame || sc.clientMid || sc.copyIn.Load() ||
 		sc.snapZ.Load() >= 0 || s.dirtyGen.Load() != s.cleanGen.Load() {
@@ -222,7 +167,7 @@ func (s *session) keepLocked(sc *serverConn, lostErr *wire.Error, limit time.Dur
 	// opens: the request in flight may have opened a block itself.
 	opens := owed == 1 && !inBlock && sc.openZ > sc.zRecv
 	failed := inBlock || opens // the client is left in a failed block
-	kp := &keepPlan{}
+	kp := &txstate.KeepPlan{}
 	switch {
 	case owed > 1 || owed < 0:
 		return nil // a pipeline: which of its requests ran is unknown
@@ -233,16 +178,16 @@ func (s *session) keepLocked(sc *serverConn, lostErr *wire.Error, limit time.Dur
 		if !failed && sc.runZ > sc.zRecv {
 			code = "08007"
 		}
-		kp.werr = lossError(code, inBlock, opens, false, lostErr, limit)
+		kp.Err = txstate.LossError(code, inBlock, opens, false, lostErr, limit)
 		status := byte(wire.TxIdle)
 		if failed {
 			status = wire.TxFailed
 		}
-		kp.answer = wire.AppendReadyForQuery(kp.werr.Append(nil), status)
+		kp.Answer = wire.AppendReadyForQuery(kp.Err.Append(nil), status)
 	case inBlock:
 		// Idle in a transaction block: its next request is told.
-		kp.werr = lossError("08006", true, false, true, lostErr, limit)
-		s.owed.Store(kp.werr)
+		kp.Err = txstate.LossError("08006", true, false, true, lostErr, limit)
+		s.owed.Store(kp.Err)
 	}
 	if failed {
 		s.failedBlock.Store(true)
@@ -257,15 +202,15 @@ func (s *session) keepLocked(sc *serverConn, lostErr *wire.Error, limit time.Dur
 
 // kept finishes keepLocked once sc.mu is released: the client gets its
 // answer before anything of a later request.
-func (s *session) kept(sc *serverConn, kp *keepPlan, err error) {
-	if kp.answer != nil {
-		s.writeClient(kp.answer)
-		s.dbp.ctr.countError(kp.werr.Code)
+func (s *session) kept(sc *serverConn, kp *txstate.KeepPlan, err error) {
+	if kp.Answer != nil {
+		s.writeClient(kp.Answer)
+		s.dbp.ctr.countError(kp.Err.Code)
 	}
 	s.lossMu.Unlock()
 	fields := []zap.Field{zap.Uint64("conn_id", sc.ID()), zap.Error(err)}
-	if kp.werr != nil {
-		fields = append(fields, zap.String("sqlstate", kp.werr.Code), zap.String("reason", kp.werr.Message))
+	if kp.Err != nil {
+		fields = append(fields, zap.String("sqlstate", kp.Err.Code), zap.String("reason", kp.Err.Message))
 	}
 	s.log.Warn("server connection lost while in use; the client keeps its session", fields...)
 }
@@ -285,39 +230,4 @@ func (s *session) closeHung(sc *serverConn, limit time.Duration) bool {
 	sc.mu.Unlock()
 	s.dbp.pool.Discard(sc, evictHung)
 	return true
-}
-
-// lossError is the ERROR a client that keeps its session gets: code 08006,
-// or 08007 when a statement outside a block may have committed; inBlock
-// and idle say where the client was, opened that its request, outside a
-// block, may have opened one.
-func lossError(code string, inBlock, opened, idle bool, lostErr *wire.Error, limit time.Duration) *wire.Error {
-	e := &wire.Error{Severity: "ERROR", Code: code, Message: "server connection lost"}
-	switch {
-	case limit > 0:
-		e.Message = fmt.Sprintf("server did not respond within server_response_timeout (%s); its connection was closed", limit)
-	case lostErr != nil:
-		e.Message = "server connection lost: " + lostErr.Message
-	}
-	switch {
-	case idle:
-		e.Detail = "the server connection was lost while the transaction block was idle, and the transaction was rolled back; until ROLLBACK, statements fail with 25P02 as in any failed transaction"
-		e.Hint = "roll back, then run the transaction again"
-	case inBlock:
-		e.Detail = "the transaction was rolled back with its server connection; until ROLLBACK, statements fail with 25P02 as in any failed transaction"
-		e.Hint = "roll back, then run the transaction again"
-	case opened:
-		e.Detail = "the request opened a transaction block, which was rolled back with its server connection; until ROLLBACK, statements fail with 25P02 as in any failed transaction"
-		e.Hint = "roll back, then run the transaction again"
-	case code == "08007":
-		e.Detail = "the statement may or may not have completed before the server connection was lost; the session is kept, and its next request runs on another server connection"
-		e.Hint = "if the statement changes data, check whether it took effect before running it again"
-	default:
-		e.Detail = "no statement of the request ran; the session is kept, and its next request runs on another server connection"
-		e.Hint = "run the request again"
-	}
-	if limit > 0 {
-		e.Hint += "; if the server is healthy but slow, raise server_response_timeout (it must exceed the longest query)"
-	}
-	return e
 }

@@ -6,49 +6,8 @@ import (
 	"testing"
 	"unsafe"
 
-	"github.com/poolerd/poolerd/internal/pool"
+	"github.com/poolerd/poolerd/internal/txstate"
 )
-
-func TestParseOptions(t *testing.T) {
-	for _, tc := range []struct {
-		in   string
-		want map[string]string
-		err  string
-	}{
-		{"-c search_path=a,b", map[string]string{"search_path": "a,b"}, ""},
-		{"-csearch_path=x --work-mem=4MB", map[string]string{"search_path": "x", "work_mem": "4MB"}, ""},
-		{`-c application_name=two\ words`, map[string]string{"application_name": "two words"}, ""},
-		{"  -c a=1\t-c b=2  ", map[string]string{"a": "1", "b": "2"}, ""},
-		{"-c", nil, "needs name=value"},
-		{"-c novalue", nil, "not name=value"},
-		{"-d 5", nil, "not supported"},
-	} {
-		got, err := parseOptions(tc.in)
-		if tc.err != "" {
-			if err == nil || !strings.Contains(err.Error(), tc.err) {
-				t.Errorf("%q: want error %q, got %v", tc.in, tc.err, err)
-			}
-			continue
-		}
-		if err != nil || !reflect.DeepEqual(got, tc.want) {
-			t.Errorf("%q: got %v %v, want %v", tc.in, got, err, tc.want)
-		}
-	}
-}
-
-func TestStartupParams(t *testing.T) {
-	got, werr := startupParams(map[string]string{
-		"user": "u", "database": "d", "_pq_.x": "1", "DATESTYLE": "ISO", "application_name": "a",
-		"options": "-c TimeZone=UTC", "replication": "false",
-	})
-	if werr != nil {
-		t.Fatal(werr)
-	}
-	want := map[string]string{"DateStyle": "ISO", "application_name": "a", "TimeZone": "UTC"}
-	if !reflect.DeepEqual(got, want) {
-		t.Fatalf("got %v want %v", got, want)
-	}
-}
 
 // parseReplication reads the replication parameter as PostgreSQL does.
 func TestParseReplication(t *testing.T) {
@@ -71,47 +30,6 @@ func TestParseReplication(t *testing.T) {
 		"options": "-c extra_float_digits=3 -B 1", "application_name": "sub"})
 	if want := map[string]string{"options": "-c extra_float_digits=3 -B 1", "application_name": "sub"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("replicationParams: %v, want %v (options verbatim)", got, want)
-	}
-}
-
-func TestQuoting(t *testing.T) {
-	if got := quoteLiteral(`it's a \path`); got != `E'it''s a \\path'` {
-		t.Errorf("quoteLiteral: %s", got)
-	}
-	if got := quoteIdent(`myapp.we"ird`); got != `"myapp"."we""ird"` {
-		t.Errorf("quoteIdent: %s", got)
-	}
-}
-
-func TestParamSyncSQL(t *testing.T) {
-	sc := &serverConn{
-		Entry:   pool.Entry{},
-		params:  map[string]string{"application_name": "", "DateStyle": "ISO, MDY", "server_version": "15"},
-		applied: map[string]string{"work_mem": "64MB"},
-	}
-	want := map[string]string{"application_name": "app", "DateStyle": "ISO, MDY", "extra_float_digits": "3"}
-	got := paramSyncSQL(want, sc)
-	exp := []syncStmt{
-		{sql: "SELECT pg_catalog.set_config(E'application_name', E'app', false)"},
-		{sql: "SELECT pg_catalog.set_config(E'extra_float_digits', E'3', false)", name: "extra_float_digits"},
-		{sql: "RESET \"work_mem\""},
-	}
-	if !reflect.DeepEqual(got, exp) {
-		t.Fatalf("got  %q\nwant %q", got, exp)
-	}
-	if !reflect.DeepEqual(sc.applied, map[string]string{"extra_float_digits": "3"}) {
-		t.Fatalf("applied %v", sc.applied)
-	}
-	// The server reports the new application_name; nothing left to do.
-	sc.params["application_name"] = "app"
-	if got := paramSyncSQL(want, sc); got != nil {
-		t.Fatalf("second sync: %q", got)
-	}
-	// A reported parameter that is not per client is never set.
-	for _, st := range paramSyncSQL(map[string]string{"server_version": "16"}, sc) {
-		if strings.Contains(st.sql, "server_version") {
-			t.Fatalf("tried to set server_version: %s", st.sql)
-		}
 	}
 }
 
@@ -157,9 +75,6 @@ func TestSyncParamsRemembersMatchingKey(t *testing.T) {
 	if a.pkey != "" {
 		t.Fatal("key kept after a parameter change")
 	}
-	if paramsKey(nil) == "" || paramsKey(map[string]string{"a": "b=c"}) == paramsKey(map[string]string{"a=b": "c"}) {
-		t.Fatal("paramsKey is empty or ambiguous")
-	}
 }
 
 // TestSharedParamsCopiedOnWrite: clients with the same parameters share one
@@ -169,7 +84,7 @@ func TestSharedParamsCopiedOnWrite(t *testing.T) {
 	d := &dbPool{}
 	login := func(app string) *session {
 		s := &session{params: map[string]string{"application_name": app, "TimeZone": "UTC"}}
-		s.pkey = paramsKey(s.params)
+		s.pkey = txstate.ParamsKey(s.params)
 		if set, ok := d.shareParams(s.pkey, s.params); ok {
 			s.params, s.pkey, s.paramsShared = set.params, set.key, true
 		}

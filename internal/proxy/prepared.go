@@ -1,17 +1,14 @@
 package proxy
 
 import (
-	"bytes"
 	"container/list"
 	"encoding/binary"
-	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 
 	"go.uber.org/zap"
 
-	"github.com/poolerd/poolerd/internal/sqlscan"
+	"github.com/poolerd/poolerd/internal/txstate"
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
@@ -23,7 +20,7 @@ import (
 // with the same parameter types and search_path (stmtRegistry). A definition
 // has a server-side name, poolerd_s<N>. Each server connection remembers,
 // least recently used last, which definitions are prepared on it
-// (serverStmts). When a client's Bind or Describe names a statement its
+// (txstate.ServerStmts). When a client's Bind or Describe names a statement its
 // current server does not have, poolerd sends the definition's Parse first and
 // swallows its ParseComplete.
 //
@@ -77,122 +74,12 @@ type stmtDef struct {
 	// text when the definition is made (never changed after); custom
 	// lists the customized options (a.b) the text names, when it may
 	// change settings. Every Bind of the statement applies them again.
-	eff    stmtEffects
+	eff    txstate.StmtEffects
 	custom []string
 	// txExit: the statement ends a transaction (COMMIT, END, ROLLBACK,
 	// ABORT, ROLLBACK TO SAVEPOINT, PREPARE TRANSACTION), which
 	// PostgreSQL parses even in a failed transaction block.
 	txExit bool
-}
-
-// txExitStmt reports whether query is one of the statements PostgreSQL's
-// IsTransactionExitStmt accepts in a failed transaction block.
-func txExitStmt(query []byte) bool {
-	if i := bytes.IndexByte(query, 0); i >= 0 {
-		query = query[:i]
-	}
-	f := strings.Fields(strings.ToLower(string(query[:min(len(query), 64)])))
-	if len(f) == 0 {
-		return false
-	}
-	w := strings.TrimRight(f[0], ";")
-	switch w {
-	case "commit", "end", "rollback", "abort":
-		return true
-	case "prepare":
-		return len(f) > 1 && strings.HasPrefix(f[1], "transaction")
-	}
-	return false
-}
-
-// stmtEffects is what running a statement does to the session, from its
-// text (sqlscan.Scan): the pin it creates and the pinned state it may undo,
-// whether it may change settings, call a function that may set the role,
-// or commit. Effects belong to a statement, not to its first Parse: every
-// execution (each Bind of a named or the unnamed statement) applies them
-// again, so that a prepared SET ROLE run again after RESET ROLE unpinned
-// its client pins it again.
-type stmtEffects struct {
-	pin, undo                sqlscan.Kinds
-	settings, calls, commits bool
-	tx                       txShape // what it may do to the transaction status (keep.go)
-	drop                     dropAll // it drops every prepared statement of the session
-}
-
-// dropAll says whether a statement drops every prepared statement of the
-// session, and with which command (the tag of its CommandComplete).
-type dropAll uint8
-
-const (
-	dropNone       dropAll = iota
-	dropDeallocate         // DEALLOCATE ALL
-	dropDiscard            // DISCARD ALL
-)
-
-// dropOf is e's dropAll.
-func dropOf(e sqlscan.Effects) dropAll {
-	switch {
-	case !e.DeallocateAll:
-		return dropNone
-	case e.FirstDropAllDiscard:
-		return dropDiscard
-	default:
-		// DEALLOCATE ALL first (a DISCARD ALL after it in the same text
-		// may fail, in a multi-statement Query always: the drop is final
-		// at the DEALLOCATE ALL's CommandComplete).
-		return dropDeallocate
-	}
-}
-
-// tag is the CommandComplete tag of the command.
-func (d dropAll) tag() string {
-	if d == dropDiscard {
-		return "DISCARD ALL"
-	}
-	return "DEALLOCATE ALL"
-}
-
-// effectsOf keeps what of e a statement's execution repeats (truncated:
-// the text was longer than the scanner read).
-func effectsOf(e sqlscan.Effects, truncated bool) stmtEffects {
-	var r stmtEffects
-	r.pin.Add(e.Pin)
-	r.undo = e.Undo
-	r.settings, r.calls, r.commits = e.Settings, e.Calls, e.Commits
-	r.tx = shapeOf(e, truncated)
-	r.drop = dropOf(e)
-	return r
-}
-
-// effects is e as the scanner's result, for stateEffects.
-func (e stmtEffects) effects() sqlscan.Effects {
-	r := sqlscan.Effects{Undo: e.undo, Settings: e.settings, Calls: e.calls, Commits: e.commits}
-	for k := range e.pin.All() {
-		r.Pin = k
-		break
-	}
-	return r
-}
-
-// textEffects scans a statement's text (a Parse body after its name: the
-// query, NUL, parameter types) as scanEffects does.
-func textEffects(rest []byte) (stmtEffects, []string) {
-	if i := bytes.IndexByte(rest, 0); i >= 0 {
-		rest = rest[:i]
-	}
-	truncated := len(rest) > maxScan
-	if truncated {
-		rest = rest[:maxScan]
-	}
-	e := sqlscan.Scan(string(rest))
-	if truncated {
-		e.Settings, e.Commits = true, true
-	}
-	var custom []string
-	if e.Settings && bytes.IndexByte(rest, '.') >= 0 {
-		custom = sqlscan.CustomOptions(string(rest))
-	}
-	return effectsOf(e, truncated), custom
 }
 
 // maxUnusedStmts is how many definitions no client maps the registry keeps,
@@ -223,7 +110,7 @@ func (r *stmtRegistry) useLocked(d *stmtDef) {
 // name: query, NUL, parameter types) for a client whose search_path is
 // searchPath, with one more reference.
 func (r *stmtRegistry) acquire(searchPath string, rest []byte) *stmtDef {
-	key := stmtKey(searchPath, rest)
+	key := txstate.StmtKey(searchPath, rest)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if d := r.byKey[string(key)]; d != nil {
@@ -237,23 +124,16 @@ func (r *stmtRegistry) acquire(searchPath string, rest []byte) *stmtDef {
 	frame = append(append(append(frame, name...), 0), rest...)
 	binary.BigEndian.PutUint32(frame[1:], uint32(len(frame)-1))
 	d := &stmtDef{name: name, key: string(key), parse: frame, refs: 1}
-	d.eff, d.custom = textEffects(rest)
-	d.txExit = txExitStmt(rest)
+	d.eff, d.custom = txstate.TextEffects(rest)
+	d.txExit = txstate.TxExitStmt(rest)
 	r.byKey[d.key] = d
 	return d
-}
-
-// stmtKey is a definition's identity: search_path, NUL, and the Parse body
-// after the statement name.
-func stmtKey(searchPath string, rest []byte) []byte {
-	key := make([]byte, 0, len(searchPath)+1+len(rest))
-	return append(append(append(key, searchPath...), 0), rest...)
 }
 
 // lookup returns the definition of rest for searchPath if there is one,
 // without a reference.
 func (r *stmtRegistry) lookup(searchPath string, rest []byte) *stmtDef {
-	key := stmtKey(searchPath, rest)
+	key := txstate.StmtKey(searchPath, rest)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.byKey[string(key)]
@@ -285,59 +165,6 @@ func (r *stmtRegistry) release(d *stmtDef) {
 		old.unused = nil
 		delete(r.byKey, old.key)
 	}
-}
-
-// serverStmts is what is prepared on one server connection, most recently
-// used first. Guarded by the connection's mu.
-type serverStmts struct {
-	byName map[string]*list.Element // of string (the server-side name)
-	lru    list.List
-}
-
-func (ss *serverStmts) has(name string) bool {
-	if e := ss.byName[name]; e != nil {
-		ss.lru.MoveToFront(e)
-		return true
-	}
-	return false
-}
-
-func (ss *serverStmts) add(name string) {
-	if ss.byName == nil {
-		ss.byName = map[string]*list.Element{}
-	}
-	if e := ss.byName[name]; e != nil {
-		ss.lru.MoveToFront(e)
-		return
-	}
-	ss.byName[name] = ss.lru.PushFront(name)
-}
-
-func (ss *serverStmts) remove(name string) {
-	if e := ss.byName[name]; e != nil {
-		ss.lru.Remove(e)
-		delete(ss.byName, name)
-	}
-}
-
-// names lists the names, least recently used first.
-func (ss *serverStmts) names() []string {
-	out := make([]string, 0, ss.lru.Len())
-	for e := ss.lru.Back(); e != nil; e = e.Prev() {
-		out = append(out, e.Value.(string))
-	}
-	return out
-}
-
-// oldest returns the least recently used name.
-func (ss *serverStmts) oldest() string { return ss.lru.Back().Value.(string) }
-
-func (ss *serverStmts) len() int { return len(ss.byName) }
-
-// clear forgets everything (DISCARD ALL, DEALLOCATE ALL).
-func (ss *serverStmts) clear() {
-	clear(ss.byName)
-	ss.lru.Init()
 }
 
 // opKind says what undoing a queue entry means.
@@ -394,7 +221,7 @@ type dropped struct {
 func (d *dropped) undo(sc *serverConn) {
 	for _, name := range d.names {
 		if !d.gone[name] {
-			sc.stmts.add(name)
+			sc.stmts.Add(name)
 		}
 	}
 }
@@ -532,20 +359,20 @@ func (sc *serverConn) undoOpLocked(op stmtOp) {
 	switch op.kind {
 	case opClientParse:
 		op.sess.unmapStatement(op.client, op.def)
-		sc.stmts.remove(op.def.name)
+		sc.stmts.Remove(op.def.name)
 		op.forgetInDrops()
 	case opCacheHit:
 		op.sess.unmapStatement(op.client, op.def)
 		op.forgetInDrops()
 	case opInject:
-		sc.stmts.remove(op.def.name)
+		sc.stmts.Remove(op.def.name)
 		op.forgetInDrops()
 	case opNopClose:
 		if op.ran {
 			sc.broken = true // the scratch statement stays on the server
 		}
 	case opEvict:
-		sc.stmts.add(op.name) // still prepared: list it again
+		sc.stmts.Add(op.name) // still prepared: list it again
 	case opClientClose:
 		op.sess.remapStatement(op.client, op.def)
 	case opInjectUnnamed, opSwallowClose:
@@ -577,19 +404,6 @@ func (op *stmtOp) forgetInDrops() {
 			d.goneClient[op.client] = true
 		}
 	}
-}
-
-// duplicateError is what a client gets for a Parse of a name it already
-// has, in place of the server's error that names the definition.
-func duplicateError(sev, client string) []byte {
-	return (&wire.Error{Severity: sev, Code: "42P05",
-		Message: fmt.Sprintf("prepared statement \"%s\" already exists", client)}).Append(nil)
-}
-
-// isDuplicateOf reports whether an ErrorResponse body is the server's 42P05
-// for server-side name name.
-func isDuplicateOf(code, msg, name string) bool {
-	return code == "42P05" && strings.Contains(msg, `"`+name+`"`)
 }
 
 // qCommitted runs the commit of the first pending qUndo of the running

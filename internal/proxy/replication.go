@@ -28,6 +28,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/poolerd/poolerd/internal/backend"
+	"github.com/poolerd/poolerd/internal/txstate"
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
@@ -158,7 +159,7 @@ func (s *session) openReplication(ctx context.Context, params map[string]string)
 	// The entry's server_parameters, under the client's own.
 	sp := map[string]string{}
 	for k, v := range dbp.route().ServerParams {
-		sp[canonicalParam(k)] = v
+		sp[txstate.CanonicalParam(k)] = v
 	}
 	maps.Copy(sp, params)
 	sp["replication"] = s.login.repl.startupValue()

@@ -129,7 +129,7 @@ func (sc *serverConn) sendRetryLocked(own *session, prefix []byte) {
 	sc.stq.push(stmtOp{zseq: z, kind: opEvict, close: true, swallow: true, name: def.name})
 	sc.stq.push(stmtOp{zseq: z, kind: opInject, swallow: true, def: def})
 	sc.nops.Add(2)
-	sc.stmts.add(def.name)
+	sc.stmts.Add(def.name)
 	if !sc.replayOpen {
 		sc.pending++
 		sc.zSent++
@@ -217,7 +217,7 @@ func (s *session) noteFirstUse(sc *serverConn, name string, def *stmtDef, zb int
 		return
 	}
 	sc.mu.Lock()
-	has := sc.stmts.has(def.name) // else it is prepared afresh
+	has := sc.stmts.Has(def.name) // else it is prepared afresh
 	sc.mu.Unlock()
 	if has {
 		s.hitDef, s.hitZB, s.hitStart = def, zb, true

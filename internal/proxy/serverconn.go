@@ -17,6 +17,7 @@ import (
 	"github.com/poolerd/poolerd/internal/backend"
 	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/internal/pool"
+	"github.com/poolerd/poolerd/internal/txstate"
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
@@ -72,7 +73,7 @@ type serverConn struct {
 	snapZ    atomic.Int64
 	snapRows map[string]string
 	snapGen  uint64 // the owner's dirtyGen when the snapshot was sent (mu)
-	// checkZ is the group of a pin check (see pinCheckSQL) whose row the
+	// checkZ is the group of a pin check (see txstate.PinCheckSQL) whose row the
 	// reader keeps in checkRow (-1: none); checkGen is the owner's pinGen
 	// when it was sent (mu).
 	checkZ   atomic.Int64
@@ -150,9 +151,9 @@ type serverConn struct {
 	pending  int   // ReadyForQuery owed
 	zSent    int64 // messages producing a ReadyForQuery sent so far
 	swallowQ []int64
-	stq      stmtQueue   // Parse and Close in flight (prepared.go)
-	qundo    []qUndo     // DEALLOCATE and DISCARD ALL in flight
-	stmts    serverStmts // statements prepared on the connection
+	stq      stmtQueue           // Parse and Close in flight (prepared.go)
+	qundo    []qUndo             // DEALLOCATE and DISCARD ALL in flight
+	stmts    txstate.ServerStmts // statements prepared on the connection
 	// stmtEpoch is the pool's stmtEpoch its statements are known to be
 	// valid at; behind the pool's, they are dropped (DEALLOCATE ALL) at
 	// the next clean point.
@@ -648,8 +649,8 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 						own.writeFromServer(sc.yieldFn, buf[start:out])
 					}
 					switch {
-					case sc.dupClient != "" && isDuplicateOf(code, msg, sc.dupServer):
-						own.writeFromServer(sc.yieldFn, duplicateError(sev, sc.dupClient))
+					case sc.dupClient != "" && txstate.IsDuplicateOf(code, msg, sc.dupServer):
+						own.writeFromServer(sc.yieldFn, txstate.DuplicateError(sev, sc.dupClient))
 					case code == "26000" && own.tracked:
 						own.writeFromServer(sc.yieldFn, sc.unknownStatementReply(own, sev, code, msg))
 					default:
@@ -841,7 +842,7 @@ func (sc *serverConn) settleLocked(rfqs int, status byte) {
 		// next Parse of each prepares it again.
 		release = false
 		sc.stmtEpoch = sc.dbp.stmtEpoch.Load()
-		sc.stmts.clear()
+		sc.stmts.Clear()
 		sc.ownQueryLocked(nil, "DEALLOCATE ALL")
 	}
 	if release && own.settingsDirty() {
@@ -928,7 +929,7 @@ func (sc *serverConn) gone(err error) {
 	sc.mu.Lock()
 	sc.broken = true
 	own := sc.owner.Load()
-	var kp *keepPlan
+	var kp *txstate.KeepPlan
 	hung := time.Duration(sc.hung.Load())
 	if own != nil {
 		if kp = own.keepLocked(sc, sc.lostErr, hung); kp == nil {
@@ -1220,14 +1221,6 @@ func (sc *serverConn) applySnapshotLocked(rows map[string]string) {
 // role is not the session user: no parameter can have this name.
 const snapRoleRow = "poolerd role"
 
-// txScopedSettings are the settings of one transaction: PostgreSQL sets
-// them anew, from their default_ counterparts, when each transaction
-// starts, so they never carry anything from one client to the next. After
-// a SET TRANSACTION (or BEGIN ISOLATION LEVEL ...) pg_settings reports their
-// source as session for good, with the default value: the settings
-// snapshot and the hand-off check leave them out.
-var txScopedSettings = [...]string{"transaction_isolation", "transaction_read_only", "transaction_deferrable"}
-
 // snapshotSQL lists the session-level settings of a connection: what a
 // client's SET, RESET and set_config left behind (the reported parameters
 // are tracked through ParameterStatus instead), and the customized options
@@ -1236,8 +1229,8 @@ var txScopedSettings = [...]string{"transaction_isolation", "transaction_read_on
 // computed set_config: what the scanner cannot see).
 func snapshotSQL(custom []string) string {
 	notIn := "'role', 'session_authorization'"
-	for _, n := range txScopedSettings {
-		notIn += ", " + quoteLiteral(n)
+	for _, n := range txstate.TxScopedSettings {
+		notIn += ", " + txstate.QuoteLiteral(n)
 	}
 	q := "SELECT name, pg_catalog.current_setting(name) FROM pg_catalog.pg_settings " +
 		"WHERE source = 'session' AND name NOT IN (" + notIn + ") " +
@@ -1247,7 +1240,7 @@ func snapshotSQL(custom []string) string {
 	}
 	lits := make([]string, len(custom))
 	for i, n := range custom {
-		lits[i] = quoteLiteral(n)
+		lits[i] = txstate.QuoteLiteral(n)
 	}
 	return q + " UNION ALL SELECT n, pg_catalog.current_setting(n, true) FROM pg_catalog.unnest(ARRAY[" +
 		strings.Join(lits, ", ") + "]::text[]) AS n WHERE pg_catalog.current_setting(n, true) IS NOT NULL"
@@ -1263,7 +1256,7 @@ func (sc *serverConn) snapshotLocked(own *session) {
 // pinCheckLocked sends the pin check query for own on a clean connection.
 func (sc *serverConn) pinCheckLocked(own *session) {
 	sc.checkGen = own.undoGen.Load()
-	sc.ownQueryLocked(&sc.checkZ, pinCheckSQL(sc.loginAuth))
+	sc.ownQueryLocked(&sc.checkZ, txstate.PinCheckSQL(sc.loginAuth))
 }
 
 // ownQueryLocked sends one of poolerd's own queries whose answer the reader

@@ -19,6 +19,7 @@ import (
 	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/internal/pool"
 	"github.com/poolerd/poolerd/internal/sqlscan"
+	"github.com/poolerd/poolerd/internal/txstate"
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
@@ -105,22 +106,22 @@ type session struct {
 	// counts them.
 	unnamed     []byte
 	unnamedGen  uint64
-	unnamedEff  stmtEffects     // what running the unnamed statement does
-	unnamedVoid atomic.Uint32   // unnamedGen (low 32 bits) of an unnamed Parse the server failed or skipped: none then
-	eff         sqlscan.Effects // of the Query, Parse or Bind being handled
+	unnamedEff  txstate.StmtEffects // what running the unnamed statement does
+	unnamedVoid atomic.Uint32       // unnamedGen (low 32 bits) of an unnamed Parse the server failed or skipped: none then
+	eff         sqlscan.Effects     // of the Query, Parse or Bind being handled
 	// rawEff: with max_prepared_statements 0 (names passed through), the
 	// effects of the client's named statements that have any, by name,
 	// so that their Binds are held and apply them again.
-	rawEff map[string]stmtEffects
+	rawEff map[string]txstate.StmtEffects
 	// portalCommits: a portal bound since the session attached its server
 	// may commit when executed (see keep.go).
 	portalCommits bool
 	// syncFail: the parameter sync ends with failBlockQuery (see keep.go).
 	syncFail bool
-	// bindTx is the txShape of the statement of the latest Bind (the
+	// bindTx is the txstate.TxShape of the statement of the latest Bind (the
 	// unnamed statement's is unnamedEff.tx), grpTx that of the Executes of
 	// the extended-protocol request being read so far (keep.go).
-	bindTx, grpTx txShape
+	bindTx, grpTx txstate.TxShape
 	// hitDef is the first statement of the batch answered from the cache,
 	// hitZB its place (ReadyForQuery-producing messages before it);
 	// replayOn says the batch's bytes from replayAt on follow its scratch
@@ -136,7 +137,7 @@ type session struct {
 	// bindDrop: the statement of the latest Bind drops every prepared
 	// statement (DEALLOCATE ALL, DISCARD ALL); its Executes apply that
 	// (noteRuns, dropStatements).
-	bindDrop  dropAll
+	bindDrop  txstate.DropAll
 	hitDef    *stmtDef
 	hitZB     int
 	replayAt  int
@@ -253,7 +254,7 @@ type session struct {
 
 	// pmu guards params: the values this client's session should have on
 	// any server (startup parameters, then what ParameterStatus told it),
-	// pkey, their paramsKey ("" until needed after a change), and custom,
+	// pkey, their txstate.ParamsKey ("" until needed after a change), and custom,
 	// the customized options (a.b) the client touched.
 	pmu    sync.Mutex
 	params map[string]string
@@ -668,7 +669,7 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 					s.cur.Capture(s.cur.Len)
 				case (t == 'Q' || t == 'P') && s.stateful:
 					s.count(&b, t)
-					s.cur.Capture(maxScan)
+					s.cur.Capture(txstate.MaxScan)
 				case (t == 'Q' || t == 'P') && s.timeouts().any():
 					s.count(&b, t)
 					s.cur.Capture(maxQueryText + 128)
@@ -787,7 +788,7 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 		off += n
 	}
 	if !s.hold {
-		s.cur.Trim(maxScan)
+		s.cur.Trim(txstate.MaxScan)
 	}
 	b.midFrame = !s.hold && !s.dropFrame && !s.cur.AtBoundary()
 	return !s.flush(data(), b)
@@ -1363,20 +1364,20 @@ func (s *session) dequeued() {
 // not changed since, needs no comparison.
 //
 // It returns the Query frames and how many there are (one per statement,
-// see paramSyncSQL); sc.syncNames gets the parameter each sets, for the
+// see txstate.ParamSyncSQL); sc.syncNames gets the parameter each sets, for the
 // reader to keep the value the server answers.
 func (s *session) syncParams(sc *serverConn) ([]byte, int) {
 	sc.syncNames = sc.syncNames[:0]
 	s.pmu.Lock()
 	if s.pkey == "" {
-		s.pkey = paramsKey(s.params)
+		s.pkey = txstate.ParamsKey(s.params)
 	}
 	key := s.pkey
 	if sc.syncedGen == sc.paramGen && sc.syncedKey == key {
 		s.pmu.Unlock()
 		return nil, 0
 	}
-	stmts := paramSyncSQL(s.params, sc)
+	stmts := txstate.ParamSyncSQL(s.params, sc.params, sc.applied)
 	s.pmu.Unlock()
 	if len(stmts) == 0 {
 		sc.syncedKey, sc.syncedGen = key, sc.paramGen
@@ -1385,8 +1386,8 @@ func (s *session) syncParams(sc *serverConn) ([]byte, int) {
 	sc.paramGen++
 	var q []byte
 	for _, st := range stmts {
-		q = wire.AppendQuery(q, st.sql)
-		sc.syncNames = append(sc.syncNames, st.name)
+		q = wire.AppendQuery(q, st.SQL)
+		sc.syncNames = append(sc.syncNames, st.Name)
 	}
 	return q, len(stmts)
 }
@@ -1678,7 +1679,7 @@ func (s *session) releaseAtEnd(sc *serverConn) {
 			sc.paramGen++
 		}
 		if eff.DeallocateAll {
-			sc.stmts.clear()
+			sc.stmts.Clear()
 			sc.stmtEpoch = epoch
 		}
 		if eff.Unpin && eff.Pin == "" {

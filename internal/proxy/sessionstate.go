@@ -11,6 +11,7 @@ import (
 
 	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/internal/sqlscan"
+	"github.com/poolerd/poolerd/internal/txstate"
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
@@ -26,7 +27,7 @@ import (
 //     client keeps its connection, and the connection gets DISCARD ALL when
 //     the client leaves.
 //   - What it cannot see (DO, CALL, set_config with computed arguments,
-//     text longer than maxScan) counts as a settings change: the settings
+//     text longer than txstate.MaxScan) counts as a settings change: the settings
 //     snapshot at the end of the transaction, which runs anyway, also asks
 //     whether current_user is session_user (snapRoleRow), and pins the
 //     client if not. A ParameterStatus session_authorization or
@@ -58,15 +59,15 @@ import (
 // follows sets the next client's settings again. Called with sc.mu held.
 func resetQueryLocked(sc *serverConn) []byte {
 	q := resetSQL
-	var keep []paramKey
+	var keep []txstate.Param
 	for name, value := range sc.params {
-		if syncedParam(name) {
-			keep = append(keep, paramKey{name, value})
+		if txstate.SyncedParam(name) {
+			keep = append(keep, txstate.Param{Name: name, Value: value})
 		}
 	}
 	if len(keep) > 0 {
-		sort.Slice(keep, func(i, j int) bool { return keep[i].name < keep[j].name })
-		q += "; " + setConfigSQL(keep)
+		sort.Slice(keep, func(i, j int) bool { return keep[i].Name < keep[j].Name })
+		q += "; " + txstate.SetConfigSQL(keep)
 	}
 	clear(sc.applied)
 	sc.paramGen++
@@ -78,11 +79,8 @@ const resetSQL = "RESET ROLE; RESET ALL"
 
 // maxHeldQuery is the largest Query poolerd holds until complete in
 // transaction and statement mode, so that it can rewrite or refuse it;
-// longer ones are forwarded as they arrive and scanned up to maxScan.
-const (
-	maxHeldQuery = 8 << 10
-	maxScan      = 64 << 10
-)
+// longer ones are forwarded as they arrive and scanned up to txstate.MaxScan.
+const maxHeldQuery = 8 << 10
 
 // heldFrame reports whether a frame of type t is held until complete.
 func (s *session) heldFrame(t byte, n int) bool {
@@ -158,7 +156,7 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 			s.unnamedGen++
 			s.unnamedVoid.Store(uint32(s.unnamedGen) - 1) // not void, until the server fails or skips it
 			s.unnamed = appendFrame(s.unnamed[:0], 'P', body)
-			s.unnamedEff = effectsOf(s.eff, s.cur.Truncated())
+			s.unnamedEff = txstate.EffectsOf(s.eff, s.cur.Truncated())
 			sc.mu.Lock()
 			sc.unnamedBy, sc.unnamedGen = s, s.unnamedGen
 			sc.mu.Unlock()
@@ -181,11 +179,11 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 		s.stmtSet(name, def)
 		s.stmu.Unlock()
 		sc.mu.Lock()
-		hit := sc.stmts.has(def.name)
+		hit := sc.stmts.Has(def.name)
 		var evicted []string
 		if !hit {
 			evicted = s.makeRoomLocked(sc)
-			sc.stmts.add(def.name)
+			sc.stmts.Add(def.name)
 		}
 		sc.mu.Unlock()
 		s.emitEvictions(evicted, zb)
@@ -410,12 +408,12 @@ func (s *session) statement(name string) *stmtDef {
 // the batch, injecting its Parse (answer swallowed) if the server lacks it.
 func (s *session) ensurePrepared(sc *serverConn, def *stmtDef, zb int) {
 	sc.mu.Lock()
-	if sc.stmts.has(def.name) {
+	if sc.stmts.Has(def.name) {
 		sc.mu.Unlock()
 		return
 	}
 	evicted := s.makeRoomLocked(sc)
-	sc.stmts.add(def.name)
+	sc.stmts.Add(def.name)
 	sc.mu.Unlock()
 	s.emitEvictions(evicted, zb)
 	s.dbp.ctr.serverParses.Add(1)
@@ -484,9 +482,9 @@ func (s *session) clientName(server string) string {
 func (s *session) makeRoomLocked(sc *serverConn) []string {
 	var out []string
 	limit := int(s.maxPrepared.Load())
-	for sc.stmts.len() > 0 && sc.stmts.len() >= limit {
-		name := sc.stmts.oldest()
-		sc.stmts.remove(name)
+	for sc.stmts.Len() > 0 && sc.stmts.Len() >= limit {
+		name := sc.stmts.Oldest()
+		sc.stmts.Remove(name)
 		out = append(out, name)
 	}
 	return out
@@ -588,7 +586,7 @@ func (s *session) scanEffects(t byte, body []byte, canRefuse bool) error {
 	}
 	s.eff = sqlscan.Scan(bytesView(body)) // Scan keeps nothing of its input
 	if s.cur.Truncated() {
-		// Longer than maxScan: what was not read may change settings or
+		// Longer than txstate.MaxScan: what was not read may change settings or
 		// the role (a SET ROLE after a long comment), or commit.
 		s.eff.Settings, s.eff.Commits = true, true
 	}
@@ -599,9 +597,9 @@ func (s *session) scanEffects(t byte, body []byte, canRefuse bool) error {
 	if t == 'P' && name != "" && !s.tracked {
 		// Names pass through: remember what the statement does, so that
 		// its Binds are held and apply it again (bindEffects).
-		if e := effectsOf(s.eff, s.cur.Truncated()); e != (stmtEffects{}) {
+		if e := txstate.EffectsOf(s.eff, s.cur.Truncated()); e != (txstate.StmtEffects{}) {
 			if s.rawEff == nil {
-				s.rawEff = map[string]stmtEffects{}
+				s.rawEff = map[string]txstate.StmtEffects{}
 			}
 			s.rawEff[name] = e
 		} else {
@@ -618,7 +616,7 @@ func (s *session) scanEffects(t byte, body []byte, canRefuse bool) error {
 // run again after its pin was let go pins again; a prepared set_config
 // marks the settings for a snapshot each time.
 func (s *session) bindEffects(body []byte, canRefuse bool) error {
-	var e stmtEffects
+	var e txstate.StmtEffects
 	_, r1, ok1 := cstring(body)
 	name, _, ok2 := cstring(r1)
 	switch {
@@ -628,18 +626,18 @@ func (s *session) bindEffects(body []byte, canRefuse bool) error {
 	case s.tracked:
 		if def := s.statement(name); def != nil {
 			e = def.eff
-			if e.settings && len(def.custom) > 0 {
+			if e.Settings && len(def.custom) > 0 {
 				s.noteCustomNames(def.custom) // prepared by another client
 			}
 		}
 	default:
 		e = s.rawEff[name]
 	}
-	s.eff = e.effects()
-	s.calls = s.calls || e.calls
-	s.portalCommits = s.portalCommits || e.commits
-	s.bindTx = e.tx // its Executes run this statement (noteRuns)
-	s.bindDrop = e.drop
+	s.eff = e.Effects()
+	s.calls = s.calls || e.Calls
+	s.portalCommits = s.portalCommits || e.Commits
+	s.bindTx = e.Tx // its Executes run this statement (noteRuns)
+	s.bindDrop = e.Drop
 	return s.stateEffects(s.eff, canRefuse)
 }
 
@@ -656,7 +654,7 @@ func (s *session) queryFrame(sc *serverConn, body []byte, b *batch, zb int) {
 		zb = s.deallocate(sc, body, b, zb)
 	}
 	if eff.DeallocateAll {
-		s.dropStatements(sc, dropOf(eff), zb)
+		s.dropStatements(sc, txstate.DropOf(eff), zb)
 	}
 }
 
@@ -667,14 +665,14 @@ func (s *session) queryFrame(sc *serverConn, body []byte, b *batch, zb int) {
 // them and other clients prepare theirs again. Its CommandComplete makes
 // that final (PostgreSQL has dropped them: DEALLOCATE is not undone by a
 // later statement's failure); an error before it gives them back.
-func (s *session) dropStatements(sc *serverConn, d dropAll, zb int) {
+func (s *session) dropStatements(sc *serverConn, d txstate.DropAll, zb int) {
 	s.stmu.Lock()
 	before := s.stmts
 	s.stmts = map[string]*stmtDef{}
 	s.stmu.Unlock()
 	sc.mu.Lock()
-	took := &dropped{sess: s, names: sc.stmts.names()}
-	sc.stmts.clear()
+	took := &dropped{sess: s, names: sc.stmts.Names()}
+	sc.stmts.Clear()
 	// A Parse not answered yet (an earlier batch's, or this one's) may be
 	// skipped: its undo then strikes its definition from what this drop's
 	// undo lists again.
@@ -689,7 +687,7 @@ func (s *session) dropStatements(sc *serverConn, d dropAll, zb int) {
 	// after it (LISTEN, a lock, a temp table, in the same text or
 	// pipelined behind it) may have created state again. Its Undo has the
 	// pin check run once everything is answered.
-	s.pushUndo(qUndo{tag: d.tag(),
+	s.pushUndo(qUndo{tag: d.Tag(),
 		commit: func() {
 			for _, def := range before {
 				s.srv.stmts.release(def)
@@ -744,8 +742,8 @@ func (s *session) deallocate(sc *serverConn, body []byte, b *batch, zb int) int 
 			continue
 		}
 		sc.mu.Lock()
-		onServer := sc.stmts.has(def.name)
-		sc.stmts.remove(def.name)
+		onServer := sc.stmts.Has(def.name)
+		sc.stmts.Remove(def.name)
 		sc.mu.Unlock()
 		if !onServer {
 			// Prepare it first, in a group of its own whose answers are
@@ -770,7 +768,7 @@ func (s *session) deallocate(sc *serverConn, body []byte, b *batch, zb int) int 
 				if !free {
 					s.srv.stmts.release(def)
 				}
-				sc.stmts.add(def.name)
+				sc.stmts.Add(def.name)
 			}})
 	}
 	for _, u := range undos {
@@ -847,7 +845,7 @@ func (s *session) pinEffects(eff sqlscan.Effects, canRefuse bool) error {
 	if eff.Pin != "" && s.pinReason.Load() == nil {
 		if s.refuseState && canRefuse {
 			return &wire.Error{Severity: "ERROR", Code: "0A000",
-				Message: fmt.Sprintf("%s is session state, which %s pooling cannot keep", pinWhat(eff.Pin), s.mode),
+				Message: fmt.Sprintf("%s is session state, which %s pooling cannot keep", txstate.PinWhat(eff.Pin), s.mode),
 				Detail:  "the next transaction of this client may run on another server connection, where it would not exist",
 				Hint:    "connect to a database or user with pool_mode session, or set session_state: pin to keep such clients on one server connection"}
 		}
@@ -912,24 +910,6 @@ func (s *session) customOptions() []string {
 	return out
 }
 
-func pinWhat(reason string) string {
-	switch reason {
-	case sqlscan.PinTempTable:
-		return "a temporary table"
-	case sqlscan.PinPrepare:
-		return "an SQL-level prepared statement (PREPARE)"
-	case sqlscan.PinListen:
-		return "LISTEN"
-	case sqlscan.PinAdvisoryLock:
-		return "a session-level advisory lock"
-	case sqlscan.PinCursorOnHold:
-		return "a cursor WITH HOLD"
-	case sqlscan.PinRole:
-		return "SET ROLE / SET SESSION AUTHORIZATION"
-	}
-	return reason
-}
-
 // roleChanged pins a transaction- or statement-mode session whose role or
 // session authorization changed in a way the scanner could not see: a
 // settings snapshot found current_user other than session_user, or the
@@ -983,25 +963,6 @@ func (s *session) pinCheckDue() bool {
 	return s.pinReason.Load() != nil && s.pinUndo.Load() && s.pinUndo.CompareAndSwap(true, false)
 }
 
-// pinCheckSQL asks a server connection, in one row of integers, what
-// session state it holds, one column per kind in pinCheckKinds: WITH HOLD
-// cursors, channels listened to, session advisory locks, relations in its
-// temporary schema, SQL-level prepared statements, and whether the role or
-// session authorization differs from the login role's (login).
-func pinCheckSQL(login string) string {
-	return "SELECT (SELECT pg_catalog.count(*) FROM pg_catalog.pg_cursors WHERE is_holdable)," +
-		" (SELECT pg_catalog.count(*) FROM pg_catalog.pg_listening_channels())," +
-		" (SELECT pg_catalog.count(*) FROM pg_catalog.pg_locks WHERE locktype OPERATOR(pg_catalog.=) 'advisory' AND pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())," +
-		" (SELECT pg_catalog.count(*) FROM pg_catalog.pg_class WHERE relnamespace OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema())," +
-		" (SELECT pg_catalog.count(*) FROM pg_catalog.pg_prepared_statements WHERE from_sql)," +
-		" (current_user OPERATOR(pg_catalog.<>) session_user OR session_user OPERATOR(pg_catalog.<>) " + quoteLiteral(login) + ")::pg_catalog.int4"
-}
-
-// pinCheckKinds are the kinds of session state, in pinCheckSQL's column
-// order.
-var pinCheckKinds = [...]string{sqlscan.PinCursorOnHold, sqlscan.PinListen, sqlscan.PinAdvisoryLock,
-	sqlscan.PinTempTable, sqlscan.PinPrepare, sqlscan.PinRole}
-
 // pinChecked takes the answer to a pin check (row, the DataRow's body;
 // failed if it got an error; gen, pinGen when it was sent): when no state
 // is left and the client created none since, the client is unpinned, and
@@ -1009,7 +970,7 @@ var pinCheckKinds = [...]string{sqlscan.PinCursorOnHold, sqlscan.PinListen, sqls
 // pin's reason becomes the first kind left. Called by the server's reader
 // with the connection's mu held.
 func (s *session) pinChecked(row []byte, failed bool, gen uint64) {
-	cols, ok := dataRow(row, len(pinCheckKinds))
+	cols, ok := dataRow(row, len(txstate.PinCheckKinds))
 	s.pinMu.Lock()
 	defer s.pinMu.Unlock()
 	if failed || !ok || s.pinGen.Load() != gen {
@@ -1018,7 +979,7 @@ func (s *session) pinChecked(row []byte, failed bool, gen uint64) {
 	left := ""
 	for i, c := range cols {
 		if string(c) != "0" {
-			left = pinCheckKinds[i]
+			left = txstate.PinCheckKinds[i]
 			break
 		}
 	}

@@ -20,15 +20,15 @@ func TestStmtSkippedUndoOrder(t *testing.T) {
 	}
 	evict := func(d *stmtDef) sent {
 		return sent{stmtOp{kind: opEvict, close: true, swallow: true, name: d.name},
-			func(sc *serverConn, _ *session) { sc.stmts.remove(d.name) }}
+			func(sc *serverConn, _ *session) { sc.stmts.Remove(d.name) }}
 	}
 	inject := func(d *stmtDef) sent {
 		return sent{stmtOp{kind: opInject, swallow: true, def: d},
-			func(sc *serverConn, _ *session) { sc.stmts.add(d.name) }}
+			func(sc *serverConn, _ *session) { sc.stmts.Add(d.name) }}
 	}
 	parse := func(client string, d *stmtDef) sent {
 		return sent{stmtOp{kind: opClientParse, client: client, def: d},
-			func(sc *serverConn, s *session) { s.stmtSet(client, d); sc.stmts.add(d.name) }}
+			func(sc *serverConn, s *session) { s.stmtSet(client, d); sc.stmts.Add(d.name) }}
 	}
 	closeStmt := func(client string, d *stmtDef) sent {
 		return sent{stmtOp{kind: opClientClose, close: true, client: client, def: d},
@@ -57,7 +57,7 @@ func TestStmtSkippedUndoOrder(t *testing.T) {
 			s := &session{srv: srv}
 			sc := &serverConn{}
 			for _, n := range c.server {
-				sc.stmts.add(n)
+				sc.stmts.Add(n)
 			}
 			for n, d := range c.names {
 				s.stmtSet(n, d)
@@ -71,7 +71,7 @@ func TestStmtSkippedUndoOrder(t *testing.T) {
 				sc.nops.Add(1)
 			}
 			sc.stmtGroupEnded()
-			got := sc.stmts.names()
+			got := sc.stmts.Names()
 			slices.Sort(got)
 			want := append([]string{}, c.wantServer...)
 			slices.Sort(want)
@@ -100,14 +100,14 @@ func TestStmtGroupEndedKeepsLaterGroups(t *testing.T) {
 	x := &stmtDef{name: "poolerd_s1", key: "x"}
 	y := &stmtDef{name: "poolerd_s2", key: "y"}
 	sc := &serverConn{}
-	sc.stmts.add(x.name)
+	sc.stmts.Add(x.name)
 	sc.stq.push(stmtOp{zseq: 4, kind: opInject, swallow: true, def: x})
-	sc.stmts.add(y.name)
+	sc.stmts.Add(y.name)
 	sc.stq.push(stmtOp{zseq: 5, kind: opInject, swallow: true, def: y})
 	sc.nops.Store(2)
 	sc.zRecv = 4
 	sc.stmtGroupEnded()
-	if got := sc.stmts.names(); !slices.Equal(got, []string{y.name}) {
+	if got := sc.stmts.Names(); !slices.Equal(got, []string{y.name}) {
 		t.Errorf("after group 4 ended: %v, want [%s]", got, y.name)
 	}
 	if sc.stq.len() != 1 || sc.stq.front().def != y || sc.nops.Load() != 1 {

@@ -1,4 +1,4 @@
-package proxy
+package txstate
 
 import "testing"
 
@@ -8,8 +8,8 @@ func TestTxExitStmt(t *testing.T) {
 		"PREPARE TRANSACTION 'x'": true, "prepare p AS SELECT 1": false, "SELECT 1": false, "": false,
 		"BEGIN": false, "rollbacks": false,
 	} {
-		if got := txExitStmt([]byte(q + "\x00")); got != want {
-			t.Errorf("txExitStmt(%q) = %v, want %v", q, got, want)
+		if got := TxExitStmt([]byte(q + "\x00")); got != want {
+			t.Errorf("TxExitStmt(%q) = %v, want %v", q, got, want)
 		}
 	}
 }

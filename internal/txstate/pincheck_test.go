@@ -1,4 +1,4 @@
-package proxy
+package txstate
 
 import (
 	"context"
@@ -12,10 +12,10 @@ import (
 
 // BenchmarkPinCheck measures, against a real PostgreSQL, what the pin check
 // costs the pinned client whose transaction undid session state: one
-// round trip of pinCheckSQL on its connection (check), next to a plain
+// round trip of PinCheckSQL on its connection (check), next to a plain
 // SELECT 1 round trip (select1) for scale. Run with
 //
-//	go test -run '^$' -bench PinCheck ./internal/proxy/
+//	go test -run '^$' -bench PinCheck ./internal/txstate/
 func BenchmarkPinCheck(b *testing.B) {
 	pg, err := pgtest.Start(pgtest.Options{Logf: b.Logf})
 	if err != nil {
@@ -37,7 +37,7 @@ func BenchmarkPinCheck(b *testing.B) {
 		}
 	}
 	for _, bc := range []struct{ name, sql string }{
-		{"check", pinCheckSQL(pgtest.RoleApp)}, {"select1", "SELECT 1"},
+		{"check", PinCheckSQL(pgtest.RoleApp)}, {"select1", "SELECT 1"},
 		{"locks", "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"},
 		{"cursors", "SELECT count(*) FROM pg_cursors WHERE is_holdable"},
 		{"temp", "SELECT count(*) FROM pg_class WHERE relnamespace = pg_my_temp_schema()"},

@@ -1,4 +1,4 @@
-package proxy
+package txstate
 
 import (
 	"fmt"
@@ -8,11 +8,11 @@ import (
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
-// syncedParam reports whether a parameter PostgreSQL reports with
+// SyncedParam reports whether a parameter PostgreSQL reports with
 // ParameterStatus is one poolerd keeps per client: a client-settable
 // parameter whose value differs between sessions. The others (server_version,
 // is_superuser, ...) are fixed per server and user.
-func syncedParam(name string) bool {
+func SyncedParam(name string) bool {
 	switch name {
 	case "application_name", "client_encoding", "DateStyle", "IntervalStyle", "TimeZone",
 		"standard_conforming_strings", "default_transaction_read_only", "search_path":
@@ -21,10 +21,10 @@ func syncedParam(name string) bool {
 	return false
 }
 
-// canonicalParam returns the name PostgreSQL uses for a parameter
+// CanonicalParam returns the name PostgreSQL uses for a parameter
 // (parameter names are case-insensitive; the mixed-case ones are reported
 // in their canonical spelling).
-func canonicalParam(name string) string {
+func CanonicalParam(name string) string {
 	lower := strings.ToLower(name)
 	switch lower {
 	case "datestyle":
@@ -37,35 +37,35 @@ func canonicalParam(name string) string {
 	return lower
 }
 
-// startupParams turns a client's startup packet parameters into the session
+// StartupParams turns a client's startup packet parameters into the session
 // parameters to apply: user, database and protocol options are removed and
 // options=-c name=value is expanded, as PostgreSQL does.
-func startupParams(raw map[string]string) (map[string]string, error) {
+func StartupParams(raw map[string]string) (map[string]string, error) {
 	out := make(map[string]string, len(raw))
 	for k, v := range raw {
 		switch {
 		case k == "user", k == "database", k == "replication", strings.HasPrefix(k, "_pq_."):
-			// replication: read by startup (parseReplication)
+			// replication: read by startup (proxy's parseReplication)
 		case k == "options":
-			opts, err := parseOptions(v)
+			opts, err := ParseOptions(v)
 			if err != nil {
 				return nil, &wire.Error{Severity: "FATAL", Code: "08P01", Message: err.Error(),
 					Hint: "poolerd accepts -c name=value and --name=value in options"}
 			}
 			for name, value := range opts {
-				out[canonicalParam(name)] = value
+				out[CanonicalParam(name)] = value
 			}
 		default:
-			out[canonicalParam(k)] = v
+			out[CanonicalParam(k)] = v
 		}
 	}
 	return out, nil
 }
 
-// parseOptions splits a startup "options" value like PostgreSQL's
+// ParseOptions splits a startup "options" value like PostgreSQL's
 // pg_split_opts (whitespace separates, backslash escapes the next byte) and
 // reads the -c name=value and --name=value switches.
-func parseOptions(s string) (map[string]string, error) {
+func ParseOptions(s string) (map[string]string, error) {
 	var words []string
 	var cur strings.Builder
 	inWord, escaped := false, false
@@ -123,9 +123,9 @@ func parseOptions(s string) (map[string]string, error) {
 	return out, nil
 }
 
-// printableASCII reports whether PostgreSQL stores s unchanged as an
+// PrintableASCII reports whether PostgreSQL stores s unchanged as an
 // application_name (it rewrites other bytes).
-func printableASCII(s string) bool {
+func PrintableASCII(s string) bool {
 	for i := 0; i < len(s); i++ {
 		if s[i] < 32 || s[i] > 126 {
 			return false
@@ -134,9 +134,9 @@ func printableASCII(s string) bool {
 	return true
 }
 
-// quoteLiteral quotes s as an escape string constant, which means the same
+// QuoteLiteral quotes s as an escape string constant, which means the same
 // whatever standard_conforming_strings is.
-func quoteLiteral(s string) string {
+func QuoteLiteral(s string) string {
 	var b strings.Builder
 	b.WriteString("E'")
 	for i := 0; i < len(s); i++ {
@@ -153,8 +153,8 @@ func quoteLiteral(s string) string {
 	return b.String()
 }
 
-// quoteIdent quotes a (possibly dotted, for custom options) parameter name.
-func quoteIdent(name string) string {
+// QuoteIdent quotes a (possibly dotted, for custom options) parameter name.
+func QuoteIdent(name string) string {
 	parts := strings.Split(name, ".")
 	for i, p := range parts {
 		parts[i] = `"` + strings.ReplaceAll(p, `"`, `""`) + `"`
@@ -162,23 +162,29 @@ func quoteIdent(name string) string {
 	return strings.Join(parts, ".")
 }
 
-// setConfigSQL sets parameters with set_config, which takes the value as
+// Param is a parameter and its value.
+type Param struct {
+	Name  string // the parameter's name
+	Value string // its value
+}
+
+// SetConfigSQL sets parameters with set_config, which takes the value as
 // the startup packet does (a list like search_path stays one string).
-func setConfigSQL(params []paramKey) string {
+func SetConfigSQL(params []Param) string {
 	var b strings.Builder
 	b.WriteString("SELECT ")
 	for i, p := range params {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		fmt.Fprintf(&b, "pg_catalog.set_config(%s, %s, false)", quoteLiteral(p.name), quoteLiteral(p.value))
+		fmt.Fprintf(&b, "pg_catalog.set_config(%s, %s, false)", QuoteLiteral(p.Name), QuoteLiteral(p.Value))
 	}
 	return b.String()
 }
 
-// paramsKey encodes a client's parameters (names and values, sorted), so
+// ParamsKey encodes a client's parameters (names and values, sorted), so
 // that equal keys mean equal parameters. It is never empty.
-func paramsKey(params map[string]string) string {
+func ParamsKey(params map[string]string) string {
 	names := make([]string, 0, len(params))
 	for name := range params {
 		names = append(names, name)
@@ -195,60 +201,65 @@ func paramsKey(params map[string]string) string {
 	return b.String()
 }
 
-// syncStmt is one statement of a parameter sync: its SQL, and the
-// unreported parameter it sets ("" for a RESET and for a reported
+// SyncStmt is one statement of a parameter sync: its SQL, and the
+// unreported parameter it sets (Name "" for a RESET and for a reported
 // parameter, which ParameterStatus keeps exact). set_config answers with
 // the value as the server keeps it ('16MB' for '16384kB'), which becomes
 // the connection's applied value.
-type syncStmt struct{ sql, name string }
+type SyncStmt struct {
+	SQL  string // the statement, one Query
+	Name string // the unreported parameter it sets, or ""
+}
 
-// paramSyncSQL returns the statements that give server connection sc the
+// ParamSyncSQL returns the statements that give a server connection the
 // session parameters of a client, none if it has them already. want holds
-// the client's values; a parameter poolerd applied for an earlier client and
-// this one did not ask for is reset. It records what it applies in sc.
+// the client's values, reported the connection's reported parameters
+// (ParameterStatus) and applied the other parameters poolerd applied on
+// it; a parameter poolerd applied for an earlier client and this one did
+// not ask for is reset. It records what it applies in applied.
 //
 // Each statement is sent as a Query of its own: a multi-statement text is
 // one implicit transaction, and one statement that fails (temp_buffers
 // cannot change once the backend used a temporary table) would skip the
 // rest and roll back what ran, a RESET "role" of the previous client's
 // startup role among them. A failed sync statement closes the connection
-// after the request it went ahead of (serverConn.swallowed).
-func paramSyncSQL(want map[string]string, sc *serverConn) []syncStmt {
-	var sets []paramKey
+// after the request it went ahead of (proxy's serverConn.swallowed).
+func ParamSyncSQL(want, reported, applied map[string]string) []SyncStmt {
+	var sets []Param
 	for name, value := range want {
-		if have, reported := sc.params[name]; reported {
-			if syncedParam(name) && have != value {
-				sets = append(sets, paramKey{name, value})
+		if have, isReported := reported[name]; isReported {
+			if SyncedParam(name) && have != value {
+				sets = append(sets, Param{name, value})
 			}
 			continue
 		}
-		if sc.applied[name] != value {
-			sets = append(sets, paramKey{name, value})
-			sc.applied[name] = value
+		if applied[name] != value {
+			sets = append(sets, Param{name, value})
+			applied[name] = value
 		}
 	}
 	var resets []string
-	for name := range sc.applied {
+	for name := range applied {
 		if _, ok := want[name]; !ok {
 			resets = append(resets, name)
-			delete(sc.applied, name)
+			delete(applied, name)
 		}
 	}
 	if len(sets) == 0 && len(resets) == 0 {
 		return nil
 	}
-	sort.Slice(sets, func(i, j int) bool { return sets[i].name < sets[j].name })
+	sort.Slice(sets, func(i, j int) bool { return sets[i].Name < sets[j].Name })
 	sort.Strings(resets)
-	stmts := make([]syncStmt, 0, len(sets)+len(resets))
+	stmts := make([]SyncStmt, 0, len(sets)+len(resets))
 	for _, p := range sets {
-		name := p.name
-		if _, reported := sc.params[name]; reported {
+		name := p.Name
+		if _, isReported := reported[name]; isReported {
 			name = ""
 		}
-		stmts = append(stmts, syncStmt{sql: setConfigSQL([]paramKey{p}), name: name})
+		stmts = append(stmts, SyncStmt{SQL: SetConfigSQL([]Param{p}), Name: name})
 	}
 	for _, name := range resets {
-		stmts = append(stmts, syncStmt{sql: "RESET " + quoteIdent(name)})
+		stmts = append(stmts, SyncStmt{SQL: "RESET " + QuoteIdent(name)})
 	}
 	return stmts
 }
