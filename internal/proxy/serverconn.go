@@ -285,9 +285,14 @@ func (sc *serverConn) Close() error {
 		// reader goroutine, which then finds the connection gone.
 		_ = sc.Conn.Conn.SetDeadline(time.Now().Add(finalWriteTimeout))
 		_, _ = sc.Conn.Write(wire.AppendTerminate(nil))
-		if sc.item.Load() != nil {
-			// The loop reads through its own descriptor, which keeps the
-			// socket open: shutting it down ends the stream there.
+		if sc.io != nil && sc.io.Raw() && sc.dbp.srv.engine.enabled() {
+			// A loop reads through its own descriptor, which keeps the
+			// socket open: shutting it down ends the stream there, and
+			// closing tells the loop to stop reading (a server still
+			// sending would otherwise be drained, not reset). Both before
+			// the item is looked at: startReading may be duplicating the
+			// descriptor right now, and a duplicate of a shut-down socket
+			// is found ended by its loop at once.
 			sc.closing.Store(true)
 			shutdownSocket(sc.io.Control)
 		}
@@ -380,6 +385,14 @@ func (sc *serverConn) loopDetach() bool { return false }
 
 // loopReady is the event loop's readLoop: one read, handled (loops_linux.go).
 func (sc *serverConn) loopReady(it *loopItem) bool {
+	if sc.closing.Load() {
+		// Closed by poolerd: what the server still sends is not read.
+		// Closing the loop's descriptor (on return) resets the socket, so
+		// a backend blocked sending a large result ends at once.
+		it.yield()
+		sc.gone(net.ErrClosed)
+		return false
+	}
 	buf := sc.readBuf
 	n, err := readItem(it, buf[wire.Headroom:])
 	if n > 0 {

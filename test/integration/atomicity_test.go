@@ -547,11 +547,17 @@ func TestClientLeavesMidResult(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer super.Close(context.Background())
-	eventually(t, 30*time.Second, "the cancelled queries gone from pg_stat_activity", func() bool {
-		var n int
-		err := super.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%'||$1||'%' AND pid <> pg_backend_pid()", marker).Scan(&n)
-		return err == nil && n == 0
-	})
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var left string
+		err := super.QueryRow(ctx, `SELECT coalesce(string_agg(format('pid %s %s wait %s/%s port %s since %s', pid, state, wait_event_type, wait_event, client_port, backend_start), '; '), '')
+			FROM pg_stat_activity WHERE query LIKE '%'||$1||'%' AND pid <> pg_backend_pid()`, marker).Scan(&left)
+		if err == nil && left == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after 30s waiting for the cancelled queries gone from pg_stat_activity; left: %s (err %v)", left, err)
+		}
+	}
 	if n := strings.Count(pg.LogTail(1<<20), unmatched) - unmatchedBefore; n > 0 {
 		t.Errorf("PostgreSQL got %d cancel requests for backends already gone", n)
 	}
