@@ -405,9 +405,6 @@ func (sc *serverConn) loopReady(it *loopItem) bool {
 	if err == nil {
 		return true // nothing to read after all
 	}
-	if errors.Is(err, io.EOF) && sc.closing.Load() {
-		err = net.ErrClosed // closed by poolerd (Close shut it down)
-	}
 	// gone may write to a client: not on the loop's goroutine.
 	it.yield()
 	sc.gone(err)
@@ -939,6 +936,9 @@ func (sc *serverConn) markBroken() {
 
 // gone handles the end of the server connection.
 func (sc *serverConn) gone(err error) {
+	if errors.Is(err, io.EOF) && sc.closing.Load() {
+		err = net.ErrClosed // closed by poolerd: Close shut the socket down
+	}
 	sc.mu.Lock()
 	sc.broken = true
 	own := sc.owner.Load()
