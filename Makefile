@@ -57,8 +57,8 @@ test: ## what CI runs: go vet, gofmt check, go test -race (needs PostgreSQL, see
 	fi
 	@# ./... includes TestStateFuzz, the differential state fuzzer, on its short budget.
 	STATEFUZZ_DURATION=$(STATEFUZZ_DURATION) $(GO) test -race -count=1 -timeout 15m ./...
-	@# The relay's integration tests again with event loops (event_loops is off by default).
-	POOLERD_TEST_EVENT_LOOPS=2 $(GO) test -race -count=1 -timeout 10m \
+	@# The relay's integration tests again with a goroutine per connection (event_loops is auto by default).
+	POOLERD_TEST_EVENT_LOOPS=off $(GO) test -race -count=1 -timeout 10m \
 		-run 'TestTx|TestRelay|TestKeep|TestShutdown|TestAtomicity|TestLarge|TestProtocol|TestRate|TestTimeout|TestHandOver' ./test/integration/
 	$(MAKE) --no-print-directory fuzz
 

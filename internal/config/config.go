@@ -105,9 +105,9 @@ type Config struct {
 	// its listening socket to a new one started with --takeover; empty
 	// turns the hand-over off.
 	TakeoverSocket string `mapstructure:"takeover_socket"`
-	// EventLoops is how many event loops read the server connections:
-	// "auto", "off" (a reader goroutine per connection) or a number
-	// (EventLoopCount).
+	// EventLoops is how many event loops read the plain client and server
+	// connections: "auto" (the default), "off" (a goroutine per
+	// connection) or a number (EventLoopCount).
 	EventLoops string `mapstructure:"event_loops"`
 	// HTTPListen is the address of the HTTP server (health, metrics); empty disables it.
 	HTTPListen string `mapstructure:"http_listen"`
@@ -650,9 +650,9 @@ func Defaults() Config {
 		Listen:         "127.0.0.1:6432",
 		UnixSocketMode: "0777",
 		HTTPListen:     "127.0.0.1:9930",
-		// Measured no better than a goroutine per connection yet
-		// (docs/benchmarks.md, "Event loops").
-		EventLoops: "off",
+		// Level with or better than a goroutine per connection on 2
+		// cores (docs/benchmarks.md, "Event loops").
+		EventLoops: "auto",
 		AuthType:   AuthSCRAM,
 		// PgBouncer's service name.
 		AuthPAMService: "pgbouncer",

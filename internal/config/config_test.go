@@ -81,7 +81,7 @@ func TestEveryKeyHasAnEnvVar(t *testing.T) {
 					"session_state": "refuse", "http_probe_listen": "127.0.0.1:7002", "max_pinned_clients": "50%", "server_tls_sslmode": "require", "client_tls_sslmode": "require",
 					"client_tls_protocols": "tlsv1.3", "client_tls_ciphers": "fast", "auth_user": "app",
 					"auth_query": "SELECT usename, passwd FROM pg_catalog.pg_shadow WHERE usename = $1", "takeover_socket": "/run/poolerd/takeover.sock",
-					"event_loops": "auto", "verify_handoff": "always",
+					"event_loops": "off", "verify_handoff": "always",
 					"unix_socket_dir": "/run/poolerd", "unix_socket_mode": "0770", "auth_dbname": "app", "server_tls_protocols": "tlsv1.3", "server_tls_ciphers": "fast", "client_tls_ecdhcurve": "secp384r1", "log_file": "/tmp/poolerd-test.log",
 					"auth_ldap_options": `ldapurl="ldap://ldap.example.net/dc=example,dc=net?uid?sub"`, "auth_pam_service": "poolerd",
 					"pidfile": "/run/poolerd.pid", "syslog_ident": "pgb", "syslog_facility": "local0", "login_notify_message": "you reach poolerd"}[k.Name]

@@ -24,7 +24,8 @@ import (
 //     GSSENCRequest are answered 'N'; a CancelRequest is read and closed.
 //   - Query: RowDescription (one text column), one DataRow whose value is
 //     size bytes, CommandComplete "SELECT 1", ReadyForQuery 'I', whatever
-//     the query says (poolerd's own queries get the same answer).
+//     the query says (poolerd's own queries get the same answer), except
+//     cutQuery and streamQuery (below).
 //   - Parse, Bind, Describe, Execute, Close, Sync, Flush: ParseComplete,
 //     BindComplete, (ParameterDescription +) RowDescription, the DataRow and
 //     CommandComplete, CloseComplete, ReadyForQuery 'I'; Flush is a no-op
@@ -57,6 +58,13 @@ type fakeBackend struct {
 	// dying in the middle of a frame).
 	cutQuery []byte
 	cutShort int
+	// streamQuery, if set (under mu) before the first connection: a Query
+	// with this text is answered with a RowDescription and then DataRows
+	// without end, until a write fails (a backend sending a large result
+	// to a client that does not read it); streamEnded then gets the
+	// write's error and the connection ends.
+	streamQuery []byte
+	streamEnded chan error
 }
 
 // startFakeBackend listens on a loopback port and serves until the
@@ -179,6 +187,10 @@ func (fb *fakeBackend) serve(c net.Conn) {
 				}
 				break
 			}
+			if in[r] == 'Q' && fb.streamQuery != nil && bytes.Equal(bytes.TrimSuffix(in[r+wire.HeaderLen:r+total], []byte{0}), fb.streamQuery) {
+				fb.stream(c, out)
+				return
+			}
 			var ok bool
 			out, ok = fb.answer(out, in[r], in[r+wire.HeaderLen:r+total])
 			r += total
@@ -201,6 +213,24 @@ func (fb *fakeBackend) serve(c net.Conn) {
 			w = copy(in, in[r:w])
 			r = 0
 		}
+	}
+}
+
+// stream writes out, a RowDescription and then DataRows until a write
+// fails, and reports the failure on streamEnded.
+func (fb *fakeBackend) stream(c net.Conn, out []byte) {
+	row := fbDataRow(nil, make([]byte, 1000))
+	var rows []byte
+	for len(rows) < 4<<20 {
+		rows = append(rows, row...)
+	}
+	chunk := append(append(out, fb.rowDesc...), rows...)
+	for {
+		if _, err := c.Write(chunk); err != nil {
+			fb.streamEnded <- err
+			return
+		}
+		chunk = rows
 	}
 }
 

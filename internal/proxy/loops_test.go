@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/internal/wire"
 )
 
 // TestLoopPeerStopsReading: a client that sends many queries and reads none
@@ -334,5 +335,47 @@ func checkAffinity(t *testing.T, rl *relay, rounds int) {
 	}
 	if requests := rounds * len(clients); misses > requests/10 {
 		t.Fatalf("%d of %d requests ran on a server connection of the other loop", misses, requests)
+	}
+}
+
+// TestLoopClosedServerNotDrained: a server connection poolerd has closed is
+// read by nobody. A client asks for an endless result and reads none of it,
+// so the loop's handler for the server connection blocks writing to the
+// client and the loop goes on without it; then the client leaves, the
+// session discards the connection mid-result, and the backend must find its
+// socket gone. A loop that went on reading the closed connection through its
+// own descriptor (the handler, when it returned, put the socket back in
+// epoll) kept the socket open and drained the backend's stream, which then
+// never ended (with PostgreSQL: a backend sending rows to nobody until the
+// whole result was out).
+func TestLoopClosedServerNotDrained(t *testing.T) {
+	fb := startFakeBackend(t, 64)
+	fb.mu.Lock()
+	fb.streamQuery, fb.streamEnded = []byte("STREAM"), make(chan error, 1)
+	fb.mu.Unlock()
+	rl := startRelay(t, fb, 1, func(c *config.Config) { c.EventLoops = "1" })
+	// Whether a loop that goes on reading finds the stream empty for a
+	// moment (and ends it then) is a race with the backend; each round is
+	// another chance to lose it.
+	for round := range 8 {
+		c := dialBench(t, rl.addr, wire.AppendQuery(nil, "STREAM"))
+		if _, err := c.conn.Write(c.request); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond) // the socket buffers fill up; the handler blocks
+		select {
+		case err := <-fb.streamEnded:
+			t.Fatalf("round %d: the stream ended while the client was still there: %v", round, err)
+		default:
+		}
+		if round%2 == 1 {
+			_ = c.conn.(*net.TCPConn).SetLinger(0) // a reset rather than a FIN
+		}
+		_ = c.conn.Close()
+		select {
+		case <-fb.streamEnded:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("round %d: the backend still sends 5 s after its client left: poolerd went on reading the server connection it closed", round)
+		}
 	}
 }

@@ -382,8 +382,12 @@ func TestMaxPacketSize(t *testing.T) {
 func TestAuthFailureDelay(t *testing.T) {
 	t.Parallel()
 	p := startPoolerd(t, func(c *config.Config) {
-		c.AuthFailureDelay = 100 * time.Millisecond
-		c.AuthFailureDelayMax = 400 * time.Millisecond
+		// Delays far above what a login costs on a loaded machine under
+		// -race (a SCRAM exchange took 0.4 s in a full make test), so that
+		// "no delay" and "the first delay again" are told apart from the
+		// doubled ones by the delay, not by the machine's speed.
+		c.AuthFailureDelay = time.Second
+		c.AuthFailureDelayMax = 2 * time.Second
 	})
 	login := func(from, password string) (time.Duration, error) {
 		cfg, err := pgconn.ParseConfig(p.dsn(pgtest.RoleApp, password, pgtest.DBApp))
@@ -412,16 +416,16 @@ func TestAuthFailureDelay(t *testing.T) {
 		took = append(took, d)
 	}
 	t.Logf("failed logins from one address took %v", took)
-	if took[0] < 90*time.Millisecond || took[2] < 380*time.Millisecond || took[3] < 380*time.Millisecond || took[3] > 3*time.Second {
-		t.Fatalf("failed logins took %v, want about 0.1, 0.2, 0.4, 0.4 s", took)
+	if took[0] < 950*time.Millisecond || took[1] < 1950*time.Millisecond || took[2] < 1950*time.Millisecond || took[3] < 1950*time.Millisecond || took[3] > 3500*time.Millisecond {
+		t.Fatalf("failed logins took %v, want about 1, 2, 2, 2 s (doubling up to auth_failure_delay_max)", took)
 	}
-	if d, err := login("127.0.0.2", pgtest.Password); err != nil || d > 300*time.Millisecond {
+	if d, err := login("127.0.0.2", pgtest.Password); err != nil || d > 900*time.Millisecond {
 		t.Fatalf("a login from another address: %v after %v, want no delay", err, d)
 	}
 	if _, err := login("127.0.0.1", pgtest.Password); err != nil {
 		t.Fatalf("the right password from the guessing address: %v", err)
 	}
-	if d, err := login("127.0.0.1", "wrong"); err == nil || d > 300*time.Millisecond {
+	if d, err := login("127.0.0.1", "wrong"); err == nil || d < 950*time.Millisecond || d > 1900*time.Millisecond {
 		t.Fatalf("a failure after a success: %v after %v, want the first delay again", err, d)
 	}
 }

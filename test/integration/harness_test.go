@@ -183,7 +183,7 @@ func startPoolerd(t *testing.T, mutate func(c *config.Config)) *instance {
 	cfg.LogLevel = "debug"
 	testVerifyHandoff(&cfg)
 	if v := os.Getenv("POOLERD_TEST_EVENT_LOOPS"); v != "" {
-		cfg.EventLoops = v // make test runs the relay's tests again on event loops
+		cfg.EventLoops = v // make test runs the relay's tests again with event_loops off
 	}
 	if mutate != nil {
 		mutate(&cfg)
