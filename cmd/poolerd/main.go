@@ -28,6 +28,7 @@ import (
 	"github.com/poolerd/poolerd/internal/health"
 	"github.com/poolerd/poolerd/internal/observe"
 	"github.com/poolerd/poolerd/internal/pgbini"
+	"github.com/poolerd/poolerd/internal/pgblog"
 	"github.com/poolerd/poolerd/internal/proxy"
 	"github.com/poolerd/poolerd/internal/takeover"
 )
@@ -139,9 +140,12 @@ func newLoggerTo(cfg *config.Config, w io.Writer, network, addr string) (log *za
 	ec.EncodeTime = zapcore.ISO8601TimeEncoder
 	ec.EncodeDuration = zapcore.StringDurationEncoder
 	var enc zapcore.Encoder
-	if cfg.LogFormat == "json" {
+	switch cfg.LogFormat {
+	case "json":
 		enc = zapcore.NewJSONEncoder(ec)
-	} else {
+	case "pgbouncer":
+		enc = pgblog.New(os.Getpid(), true)
+	default:
 		ec.EncodeLevel = zapcore.CapitalLevelEncoder
 		enc = zapcore.NewConsoleEncoder(ec)
 	}
@@ -151,9 +155,14 @@ func newLoggerTo(cfg *config.Config, w io.Writer, network, addr string) (log *za
 		// syslog stamps the time itself.
 		sec := ec
 		sec.TimeKey = ""
-		sysEnc := zapcore.NewConsoleEncoder(sec)
-		if cfg.LogFormat == "json" {
+		var sysEnc zapcore.Encoder
+		switch cfg.LogFormat {
+		case "json":
 			sysEnc = zapcore.NewJSONEncoder(sec)
+		case "pgbouncer":
+			sysEnc = pgblog.New(os.Getpid(), false)
+		default:
+			sysEnc = zapcore.NewConsoleEncoder(sec)
 		}
 		sc, err := newSyslogCore(network, addr, cfg.SyslogIdent, cfg.SyslogFacility, sysEnc, level)
 		if err != nil {

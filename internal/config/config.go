@@ -268,7 +268,8 @@ type Config struct {
 	// HTTPPprof serves /debug/pprof/ on the HTTP server.
 	HTTPPprof bool `mapstructure:"http_pprof"`
 
-	// LogFormat is console or json.
+	// LogFormat is console, json or pgbouncer (PgBouncer's lines:
+	// internal/pgblog).
 	LogFormat string `mapstructure:"log_format"`
 	// LogFile, when set, gets a copy of the log (appended; opened again on
 	// SIGHUP, for rotation), as PgBouncer's logfile.

@@ -128,7 +128,7 @@ func Keys() []Key {
 		{Name: "stats_period", Help: "period of SHOW STATS averages and of the stats log line"},
 		{Name: "log_stats", Help: "log a stats line every stats_period"},
 		{Name: "http_pprof", Help: "serve /debug/pprof/ on the HTTP server"},
-		{Name: "log_format", Flag: "log-format", Help: "console or json"},
+		{Name: "log_format", Flag: "log-format", Help: "console, json or pgbouncer (PgBouncer's log lines)"},
 		{Name: "log_file", Help: "file that gets a copy of the log (appended; opened again on SIGHUP); empty: stderr only"},
 		{Name: "disable_pqexec", Help: "refuse the simple query protocol: a client's Query message ends its session (only extended-protocol statements run)"},
 		{Name: "application_name_add_host", Help: "append ' - host:port' of the client to the application_name it logs in with"},

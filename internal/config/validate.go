@@ -309,9 +309,9 @@ func (c *Config) validate(bad, tlsBad func(string, ...any)) {
 		bad("recycle_rate %d must be at least 1 (connections recycled per second per pool)", c.RecycleRate)
 	}
 	switch c.LogFormat {
-	case "console", "json":
+	case "console", "json", "pgbouncer":
 	default:
-		bad("log_format %q is not console or json (POOLERD_LOG_FORMAT / --log-format)", c.LogFormat)
+		bad("log_format %q is not console, json or pgbouncer (POOLERD_LOG_FORMAT / --log-format)", c.LogFormat)
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":

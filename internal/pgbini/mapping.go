@@ -359,6 +359,10 @@ func translate(path string, data []byte) (*Result, error) {
 	// (or min_pool_size of them): no warm-up connection per entry.
 	res.Tree["warm_pools"] = false
 	res.Defaulted = append(res.Defaulted, "warm_pools")
+	// PgBouncer's log lines, for what was built on them (alerts on
+	// "closing because:", pgbadger).
+	res.Tree["log_format"] = "pgbouncer"
+	res.Defaulted = append(res.Defaulted, "log_format")
 	slices.Sort(res.Defaulted)
 	if len(dbs) > 0 {
 		res.Tree["databases"] = dbs

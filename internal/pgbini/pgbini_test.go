@@ -73,6 +73,7 @@ func TestDebianSample(t *testing.T) {
 		"unix_socket_dir":     "/var/run/postgresql",
 		"unix_socket_mode":    "0777",
 		"warm_pools":          false,
+		"log_format":          "pgbouncer", // PgBouncer's log lines
 		"log_file":            "/var/log/postgresql/pgbouncer.log",
 		"pidfile":             "/var/run/postgresql/pgbouncer.pid",
 		"syslog_ident":        "pgbouncer",

@@ -271,6 +271,9 @@ type Config[C Conn] struct {
 	// run under the pool's lock and must only count.
 	CheckedOut func(c C, fresh bool)
 	Closed     func(c C, reason string)
+	// Opened, when set, is told of every connection that joins the pool,
+	// once it has its ID (Entry.ID), under the pool's lock.
+	Opened func(c C)
 	// LongWait, when set, is called by the maintainer (without the pool's
 	// lock) with a snapshot of the pool when its first queued checkout has
 	// waited Settings.WaitWarning, at most once per LongWaitEvery.
@@ -1306,6 +1309,9 @@ func (p *Pool[C]) adoptLocked(c C) {
 	e.gen = p.gen
 	e.idx = len(p.conns)
 	p.conns = append(p.conns, c)
+	if p.cfg.Opened != nil {
+		p.cfg.Opened(c)
+	}
 	p.stats.LastHealthCheck = now
 	p.everOpened = true
 	if p.failures > 0 {

@@ -193,7 +193,11 @@ func newDBPool(srv *Server, key poolKey, route config.Route, warm, paused bool) 
 				sc.hostSt.hits.Add(1)
 			}
 		},
-		Closed: func(sc *serverConn, reason string) { d.hosts.closedFor(sc.host, reason) },
+		Closed: func(sc *serverConn, reason string) {
+			d.hosts.closedFor(sc.host, reason)
+			sc.closeWhy.Store(&reason) // for its log line (serverConn.Close)
+		},
+		Opened: func(sc *serverConn) { sc.logOpened() },
 		Admit: func() bool {
 			if r := d.route(); r.HostCapped() && !d.hosts.anyRoomIn(r) {
 				// Every server is at its max_size_per_host: wait as for a
@@ -313,7 +317,6 @@ func (d *dbPool) adoptCounted(bc *backend.Conn, h config.HostPort) *serverConn {
 	}
 	d.mu.Unlock()
 	sc.startReading()
-	d.log.Debug("server connection opened", zap.String("host", h.String()), zap.Uint32("backend_pid", bc.PID))
 	return sc
 }
 

@@ -710,8 +710,10 @@ func (s *session) authFailed(cfg *config.Config, werr *wire.Error, fields ...zap
 		}
 		time.Sleep(d)
 	}
-	s.fail(werr)
+	// Logged before the client reads its error, as PgBouncer does: what
+	// watches the log for a refusal finds it there once the client knows.
 	s.log.Info("client authentication failed", fields...)
+	s.fail(werr)
 }
 
 // authExternal asks the client for its password in clear text (as

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/poolerd/poolerd/internal/backend"
 	"github.com/poolerd/poolerd/internal/config"
@@ -262,6 +263,41 @@ type serverConn struct {
 	item    atomic.Pointer[loopItem]
 	yieldFn func()
 	closing atomic.Bool
+
+	// closeWhy is the pool's reason for closing the connection (its Closed
+	// hook), for the log line Close writes.
+	closeWhy atomic.Pointer[string]
+}
+
+// logOpened logs the connection's opening (at info with log_connections,
+// as PgBouncer's "new connection to server"), once it is in its pool.
+func (sc *serverConn) logOpened() {
+	lvl := zapcore.DebugLevel
+	if sc.dbp.srv.cfg().LogConnections {
+		lvl = zapcore.InfoLevel
+	}
+	if ce := sc.log.Check(lvl, "server connection opened"); ce != nil {
+		local := "unix"
+		if a, ok := sc.Conn.Conn.LocalAddr().(*net.TCPAddr); ok {
+			local = a.String()
+		}
+		ce.Write(zap.Uint64("conn_id", sc.ID()), zap.String("host", sc.host.String()), zap.String("local", local), zap.Uint32("backend_pid", sc.PID))
+	}
+}
+
+// logClosed logs the connection's end with log_disconnections: the pool's
+// reason (an eviction's or a recycle's; none for KILL, a shutdown or a
+// connection that never joined a pool) and its age.
+func (sc *serverConn) logClosed() {
+	if !sc.dbp.srv.cfg().LogDisconnections || sc.ID() == 0 {
+		return
+	}
+	why := ""
+	if p := sc.closeWhy.Load(); p != nil {
+		why = *p
+	}
+	sc.log.Info("server connection closed", zap.Uint64("conn_id", sc.ID()), zap.String("host", sc.host.String()),
+		zap.String("reason", why), zap.Duration("age", time.Since(sc.Created()).Round(time.Millisecond)))
 }
 
 // PoolEntry implements pool.Conn.
@@ -297,6 +333,7 @@ func (sc *serverConn) Close() error {
 			shutdownSocket(sc.io.Control)
 		}
 		err = sc.Conn.Close()
+		sc.logClosed()
 	})
 	return err
 }

@@ -1596,6 +1596,9 @@ func (s *session) end(err error) {
 			fields := []zap.Field{zap.Duration("duration", time.Since(s.connectedAt).Round(time.Millisecond))}
 			if werr := s.endErr.Load(); werr != nil {
 				fields = append(fields, zap.String("reason", werr.Message), zap.String("sqlstate", werr.Code))
+				if werr.Detail != "" {
+					fields = append(fields, zap.String("detail", werr.Detail))
+				}
 			} else if err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, os.ErrDeadlineExceeded) {
 				fields = append(fields, zap.Error(err))
 			}

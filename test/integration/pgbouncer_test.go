@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -102,12 +103,27 @@ query_wait_timeout = 10
 	}
 	_ = admin.Close(ctx)
 	_ = cm.Close(ctx)
-	// logfile (relative: beside the ini) gets the log too; SIGHUP opens it
+	// logfile (relative: beside the ini) gets the log too, in PgBouncer's
+	// format (log_format defaults to pgbouncer for an ini); SIGHUP opens it
 	// again after a rotation renamed it.
 	logPath := filepath.Join(dir, "pgbouncer.log")
 	if b, err := os.ReadFile(logPath); err != nil || !strings.Contains(string(b), "poolerd starting") {
 		t.Fatalf("logfile %s: %v\n%s", logPath, err, b)
 	}
+	pgbLines := []*regexp.Regexp{
+		regexp.MustCompile(`(?m)^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} \S+ \[\d+\] LOG C-0x[0-9a-f]+: multi/` + pgtest.RoleApp + `@unix closing because: client close request \(age=\d+s\)$`),
+		regexp.MustCompile(`(?m)^\S+ \S+ \S+ \[\d+\] LOG S-0x[0-9a-f]+: appdb/` + pgtest.RoleApp + `@\S+:\d+ new connection to server \(from \S+:\d+\)$`),
+		regexp.MustCompile(`(?m)^\S+ \S+ \S+ \[\d+\] LOG C-0x[0-9a-f]+: appdb/` + pgtest.RoleApp + `@127\.0\.0\.1:\d+ login attempt: db=appdb user=` + pgtest.RoleApp + ` tls=no$`),
+	}
+	eventually(t, 10*time.Second, "PgBouncer's log lines in the logfile", func() bool {
+		b, _ := os.ReadFile(logPath)
+		for _, re := range pgbLines {
+			if !re.Match(b) {
+				return false
+			}
+		}
+		return true
+	})
 	if err := os.Rename(logPath, logPath+".1"); err != nil {
 		t.Fatal(err)
 	}
