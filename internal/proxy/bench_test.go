@@ -59,6 +59,12 @@ type relay struct {
 // configuration before it is validated (tests of other modes).
 func startRelay(tb testing.TB, fb *fakeBackend, poolSize int, mutate ...func(*config.Config)) *relay {
 	tb.Helper()
+	return startRelayLog(tb, fb, poolSize, zap.NewNop(), mutate...)
+}
+
+// startRelayLog is startRelay logging to log.
+func startRelayLog(tb testing.TB, fb *fakeBackend, poolSize int, log *zap.Logger, mutate ...func(*config.Config)) *relay {
+	tb.Helper()
 	cfg := config.Defaults()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.HTTPListen = ""
@@ -78,7 +84,7 @@ func startRelay(tb testing.TB, fb *fakeBackend, poolSize int, mutate ...func(*co
 	if err := cfg.Validate(); err != nil {
 		tb.Fatalf("benchmark configuration: %v", err)
 	}
-	srv := New(&cfg, zap.NewNop())
+	srv := New(&cfg, log)
 	if err := srv.Instrument(prometheus.NewRegistry()); err != nil {
 		tb.Fatal(err)
 	}

@@ -2,10 +2,17 @@ package proxy
 
 import (
 	"encoding/binary"
+	"fmt"
 	"io"
+	"strings"
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
@@ -43,5 +50,43 @@ func TestServerLostMidFrame(t *testing.T) {
 	}
 	if want := len(rd) + rowLen - short; len(got) != want {
 		t.Fatalf("the client got %d bytes, want the %d the server sent", len(got), want)
+	}
+}
+
+// TestServerConnLogLines: a server connection logs its opening (at info
+// with log_connections) once it has its conn_id, and its close with the
+// pool's reason and its age (log_disconnections): the lines PgBouncer's
+// "new connection to server" and "closing because: server conn crashed?"
+// come from (internal/pgblog).
+func TestServerConnLogLines(t *testing.T) {
+	fb := startFakeBackend(t, 1000)
+	fb.mu.Lock()
+	fb.cutQuery, fb.cutShort = []byte("CUT"), 20
+	fb.mu.Unlock()
+	core, logs := observer.New(zapcore.InfoLevel)
+	rl := startRelayLog(t, fb, 1, zap.New(core), func(c *config.Config) { c.LogConnections, c.LogDisconnections = true, true })
+	opened := logs.FilterMessage("server connection opened").All()
+	if len(opened) != 1 {
+		t.Fatalf("%d 'server connection opened' lines at info for a pool of 1, want 1", len(opened))
+	}
+	f := opened[0].ContextMap()
+	if f["conn_id"] != uint64(1) || f["host"] != fb.Addr() || !strings.HasPrefix(fmt.Sprint(f["local"]), "127.0.0.1:") {
+		t.Errorf("opened line's fields %v, want conn_id 1, host %s, local 127.0.0.1:…", f, fb.Addr())
+	}
+	c := dialBench(t, rl.addr, wire.AppendQuery(nil, "CUT"))
+	if _, err := c.conn.Write(c.request); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, _ = io.ReadAll(c.conn)
+	waitFor(t, 5*time.Second, "the 'server connection closed' line", func() bool {
+		return logs.FilterMessage("server connection closed").Len() > 0
+	})
+	f = logs.FilterMessage("server connection closed").All()[0].ContextMap()
+	if f["conn_id"] != uint64(1) || f["reason"] != "server_closed" || f["host"] != fb.Addr() {
+		t.Errorf("closed line's fields %v, want conn_id 1, reason server_closed, host %s", f, fb.Addr())
+	}
+	if _, ok := f["age"].(time.Duration); !ok {
+		t.Errorf("closed line without its age: %v", f)
 	}
 }
