@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -88,5 +89,39 @@ func TestServerConnLogLines(t *testing.T) {
 	}
 	if _, ok := f["age"].(time.Duration); !ok {
 		t.Errorf("closed line without its age: %v", f)
+	}
+}
+
+// TestDisconnectLoggedBeforeFinalMessage: a client that poolerd ends with a
+// FATAL (here a shutdown's 57P01) is logged as disconnected, with the
+// reason, before the FATAL goes out, as PgBouncer logs "closing because":
+// a watcher of the log that sees the client fail finds the line there. It
+// is logged once, not again when the session ends.
+func TestDisconnectLoggedBeforeFinalMessage(t *testing.T) {
+	fb := startFakeBackend(t, 16)
+	core, logs := observer.New(zapcore.InfoLevel)
+	rl := startRelayLog(t, fb, 1, zap.New(core), func(c *config.Config) { c.LogDisconnections = true })
+	c := dialBench(t, rl.addr, simpleRequest)
+	if err := c.roundTrip(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		done <- rl.srv.Shutdown(ctx)
+	}()
+	expectShutdownError(t, "idle client", []*benchClient{c})
+	if n := logs.FilterMessage("client disconnected").Len(); n != 1 {
+		t.Fatalf("%d 'client disconnected' lines when the client had its FATAL, want 1", n)
+	}
+	if f := logs.FilterMessage("client disconnected").All()[0].ContextMap(); f["sqlstate"] != "57P01" || f["detail"] != "poolerd is shutting down" {
+		t.Errorf("the line's fields %v, want sqlstate 57P01 and the detail", f)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := logs.FilterMessage("client disconnected").Len(); n != 1 {
+		t.Errorf("%d 'client disconnected' lines after the session ended, want 1", n)
 	}
 }

@@ -195,6 +195,10 @@ type session struct {
 	// replaces them); admitted is set while the session holds a client slot.
 	rates    atomic.Pointer[[]sessionRate]
 	admitted atomic.Bool
+	// endLogged: the disconnection was logged (logDisconnect), before the
+	// final message went out, or at end. (Here, beside admitted, it fills
+	// padding: TestSessionRecordSize.)
+	endLogged atomic.Bool
 	// dropReason, when set, is why the server connection will be closed
 	// at the end (a timeout, KILL), for the eviction metric.
 	dropReason atomic.Pointer[string]
@@ -1472,6 +1476,12 @@ func (s *session) finishLocked(werr *wire.Error, first bool) {
 		// as its rest. It gets the end of the stream instead.
 		s.log.Warn("client connection closed without a message: it was in the middle of a message from the server", zap.String("reason", werr.Message))
 	}
+	if first && !s.handshaking.Load() {
+		// Before the client reads why, as PgBouncer logs "closing
+		// because": whoever watches the log finds the line once the
+		// client has its error.
+		s.logDisconnect(werr, nil)
+	}
 	if first && !s.sawFatal.Load() && !s.midFrame.Load() {
 		s.writeClient(werr.Append(nil))
 	}
@@ -1592,19 +1602,27 @@ func (s *session) end(err error) {
 		if s.tracked {
 			s.forgetStatements()
 		}
-		if s.srv.cfg().LogDisconnections {
-			fields := []zap.Field{zap.Duration("duration", time.Since(s.connectedAt).Round(time.Millisecond))}
-			if werr := s.endErr.Load(); werr != nil {
-				fields = append(fields, zap.String("reason", werr.Message), zap.String("sqlstate", werr.Code))
-				if werr.Detail != "" {
-					fields = append(fields, zap.String("detail", werr.Detail))
-				}
-			} else if err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, os.ErrDeadlineExceeded) {
-				fields = append(fields, zap.Error(err))
-			}
-			s.log.Info("client disconnected", fields...)
-		}
+		s.logDisconnect(s.endErr.Load(), err)
 	})
+}
+
+// logDisconnect logs the client's disconnection once (log_disconnections):
+// with the final message werr poolerd sent, or the error err that ended
+// the connection.
+func (s *session) logDisconnect(werr *wire.Error, err error) {
+	if !s.srv.cfg().LogDisconnections || s.endLogged.Swap(true) {
+		return
+	}
+	fields := []zap.Field{zap.Duration("duration", time.Since(s.connectedAt).Round(time.Millisecond))}
+	if werr != nil {
+		fields = append(fields, zap.String("reason", werr.Message), zap.String("sqlstate", werr.Code))
+		if werr.Detail != "" {
+			fields = append(fields, zap.String("detail", werr.Detail))
+		}
+	} else if err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, os.ErrDeadlineExceeded) {
+		fields = append(fields, zap.Error(err))
+	}
+	s.log.Info("client disconnected", fields...)
 }
 
 func (s *session) releaseAtEnd(sc *serverConn) {
