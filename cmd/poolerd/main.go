@@ -139,31 +139,14 @@ func newLoggerTo(cfg *config.Config, w io.Writer, network, addr string) (log *za
 	ec.TimeKey = "ts"
 	ec.EncodeTime = zapcore.ISO8601TimeEncoder
 	ec.EncodeDuration = zapcore.StringDurationEncoder
-	var enc zapcore.Encoder
-	switch cfg.LogFormat {
-	case "json":
-		enc = zapcore.NewJSONEncoder(ec)
-	case "pgbouncer":
-		enc = pgblog.New(os.Getpid(), true)
-	default:
-		ec.EncodeLevel = zapcore.CapitalLevelEncoder
-		enc = zapcore.NewConsoleEncoder(ec)
-	}
+	enc := logEncoder(cfg.LogFormat, ec, true)
 	core := zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(w)), level)
 	closeSyslog := func() {}
 	if cfg.Syslog {
 		// syslog stamps the time itself.
 		sec := ec
 		sec.TimeKey = ""
-		var sysEnc zapcore.Encoder
-		switch cfg.LogFormat {
-		case "json":
-			sysEnc = zapcore.NewJSONEncoder(sec)
-		case "pgbouncer":
-			sysEnc = pgblog.New(os.Getpid(), false)
-		default:
-			sysEnc = zapcore.NewConsoleEncoder(sec)
-		}
+		sysEnc := logEncoder(cfg.LogFormat, sec, false)
 		sc, err := newSyslogCore(network, addr, cfg.SyslogIdent, cfg.SyslogFacility, sysEnc, level)
 		if err != nil {
 			// As PgBouncer, which logs on without its syslog: no
@@ -178,6 +161,20 @@ func newLoggerTo(cfg *config.Config, w io.Writer, network, addr string) (log *za
 	}
 	log = zap.New(core)
 	return log, level, func() { _ = log.Sync(); closeSyslog() }, nil
+}
+
+// logEncoder is log_format's encoder; withTime is false for syslog, which
+// stamps the time itself.
+func logEncoder(format string, ec zapcore.EncoderConfig, withTime bool) zapcore.Encoder {
+	switch format {
+	case "json":
+		return zapcore.NewJSONEncoder(ec)
+	case "pgbouncer":
+		return pgblog.New(os.Getpid(), withTime)
+	default:
+		ec.EncodeLevel = zapcore.CapitalLevelEncoder
+		return zapcore.NewConsoleEncoder(ec)
+	}
 }
 
 // serve runs poolerd until a signal or the admin console stops it.
