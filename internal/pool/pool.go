@@ -351,6 +351,19 @@ type waiter[C Conn] struct {
 	// share is the part of the pool whose idle connections the checkout
 	// prefers when one is free at once (Waiter.Prefer); -1: none.
 	share int32
+	// ready, for a waiter queued by Enqueue, is called once its result
+	// is in ch (under the pool's lock); deadline is when its wait times
+	// out (zero: never).
+	ready    func()
+	deadline time.Time
+}
+
+// deliverLocked gives w its result (w is out of the queue).
+func (w *waiter[C]) deliverLocked(r result[C]) {
+	w.ch <- r
+	if w.ready != nil {
+		w.ready()
+	}
 }
 
 type result[C Conn] struct {
@@ -627,6 +640,10 @@ func (p *Pool[C]) get(ctx context.Context) (C, bool, error) {
 type Waiter[C Conn] struct {
 	w     waiter[C]
 	timer *time.Timer
+	// expiry times out an Enqueue of the pool expiryOf (made by the
+	// first Enqueue that has a timeout).
+	expiry   *time.Timer
+	expiryOf *Pool[C]
 }
 
 // NewWaiter returns a Waiter.
@@ -652,9 +669,23 @@ func ErrDone(err error) bool { return errors.Is(err, errDone) }
 // or until CancelWait withdraws it (the error is the one given to
 // CancelWait). Unlike Get, waiting allocates nothing.
 func (p *Pool[C]) GetWith(w *Waiter[C], timeout time.Duration, done <-chan struct{}) (C, error) {
+	return p.getWith(w, timeout, done, 0, nil)
+}
+
+// GetAfterFailed is GetWith for a caller whose connection from Enqueue
+// failed its validation (failed, Validate's error): the second connection
+// GetWith would try, and a *ValidationError if it fails too.
+func (p *Pool[C]) GetAfterFailed(w *Waiter[C], timeout time.Duration, done <-chan struct{}, failed error) (C, error) {
+	var ve *ValidationError
+	if errors.As(failed, &ve) {
+		failed = ve.Err
+	}
+	return p.getWith(w, timeout, done, 1, failed)
+}
+
+func (p *Pool[C]) getWith(w *Waiter[C], timeout time.Duration, done <-chan struct{}, from int, lastErr error) (C, error) {
 	var zero C
-	var lastErr error
-	for attempt := 0; attempt < 2; attempt++ {
+	for attempt := from; attempt < 2; attempt++ {
 		var expired <-chan time.Time
 		if timeout > 0 {
 			w.timer.Reset(timeout)
@@ -679,12 +710,101 @@ func (p *Pool[C]) GetWith(w *Waiter[C], timeout time.Duration, done <-chan struc
 	return zero, &ValidationError{Err: lastErr}
 }
 
+// Enqueue is GetWith for a caller that must not block (an event loop):
+// an idle connection free at once is returned (ok); a checkout that cannot
+// be served now is refused (err, as GetWith's); otherwise w is queued, in
+// the same FIFO order as GetWith's waiters, and ready is called once its
+// outcome is known: a connection handed over, timeout passed (0: no
+// limit), CancelWait, the pool failing or closing. ready is called with the
+// pool's lock held: it must neither block nor call the pool. Collect then
+// returns the outcome. A connection returned here or by Collect has not
+// been validated: the caller runs Validate, where it may block, if it is
+// Due.
+func (p *Pool[C]) Enqueue(w *Waiter[C], timeout time.Duration, ready func()) (c C, ok bool, err error) {
+	var zero C
+	start := p.cfg.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return zero, false, ErrClosed
+	}
+	ww := &w.w
+	if len(p.idle) > 0 && len(p.waiters) == 0 && !p.paused {
+		i := p.nearIdleLocked(ww.share)
+		c := p.idle[i]
+		p.takeIdleLocked(i)
+		return c, true, nil
+	}
+	if uerr := p.unavailableLocked(start); uerr != nil {
+		p.stats.FastFailures++
+		return zero, false, uerr
+	}
+	ww.since, ww.ready, ww.deadline = start, ready, time.Time{}
+	p.waiters = append(p.waiters, ww)
+	if p.total < p.set().MaxSize && !p.paused {
+		p.startConnectLocked()
+	}
+	if p.set().reserve() && len(p.waiters) == 1 && p.total >= p.set().MaxSize {
+		p.nudge() // the maintainer times the reserve from this first waiter
+	}
+	if timeout > 0 {
+		// The real clock, as the timer's: a stale firing of an earlier
+		// wait's timer finds the deadline not passed (expire).
+		ww.deadline = time.Now().Add(timeout)
+		if w.expiry == nil || w.expiryOf != p {
+			if w.expiry != nil {
+				w.expiry.Stop()
+			}
+			w.expiry, w.expiryOf = time.AfterFunc(timeout, func() { p.expire(w) }), p
+		} else {
+			w.expiry.Reset(timeout)
+		}
+	}
+	return zero, false, nil
+}
+
+// expire times out w's Enqueue if it still waits and its deadline passed.
+func (p *Pool[C]) expire(w *Waiter[C]) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ww := &w.w
+	if ww.ready == nil || ww.deadline.IsZero() || time.Now().Before(ww.deadline) || !p.removeWaiterLocked(ww) {
+		return
+	}
+	p.stats.Timeouts++
+	st := p.statsLocked()
+	ww.deliverLocked(result[C]{err: &CheckoutTimeoutError{Waited: p.cfg.Now().Sub(ww.since), Stats: st}})
+}
+
+// Collect returns the outcome of an Enqueue whose ready was called: the
+// connection and whether it was newly opened, or the error.
+func (p *Pool[C]) Collect(w *Waiter[C]) (c C, fresh bool, err error) {
+	if w.expiry != nil {
+		w.expiry.Stop()
+	}
+	return p.received(<-w.w.ch, w.w.since)
+}
+
+// Due reports whether a connection from Enqueue or Collect must be
+// validated before use, as GetWith would: idle past the validation
+// interval (fresh: newly opened, never due).
+func (p *Pool[C]) Due(c C, fresh bool) bool { return !fresh && p.needsValidation(c) }
+
+// Validate runs the validation query on c (Due), waiting for it; a
+// connection that fails it is closed, and the error is a *ValidationError.
+func (p *Pool[C]) Validate(c C) error {
+	if err := p.validate(context.Background(), c); err != nil {
+		return &ValidationError{Err: err}
+	}
+	return nil
+}
+
 // CancelWait withdraws w from the queue: its GetWith returns err. It does
 // nothing if w is not waiting.
 func (p *Pool[C]) CancelWait(w *Waiter[C], err error) {
 	p.mu.Lock()
 	if p.removeWaiterLocked(&w.w) {
-		w.w.ch <- result[C]{err: err}
+		w.w.deliverLocked(result[C]{err: err})
 	}
 	p.mu.Unlock()
 }
@@ -716,7 +836,7 @@ func (p *Pool[C]) wait(w *waiter[C], done <-chan struct{}, expired <-chan time.T
 		p.mu.Unlock()
 		return zero, false, uerr
 	}
-	w.since = start
+	w.since, w.ready, w.deadline = start, nil, time.Time{}
 	p.waiters = append(p.waiters, w)
 	if p.total < p.set().MaxSize && !p.paused {
 		p.startConnectLocked()
@@ -874,7 +994,7 @@ func (p *Pool[C]) Close() {
 	p.closed = true
 	p.setStateLocked(ShuttingDown, "pool closing")
 	for _, w := range p.waiters {
-		w.ch <- result[C]{err: ErrClosed}
+		w.deliverLocked(result[C]{err: ErrClosed})
 	}
 	p.waiters = nil
 	for len(p.idle) > 0 {
@@ -1043,7 +1163,7 @@ func (p *Pool[C]) handOffLocked(c C, fresh bool) {
 		w := p.waiters[0]
 		p.removeWaiterLocked(w)
 		p.checkoutLocked(c, fresh)
-		w.ch <- result[C]{conn: c, fresh: fresh}
+		w.deliverLocked(result[C]{conn: c, fresh: fresh})
 		return
 	}
 	c.PoolEntry().state = stateIdle
@@ -1288,7 +1408,7 @@ func (p *Pool[C]) connectFailedLocked(err error, attempt int) {
 	if p.total == 0 && !p.set().WaitUnavailable {
 		uerr := &UnavailableError{RetryIn: wait, Attempts: p.failures, Err: err}
 		for _, w := range p.waiters {
-			w.ch <- result[C]{err: uerr}
+			w.deliverLocked(result[C]{err: uerr})
 		}
 		p.waiters = p.waiters[:0]
 	}

@@ -1204,3 +1204,88 @@ func TestTakeSlot(t *testing.T) {
 		}
 	})
 }
+
+// TestEnqueue covers the non-blocking checkout of an event loop: an idle
+// connection at once, a queued one served by a Put in FIFO order with
+// GetWith's waiters, the timeout, CancelWait, the pool closing, and reuse
+// of the Waiter by GetWith afterwards (ready is not called again).
+func TestEnqueue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := newPool(&dialer{}, 1, 0)
+		defer p.Close()
+		a, err := p.Get(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Put(a)
+		w := NewWaiter[*fakeConn]()
+		var readies atomic.Int32
+		ready := func() { readies.Add(1) }
+		if c, ok, err := p.Enqueue(w, time.Second, ready); !ok || err != nil || c != a {
+			t.Fatalf("idle at once: %v %v %v", c, ok, err)
+		}
+
+		// Queued behind a GetWith waiter: the first Put serves that one.
+		sync := NewWaiter[*fakeConn]()
+		got := make(chan *fakeConn)
+		go func() {
+			c, _ := p.GetWith(sync, time.Second, nil)
+			got <- c
+		}()
+		synctest.Wait()
+		if _, ok, err := p.Enqueue(w, time.Second, ready); ok || err != nil {
+			t.Fatalf("should queue: %v %v", ok, err)
+		}
+		p.Put(a)
+		if c := <-got; c != a || readies.Load() != 0 {
+			t.Fatalf("FIFO: GetWith got %v, ready called %d times", c, readies.Load())
+		}
+		p.Put(a)
+		if readies.Load() != 1 {
+			t.Fatalf("ready called %d times after the hand-over", readies.Load())
+		}
+		if c, fresh, err := p.Collect(w); c != a || fresh || err != nil {
+			t.Fatalf("collect: %v %v %v", c, fresh, err)
+		}
+
+		// Timeout, with the real (bubble) clock.
+		start := time.Now()
+		if _, ok, err := p.Enqueue(w, 250*time.Millisecond, ready); ok || err != nil {
+			t.Fatalf("should queue: %v %v", ok, err)
+		}
+		time.Sleep(time.Second)
+		var te *CheckoutTimeoutError
+		if _, _, err := p.Collect(w); readies.Load() != 2 || !errors.As(err, &te) || te.Waited != 250*time.Millisecond {
+			t.Fatalf("timeout: ready %d, %v (waited from %v)", readies.Load(), err, start)
+		}
+
+		// CancelWait, then a stale timer does nothing to the next wait.
+		cause := errors.New("cancelled")
+		if _, ok, _ := p.Enqueue(w, 100*time.Millisecond, ready); ok {
+			t.Fatal("should queue")
+		}
+		p.CancelWait(w, cause)
+		if _, _, err := p.Collect(w); readies.Load() != 3 || !errors.Is(err, cause) {
+			t.Fatalf("cancel: ready %d, %v", readies.Load(), err)
+		}
+		time.Sleep(time.Second)
+		if readies.Load() != 3 {
+			t.Fatalf("ready called after its wait ended: %d", readies.Load())
+		}
+
+		// GetWith with the same Waiter: ready is not called.
+		p.Put(a)
+		if c, err := p.GetWith(w, time.Second, nil); c != a || err != nil || readies.Load() != 3 {
+			t.Fatalf("GetWith after Enqueue: %v %v ready %d", c, err, readies.Load())
+		}
+
+		// Closing the pool ends a queued wait.
+		if _, ok, _ := p.Enqueue(w, 0, ready); ok {
+			t.Fatal("should queue")
+		}
+		p.Close()
+		if _, _, err := p.Collect(w); readies.Load() != 4 || !errors.Is(err, ErrClosed) {
+			t.Fatalf("close: ready %d, %v", readies.Load(), err)
+		}
+	})
+}

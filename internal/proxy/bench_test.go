@@ -65,6 +65,13 @@ func startRelay(tb testing.TB, fb *fakeBackend, poolSize int, mutate ...func(*co
 // startRelayLog is startRelay logging to log.
 func startRelayLog(tb testing.TB, fb *fakeBackend, poolSize int, log *zap.Logger, mutate ...func(*config.Config)) *relay {
 	tb.Helper()
+	return startRelayWith(tb, fb, poolSize, log, nil, mutate...)
+}
+
+// startRelayWith is startRelayLog with before, if not nil, called on the
+// server before it serves (to set its test hooks).
+func startRelayWith(tb testing.TB, fb *fakeBackend, poolSize int, log *zap.Logger, before func(*Server), mutate ...func(*config.Config)) *relay {
+	tb.Helper()
 	cfg := config.Defaults()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.HTTPListen = ""
@@ -87,6 +94,9 @@ func startRelayLog(tb testing.TB, fb *fakeBackend, poolSize int, log *zap.Logger
 	srv := New(&cfg, log)
 	if err := srv.Instrument(prometheus.NewRegistry()); err != nil {
 		tb.Fatal(err)
+	}
+	if before != nil {
+		before(srv)
 	}
 	srv.Warm()
 	addr := serve(tb, srv)

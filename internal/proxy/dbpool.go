@@ -356,11 +356,7 @@ func (d *dbPool) checkout(q queuer, done <-chan struct{}, near *loopItem, lease 
 		return d.nearLoop(sc, near)
 	}
 	start := time.Now()
-	limit := d.route().Settings.CheckoutTimeout
-	byLease := lease.left > 0 && (limit <= 0 || lease.left < limit)
-	if byLease {
-		limit = lease.left
-	}
+	limit, byLease := d.waitLimit(lease)
 	w := q.queued()
 	w.Prefer(near.share())
 	note := q.waitNotice()
@@ -369,12 +365,111 @@ func (d *dbPool) checkout(q queuer, done <-chan struct{}, near *loopItem, lease 
 	q.dequeued()
 	d.met.checkoutWait.Observe(time.Since(start).Seconds())
 	if err != nil {
-		var te *pool.CheckoutTimeoutError
-		if byLease && errors.As(err, &te) {
-			d.timeoutCounts[timeoutLeaseCheckout].Add(1)
-			return nil, errLeaseCheckout(lease.limit, d, te.Stats)
+		return nil, d.waitError(err, byLease, lease)
+	}
+	return sc, nil
+}
+
+// waitLimit is how long a checkout waits: checkout_timeout, or what is
+// left of the asker's lease if that is shorter (byLease).
+func (d *dbPool) waitLimit(lease leaseLeft) (limit time.Duration, byLease bool) {
+	limit = d.route().Settings.CheckoutTimeout
+	byLease = lease.left > 0 && (limit <= 0 || lease.left < limit)
+	if byLease {
+		limit = lease.left
+	}
+	return limit, byLease
+}
+
+// waitError is the client's error for a checkout that failed.
+func (d *dbPool) waitError(err error, byLease bool, lease leaseLeft) error {
+	var te *pool.CheckoutTimeoutError
+	if byLease && errors.As(err, &te) {
+		d.timeoutCounts[timeoutLeaseCheckout].Add(1)
+		return errLeaseCheckout(lease.limit, d, te.Stats)
+	}
+	return d.checkoutError(err)
+}
+
+// loopCheckout is a checkout waiting on an event loop (checkoutOnLoop):
+// what its end needs (checkedOut), and where the attach that asked for it
+// stood (attachFrom).
+type loopCheckout struct {
+	start   time.Time
+	lease   leaseLeft
+	byLease bool
+	note    *waitNotice
+	leaseAt int64
+	attempt int
+}
+
+// checkoutOnLoop is checkout for a session whose handler runs on its event
+// loop (it): it does not block the loop. An idle connection is taken at
+// once; otherwise the session's waiter joins the queue (the same queue, in
+// the same order, as checkout's) and waiting is true: the session's loop
+// takes the session up when the outcome is in (loopItem.wakeUp, then
+// checkedOut). The connection is moved to the session's loop.
+func (d *dbPool) checkoutOnLoop(s *session, it *loopItem, c *loopCheckout, lease leaseLeft) (sc *serverConn, waiting bool, err error) {
+	if sc, ok := d.pool.TryGetNear(it.share()); ok {
+		d.met.checkoutWait.Observe(0)
+		sc, err := d.nearLoop(sc, it)
+		return sc, false, err
+	}
+	limit, byLease := d.waitLimit(lease)
+	*c = loopCheckout{start: time.Now(), lease: lease, byLease: byLease}
+	w := s.queue()
+	w.Prefer(it.share())
+	sc, ok, err := d.pool.Enqueue(w, limit, it.suspend())
+	if ok || err != nil {
+		it.unsuspend()
+		s.dequeued()
+		d.met.checkoutWait.Observe(0)
+		if err != nil {
+			return nil, false, d.waitError(err, byLease, lease)
 		}
-		return nil, d.checkoutError(err)
+		// Idle, but due for validation (TryGetNear declined it): the
+		// validation query waits, off the loop.
+		sc, err = d.validated(s, it, sc, false, c)
+		return sc, false, err
+	}
+	c.note = s.waitNotice()
+	return nil, true, nil
+}
+
+// checkedOut ends a checkout that waited on the session's loop
+// (checkoutOnLoop), on the loop.
+func (d *dbPool) checkedOut(s *session, it *loopItem, c *loopCheckout) (*serverConn, error) {
+	sc, fresh, err := d.pool.Collect(s.waiter)
+	c.note.stop() // a notice being written is out before sc is used
+	s.dequeued()
+	d.met.checkoutWait.Observe(time.Since(c.start).Seconds())
+	if err != nil {
+		return nil, d.waitError(err, c.byLease, c.lease)
+	}
+	return d.validated(s, it, sc, fresh, c)
+}
+
+// validated validates a connection from the queue that has been idle past
+// validation_interval (the query waits: the loop goes on without the
+// session first), and moves it to the session's loop. One that fails is
+// closed, and the session waits for a second, off the loop, as checkout
+// does; if that one fails too, the client is told (08006, validation).
+func (d *dbPool) validated(s *session, it *loopItem, sc *serverConn, fresh bool, c *loopCheckout) (*serverConn, error) {
+	if !d.pool.Due(sc, fresh) {
+		return d.nearLoop(sc, it)
+	}
+	s.yieldLoop()
+	failed := d.pool.Validate(sc)
+	if failed == nil {
+		return d.nearLoop(sc, it)
+	}
+	limit, _ := d.waitLimit(c.lease)
+	w := s.queued()
+	w.Prefer(it.share())
+	sc, err := d.pool.GetAfterFailed(w, limit, s.srv.ctx.Done(), failed)
+	s.dequeued()
+	if err != nil {
+		return nil, d.waitError(err, c.byLease, c.lease)
 	}
 	return sc, nil
 }

@@ -3,6 +3,7 @@
 package proxy
 
 import (
+	"errors"
 	"io"
 	"os"
 	"sync"
@@ -10,6 +11,8 @@ import (
 	"syscall"
 	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/poolerd/poolerd/internal/wire"
 )
@@ -47,6 +50,21 @@ const (
 	itemOff      int32 = iota // not (or no longer) in the loop
 	itemArmed                 // registered; no handler running
 	itemHandling              // a handler is running
+	itemWaiting               // out of epoll, waiting on the loop (suspend)
+)
+
+// An item's part in a wait on its loop (loopItem.wait): a handler that must
+// wait for something another goroutine delivers (a pooled server
+// connection) says so (suspend) and returns; the loop takes the socket out
+// of epoll (park), and the delivery (wakeUp) posts the item to the loop's
+// mailbox, whose handling runs the item's resume step on the loop. The
+// delivery may come before the handler has returned: whichever of park and
+// wakeUp comes second posts.
+const (
+	waitNone       int32 = iota
+	waitSuspending       // suspend called; the handler has not returned
+	waitReady            // delivered before the handler returned
+	waitParked           // parked; not delivered yet
 )
 
 // loopHandler is what a loop runs for a socket.
@@ -55,6 +73,9 @@ type loopHandler interface {
 	// duplicate) and reports whether the socket stays in the loop. A
 	// handler that returns false has ended the connection.
 	loopReady(it *loopItem) (keep bool)
+	// loopResume takes up a handler that suspended (loopItem.suspend)
+	// once its wait is over, on the loop, with loopReady's result.
+	loopResume(it *loopItem) (keep bool)
 	// loopStale reports whether the connection was ended by another
 	// goroutine meanwhile (its wake-up may have found the handler
 	// running); loopEnd then ends it, on a goroutine of its own.
@@ -73,7 +94,71 @@ type loopItem struct {
 	h      loopHandler
 	fd     int          // the loop's duplicate descriptor; closed by remove
 	client bool         // a client session's socket (else a server's)
-	state  atomic.Int32 // itemOff, itemArmed, itemHandling
+	state  atomic.Int32 // itemOff, itemArmed, itemHandling, itemWaiting
+
+	// A wait on the loop: wait is waitNone … waitParked; ready is
+	// wakeUp, made once; pend is the handler's own state for the wait
+	// (a client session's read in progress), owned by whoever runs the
+	// item's handler.
+	wait  atomic.Int32
+	ready func()
+	pend  *readPass
+}
+
+// suspend is called by a handler running on its loop's goroutine before it
+// starts a wait whose end another goroutine delivers: it returns the
+// function that delivery calls (wakeUp; it must not block). The handler's
+// loopResume runs on the loop once the wait is over. A handler that called
+// suspend and then finds it need not wait after all calls unsuspend; one
+// that waits returns true at once.
+func (it *loopItem) suspend() (ready func()) {
+	if it.ready == nil {
+		it.ready = it.wakeUp
+	}
+	it.wait.Store(waitSuspending)
+	return it.ready
+}
+
+// unsuspend withdraws suspend when the handler does not wait after all
+// (nothing will be delivered).
+func (it *loopItem) unsuspend() { it.wait.Store(waitNone) }
+
+// suspended reports whether the handler that just returned waits on the
+// loop.
+func (it *loopItem) suspended() bool {
+	w := it.wait.Load()
+	return w == waitSuspending || w == waitReady
+}
+
+// waitingOnLoop reports whether the item's handler waits on the loop (any
+// goroutine).
+func (it *loopItem) waitingOnLoop() bool {
+	return it != nil && (it.wait.Load() != waitNone || it.state.Load() == itemWaiting)
+}
+
+// onLoop reports whether the caller is the handler the loop's goroutine is
+// running for it (not handed over): only such a handler may suspend.
+func (it *loopItem) onLoop() bool { return it != nil && it.l.cur.Load() == it }
+
+// wakeUp is the delivery of an item's wait (any goroutine, maybe under the
+// deliverer's lock: it never blocks): the item is posted to its loop, or,
+// if its handler has not returned yet, park posts it.
+func (it *loopItem) wakeUp() {
+	for {
+		switch it.wait.Load() {
+		case waitSuspending:
+			if it.wait.CompareAndSwap(waitSuspending, waitReady) {
+				return
+			}
+		case waitParked:
+			if it.wait.CompareAndSwap(waitParked, waitNone) {
+				it.l.post(it)
+			}
+			return
+		default:
+			return
+		}
+	}
 }
 
 // yield is called by a handler about to block (from any goroutine: a yield
@@ -98,6 +183,9 @@ type engine struct {
 	// moves counts server connections moved to their client's loop at a
 	// checkout (loopItem.moveNear), for tests.
 	moves atomic.Uint64
+	// parks counts handlers that waited on their loop (loop.park), for
+	// tests.
+	parks atomic.Uint64
 
 	mu     sync.Mutex
 	closed bool
@@ -125,6 +213,17 @@ type loop struct {
 	items   []*loopItem
 	count   int // sockets
 	clients int // of which client sessions'
+
+	// The mailbox: items whose wait is over (post), resumed by the loop's
+	// goroutine in the order posted. efd is an eventfd in the loop's epoll
+	// (the item mbox) that wakes the loop; mboxMu guards posts and
+	// mboxClosed (the engine stopped: posts run on a goroutine each).
+	efd        int
+	mbox       loopItem
+	mboxMu     sync.Mutex
+	posts      []*loopItem
+	spare      []*loopItem // an emptied array for the next posts
+	mboxClosed bool
 }
 
 // newEngine starts n loops; n <= 0 starts none (every connection then has
@@ -165,7 +264,99 @@ func newLoop(e *engine, idx int32) (*loop, error) {
 		_ = l.file.Close()
 		return nil, err
 	}
+	efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		_ = l.file.Close()
+		return nil, err
+	}
+	l.efd = efd
+	l.mbox = loopItem{l: l, fd: efd}
+	if !l.register(&l.mbox) {
+		_ = syscall.Close(efd)
+		_ = l.file.Close()
+		return nil, errors.New("event loop: cannot watch its mailbox")
+	}
+	l.mu.Lock()
+	l.count-- // the mailbox is no socket
+	l.mu.Unlock()
 	return l, nil
+}
+
+// post queues it, whose wait is over, for the loop to resume (wakeUp,
+// park). After the engine stopped, it is resumed on a goroutine of its own.
+func (l *loop) post(it *loopItem) {
+	l.mboxMu.Lock()
+	if l.mboxClosed {
+		l.mboxMu.Unlock()
+		go l.resumeOrphan(it)
+		return
+	}
+	first := len(l.posts) == 0
+	l.posts = append(l.posts, it)
+	l.mboxMu.Unlock()
+	if first {
+		var one = [8]byte{1}
+		_, _ = unix.Write(l.efd, one[:])
+	}
+}
+
+// takePosts empties the mailbox (the loop's goroutine).
+func (l *loop) takePosts() []*loopItem {
+	var b [8]byte
+	_, _ = unix.Read(l.efd, b[:]) // before taking: a later post writes again
+	l.mboxMu.Lock()
+	posts := l.posts
+	l.posts, l.spare = l.spare, nil
+	l.mboxMu.Unlock()
+	return posts
+}
+
+// recyclePosts gives back the array of a mailbox the loop has handled (not
+// one it was handed over in the middle of: the new goroutine may be
+// filling the array the mailbox had then).
+func (l *loop) recyclePosts(posts []*loopItem) {
+	l.mboxMu.Lock()
+	if l.spare == nil {
+		l.spare = posts[:0]
+	}
+	l.mboxMu.Unlock()
+}
+
+// park takes out of epoll an item whose handler suspended (on the loop's
+// goroutine, or on the one it was handed over to); if its wait is already
+// over, it is posted.
+func (l *loop) park(it *loopItem) {
+	l.e.parks.Add(1)
+	_ = syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, it.fd, nil)
+	it.state.Store(itemWaiting)
+	if it.wait.CompareAndSwap(waitSuspending, waitParked) {
+		return
+	}
+	it.wait.Store(waitNone) // waitReady: delivered meanwhile
+	l.post(it)
+}
+
+// resumeOrphan resumes a waiting item after its engine stopped: on this
+// goroutine, and its connection then goes on on a goroutine of its own
+// (loopDetach) or ends.
+func (l *loop) resumeOrphan(it *loopItem) {
+	keep := it.h.loopResume(it)
+	if keep && it.suspended() {
+		// Waits again (the pools are closed: it will not be long).
+		it.state.Store(itemWaiting)
+		if !it.wait.CompareAndSwap(waitSuspending, waitParked) {
+			it.wait.Store(waitNone)
+			go l.resumeOrphan(it)
+		}
+		return
+	}
+	if keep {
+		it.h.loopDetach()
+	}
+	if it.state.Swap(itemOff) != itemOff {
+		l.forget(it)
+		_ = syscall.Close(it.fd)
+	}
 }
 
 // enabled reports whether there are loops.
@@ -298,41 +489,97 @@ func (l *loop) run() {
 		for i := range n {
 			it := ready[i]
 			ready[i] = nil
+			if it == &l.mbox {
+				posts := l.takePosts()
+				for k, p := range posts {
+					posts[k] = nil
+					if !p.state.CompareAndSwap(itemWaiting, itemHandling) {
+						continue // ended meanwhile (the engine closing)
+					}
+					if !l.handle(p, true) {
+						// Handed over: the rest of the mailbox is the
+						// new goroutine's.
+						for _, q := range posts[k+1:] {
+							l.post(q)
+						}
+						for j := i + 1; j < n; j++ {
+							ready[j] = nil
+						}
+						return
+					}
+				}
+				l.recyclePosts(posts)
+				continue
+			}
 			if it == nil || !it.state.CompareAndSwap(itemArmed, itemHandling) {
 				continue
 			}
-			l.cur.Store(it)
-			l.seq.Add(1)
-			keep := it.h.loopReady(it)
-			if l.cur.CompareAndSwap(it, nil) {
-				if keep {
-					it.state.Store(itemArmed)
-					if it.h.loopStale() {
-						l.e.wake(it)
-					}
-				} else {
-					l.remove(it, true)
+			if !l.handle(it, false) {
+				// Handed over while the handler ran: this goroutine is
+				// no longer the loop's, and the rest of this batch is
+				// the new goroutine's to see again (epoll is
+				// level-triggered).
+				for j := i + 1; j < n; j++ {
+					ready[j] = nil
 				}
-				continue
+				return
 			}
-			// Handed over while the handler ran: this goroutine is no
-			// longer the loop's. The socket goes back in (or away), and
-			// the rest of this batch is the new goroutine's to see again
-			// (epoll is level-triggered).
-			for j := i + 1; j < n; j++ {
-				ready[j] = nil
-			}
-			switch {
-			case keep && it.h.loopDetach():
-				l.remove(it, false) // after loopDetach took it off its owner
-				l.e.detaches.Add(1)
-			case keep && l.rearm(it):
-			default:
-				l.remove(it, false)
-			}
-			return
 		}
 	}
+}
+
+// handle runs the handler of it (its loopReady, or its loopResume after a
+// wait: resumed, the socket is then out of epoll), and puts the socket back
+// in the loop, parks it or removes it. It returns false if the loop was
+// handed over while the handler ran: the caller's goroutine is then no
+// longer the loop's.
+func (l *loop) handle(it *loopItem, resumed bool) bool {
+	l.cur.Store(it)
+	l.seq.Add(1)
+	var keep bool
+	if resumed {
+		keep = it.h.loopResume(it)
+	} else {
+		keep = it.h.loopReady(it)
+	}
+	if l.cur.CompareAndSwap(it, nil) {
+		switch {
+		case !keep:
+			l.remove(it, true)
+		case it.suspended():
+			l.park(it)
+		case resumed:
+			if !l.rearm(it) {
+				l.detach(it)
+			}
+		default:
+			it.state.Store(itemArmed)
+			if it.h.loopStale() {
+				l.e.wake(it)
+			}
+		}
+		return true
+	}
+	switch {
+	case keep && it.suspended():
+		l.park(it) // takeOver took it out of epoll already
+	case keep && it.h.loopDetach():
+		l.remove(it, false) // after loopDetach took it off its owner
+		l.e.detaches.Add(1)
+	case keep && l.rearm(it):
+	default:
+		l.remove(it, false)
+	}
+	return false
+}
+
+// detach lets a kept socket that cannot go back in the loop (the engine is
+// closing) go on on a goroutine of its own, or removes it.
+func (l *loop) detach(it *loopItem) {
+	if it.h.loopDetach() {
+		l.e.detaches.Add(1)
+	}
+	l.remove(it, false)
 }
 
 // share is the loop of the item the caller's handler runs for: its share
@@ -455,6 +702,17 @@ func (e *engine) close() {
 		_ = l.file.Close()
 	}
 	e.done.Wait()
+	for _, l := range e.loops {
+		// What waits on the loop still is resumed on goroutines.
+		l.mboxMu.Lock()
+		l.mboxClosed = true
+		posts := l.posts
+		l.posts = nil
+		l.mboxMu.Unlock()
+		for _, it := range posts {
+			go l.resumeOrphan(it)
+		}
+	}
 	for _, l := range e.loops {
 		l.mu.Lock()
 		items := l.items

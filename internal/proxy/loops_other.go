@@ -7,7 +7,17 @@ package proxy
 
 type engine struct{}
 
-type loopItem struct{}
+type loopItem struct{ pend *readPass }
+
+// A session is never on a loop here: nothing waits on one.
+
+func (*loopItem) onLoop() bool { return false }
+
+func (*loopItem) suspend() func() { return func() {} }
+
+func (*loopItem) unsuspend() {}
+
+func (*loopItem) waitingOnLoop() bool { return false }
 
 func (*loopItem) yield() {}
 

@@ -104,6 +104,23 @@ func (s *session) loopReady(it *loopItem) bool {
 	return true
 }
 
+// loopResume takes up a read that waited on the loop for a server
+// connection (fromClient), once the checkout is over.
+func (s *session) loopResume(it *loopItem) bool {
+	r := it.pend
+	quit, waiting := s.readFrames(r, true)
+	if waiting {
+		return true
+	}
+	bp := r.bp
+	*r = readPass{}
+	if s.readDone(bp, quit) {
+		s.endOnLoop(nil)
+		return false
+	}
+	return true
+}
+
 // endOnLoop ends the session from its loop handler: not on the loop's
 // goroutine, as ending may wait (a reset query, a final message).
 func (s *session) endOnLoop(err error) {
@@ -158,8 +175,17 @@ func (s *session) loopEnd() {
 	s.srv.sessWG.Done()
 }
 
-// wakeLoop ends the session if it waits on an event loop (finishLocked).
-func (s *session) wakeLoop() { s.srv.engine.wake(s.item.Load()) }
+// wakeLoop ends the session if it waits on an event loop (finishLocked):
+// if it waits there for a server connection, the checkout is withdrawn (on
+// a goroutine: the caller holds finalMu), and the read taken up ends.
+func (s *session) wakeLoop() {
+	it := s.item.Load()
+	if it.waitingOnLoop() {
+		go s.withdrawWait(errTerminated)
+		return
+	}
+	s.srv.engine.wake(it)
+}
 
 // closeConn closes the client connection. On a loop the socket is shut down
 // first: the loop's own descriptor would keep it open.

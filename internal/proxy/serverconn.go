@@ -421,6 +421,10 @@ func (sc *serverConn) loopEnd() {}
 func (sc *serverConn) loopDetach() bool { return false }
 
 // loopReady is the event loop's readLoop: one read, handled (loops_linux.go).
+// loopResume: a server connection never waits on its loop (it never
+// suspends); if it were taken up, it would read as loopReady does.
+func (sc *serverConn) loopResume(it *loopItem) bool { return sc.loopReady(it) }
+
 func (sc *serverConn) loopReady(it *loopItem) bool {
 	if sc.closing.Load() {
 		// Closed by poolerd: what the server still sends is not read.

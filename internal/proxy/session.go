@@ -444,7 +444,15 @@ func (s *session) clientRead(bp *[]byte, n int) (quit bool) {
 		s.noteActive(s.srv.nanotime())
 	}
 	s.inRead.Store(true)
-	quit = s.fromClient(*bp, wire.Headroom, wire.Headroom+n)
+	quit, waiting := s.fromClient(bp, wire.Headroom, wire.Headroom+n)
+	if waiting {
+		return false // on its loop, for a server connection (loopResume)
+	}
+	return s.readDone(bp, quit)
+}
+
+// readDone ends the handling of a read (clientRead, loopResume).
+func (s *session) readDone(bp *[]byte, quit bool) bool {
 	s.inRead.Store(false)
 	s.srv.bufs.Put(bp)
 	if !quit && s.srv.endAtIdle() {
@@ -499,9 +507,56 @@ type batch struct {
 	midFrame bool
 }
 
-// fromClient handles one read from the client. It returns true when the
-// session must end (Terminate, protocol violation, fatal refusal).
-func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
+// readPass is fromClient's way through one read from the client. It lives
+// on fromClient's stack, and is kept on the session's loop item
+// (loopItem.pend) while the read waits there for a server connection
+// (attachOrRefuse), to be taken up where it stopped (loopResume).
+type readPass struct {
+	bp                   *[]byte // the read's buffer, given back when the read is done
+	buf                  []byte
+	start, out, off, end int
+	b                    batch
+	// Where a read waiting on its loop stopped: at a frame header of n
+	// bytes, in attachOrRefuse, which had loaded owed.
+	n    int
+	owed *wire.Error
+	wait loopCheckout
+}
+
+// passData is what the read forwards so far.
+func (s *session) passData(r *readPass) []byte {
+	if s.obOn {
+		return s.ob
+	}
+	return r.buf[r.start:r.out]
+}
+
+// answered sends what the read holds before at and waits until the server
+// has answered all of it (a refusal must reach the client after those
+// answers). The rest of the read is a batch of its own, begun as the read's
+// first was: the connection, if the session still holds it (not released
+// at the last answer: poolerd's own snapshot, pin check or hand-off check
+// runs on it first), must stay unreleasable until that batch is sent, or
+// the answer to poolerd's query would release it while frames handled for
+// it wait to be sent (to the next connection attached: a Parse there twice,
+// 42P05). It returns false if the server was lost or the session ended
+// meanwhile.
+func (s *session) answered(r *readPass, sc *serverConn, at int) bool {
+	if !s.flush(s.passData(r), r.b) {
+		return false
+	}
+	r.start, r.out, r.b.reqs = at, at, 0
+	s.waitAnswered(sc)
+	return s.beginBatch()
+}
+
+// fromClient handles one read from the client, in (*bp)[start:end]. It
+// returns true when the session must end (Terminate, protocol violation,
+// fatal refusal); waiting when the read waits on the session's event loop
+// for a server connection: loopResume takes it up, and the buffer is not
+// the caller's to give back.
+func (s *session) fromClient(bp *[]byte, start, end int) (quit, waiting bool) {
+	buf := *bp
 	if s.ncarry > 0 {
 		start -= s.ncarry
 		copy(buf[start:], s.carry[:s.ncarry])
@@ -509,301 +564,355 @@ func (s *session) fromClient(buf []byte, start, end int) (quit bool) {
 	}
 	if !s.beginBatch() {
 		s.endBatch()
-		return true
+		return true, false
 	}
 	s.reads++
 	s.refuseRest = nil
-	out, off := start, start
-	b := batch{unsynced: s.unsynced}
-	data := func() []byte {
-		if s.obOn {
-			return s.ob
-		}
-		return buf[start:out]
-	}
-	// answered sends what this read holds before at and waits until the
-	// server has answered all of it (a refusal must reach the client after
-	// those answers). The rest of the read is a batch of its own, begun as
-	// the read's first was: the connection, if the session still holds it
-	// (not released at the last answer: poolerd's own snapshot, pin check
-	// or hand-off check runs on it first), must stay unreleasable until
-	// that batch is sent, or the answer to poolerd's query would release it
-	// while frames handled for it wait to be sent (to the next connection
-	// attached: a Parse there twice, 42P05). It returns false if the server
-	// was lost or the session ended meanwhile.
-	answered := func(sc *serverConn, at int) bool {
-		if !s.flush(data(), b) {
-			return false
-		}
-		start, out, b.reqs = at, at, 0
-		s.waitAnswered(sc)
-		return s.beginBatch()
-	}
-	for off < end || s.cur.Ending() {
-		n, ev, err := s.cur.Next(buf[off:end])
-		if err != nil {
-			s.flush(data(), b)
-			s.fail(&wire.Error{Severity: "FATAL", Code: "08P01", Message: "invalid frontend message: " + err.Error(),
-				Hint: "the client sent bytes that are not a PostgreSQL v3 message; check the driver"})
-			return true
+	r := readPass{bp: bp, buf: buf, start: start, out: start, off: start, end: end, b: batch{unsynced: s.unsynced}}
+	return s.readFrames(&r, false)
+}
+
+// readFrames walks the frames of a read (fromClient), or of one taken up
+// after its wait on the loop (resumed: at the header it stopped at).
+func (s *session) readFrames(r *readPass, resumed bool) (quit, waiting bool) {
+	for resumed || r.off < r.end || s.cur.Ending() {
+		var n int
+		var ev wire.Event
+		again := resumed
+		if resumed {
+			resumed = false
+			n, ev = r.n, wire.EvHeader
+		} else {
+			var err error
+			n, ev, err = s.cur.Next(r.buf[r.off:r.end])
+			if err != nil {
+				s.flush(s.passData(r), r.b)
+				s.fail(&wire.Error{Severity: "FATAL", Code: "08P01", Message: "invalid frontend message: " + err.Error(),
+					Hint: "the client sent bytes that are not a PostgreSQL v3 message; check the driver"})
+				return true, false
+			}
 		}
 		switch ev {
 		case wire.EvPartial:
-			s.ncarry = copy(s.carry[:], buf[off:end])
-			end = off
+			s.ncarry = copy(s.carry[:], r.buf[r.off:r.end])
+			r.end = r.off
 			continue
 		case wire.EvHeader:
-			t := s.cur.Type
-			if !isFrontendType(t) {
-				s.flush(data(), b)
-				s.fail(errProtocol("invalid frontend message type " + quoteByte(t)))
-				return true
-			}
-			if (t == 'S' || t == 'H') && s.cur.Len != 0 {
-				// Sync and Flush have no body; PostgreSQL refuses one that
-				// has ("invalid message format"). poolerd may answer a Sync
-				// itself at its header: without this check a Sync whose
-				// body never comes would be answered (FuzzSessionFrames).
-				s.flush(data(), b)
-				s.fail(errProtocol("invalid message format: " + quoteByte(t) + " with a body of " + strconv.Itoa(s.cur.Len) + " bytes"))
-				return true
-			}
-			if s.maxPacket > 0 && s.cur.Len+4 > s.maxPacket {
-				// Refused before any of it is forwarded; what came before
-				// goes out first.
-				s.flush(data(), b)
-				s.fail(errPacketTooLarge(t, s.cur.Len+4, s.maxPacket))
-				return true
-			}
-			if t == 'X' {
-				s.flush(data(), b)
-				return true
-			}
-			if t == 'Q' && s.srv.cfg().DisablePQExec {
-				s.flush(data(), b)
-				s.fail(errPQExecDisabled())
-				return true
-			}
-			if h := s.srv.onFrame; h != nil {
-				h(s, t)
-			}
-			if s.severed.Load() {
-				// The server connection this client's transaction or
-				// pipeline ran on is gone: nothing of this read may reach
-				// another one (see attach).
-				s.fail(errServerLost())
-				return true
-			}
-			s.dropFrame = false
-			var rateErr error
-			if !s.refusing && s.refuseRest == nil {
-				rateErr = s.rateCheck(t, b.unsynced)
-			}
-			switch {
-			case rateErr != nil && isFatal(rateErr):
-				s.flush(data(), b)
-				s.fail(rateErr)
-				return true
-			case rateErr != nil:
-				s.dropFrame = true
-				// The refusal must reach the client after the answers to
-				// what it sent before: send that, and wait for them.
-				if sc := s.server.Load(); sc != nil {
-					if !answered(sc, off) {
-						return true
-					}
-					s.abortTx(sc)
+			quit, waiting := s.headerFrame(r, again)
+			if waiting {
+				r.n = n
+				it := s.item.Load()
+				if it.pend == nil {
+					it.pend = new(readPass)
 				}
-				s.refuse(rateErr)
-				s.refuseRest = rateErr
-			case s.refusing:
-				// After a refusal, skip to the Sync as PostgreSQL does
-				// after an error; the Sync gets the ReadyForQuery.
-				s.dropFrame = true
-				if t == 'S' {
-					s.refusing = false
-					s.writeClient(wire.AppendReadyForQuery(nil, s.txStatus()))
+				if it.pend != r {
+					*it.pend = *r
 				}
-			case s.refuseRest != nil && startsRequest(t, b.unsynced):
-				// A request pipelined behind one poolerd refused, in the
-				// same read: refused too, so that the statements after a
-				// refused BEGIN do not run on their own.
-				s.dropFrame = true
-				s.refuse(s.refuseRest)
-			case s.server.Load() == nil && (t == 'd' || t == 'c' || t == 'f'):
-				// COPY messages with no COPY in progress: PostgreSQL ignores
-				// them (they trail a COPY that failed).
-				s.dropFrame = true
-			case s.server.Load() == nil && s.tracked && (t == 'C' || t == 'S' || t == 'H'):
-				// Answered without a server: a Close needs none (the
-				// statement stays prepared for other clients), and outside
-				// a transaction a Sync has nothing to finish. Drivers close
-				// statements while holding their own pool's locks
-				// (database/sql): that must never wait for a server.
-				s.dropFrame = true
-				switch t {
-				case 'C':
-					s.localClose = true
-					s.cur.Capture(s.cur.Len)
-				case 'S':
-					s.writeClient(wire.AppendReadyForQuery(nil, s.txStatus()))
-				}
-			case s.server.Load() == nil:
-				attached, quit := s.attachOrRefuse()
-				if quit {
-					return true
-				}
-				s.dropFrame = !attached
+				return false, true
 			}
-			s.hold = false
-			if t == 'Q' && s.tracked && !s.dropFrame {
-				if sc := s.server.Load(); sc != nil {
-					sc.mu.Lock()
-					sc.unnamedBy = nil // a simple query drops the unnamed statement
-					sc.mu.Unlock()
-				}
-			}
-			if !s.dropFrame {
-				s.noteRuns(&b, t)
-				switch {
-				case s.heldFrame(t, s.cur.Len):
-					// Counted when complete, in the batch that sends it.
-					s.hold = true
-					s.holdAt, s.holdRead = off, s.reads
-					s.cur.Capture(s.cur.Len)
-				case (t == 'Q' || t == 'P') && s.stateful:
-					s.count(&b, t)
-					s.cur.Capture(txstate.MaxScan)
-				case (t == 'Q' || t == 'P') && s.timeouts().any():
-					s.count(&b, t)
-					s.cur.Capture(maxQueryText + 128)
-				default:
-					s.count(&b, t)
-				}
+			if quit {
+				return true, false
 			}
 		case wire.EvEnd:
-			t := s.cur.Type
-			if s.localClose {
-				s.localClose = false
-				s.closeLocally(s.cur.Body())
-			}
-			if s.dropFrame {
-				break
-			}
-			body := s.cur.Body()
-			if (t == 'Q' || t == 'P') && s.timeouts().any() {
-				s.noteQuery(t, body)
-			}
-			if !s.hold {
-				if s.stateful && (t == 'Q' || t == 'P') {
-					// Too long to hold: already on its way, so it can
-					// only pin.
-					_ = s.scanEffects(t, body, false)
-					b.commits = b.commits || t == 'Q' && s.eff.Commits
-					s.noteShape(&b, t)
-				}
-				break
-			}
-			s.hold = false
-			sc := s.server.Load()
-			if sc == nil {
-				break // the server was lost; the session is ending
-			}
-			if t != 'Q' && s.tracked && s.unresolved(sc, t, body, b.reqs) {
-				// The name's fate hangs on the answer to an earlier request
-				// of the pipeline (a Parse or Close an error may skip): send
-				// what came before, wait for the answers, then go on.
-				if !answered(sc, off) {
-					return true
-				}
-				s.holdRead = 0 // forwarded from its capture, not in place
-				if sc = s.server.Load(); sc == nil {
-					attached, quit := s.attachOrRefuse()
-					if quit {
-						return true
-					}
-					if !attached {
-						break
-					}
-					sc = s.server.Load()
-				}
-			}
-			canRefuse := !b.unsynced
-			if werr := s.scanEffects(t, body, canRefuse); werr != nil {
-				// Refused in order: what came before goes first and is
-				// answered before the error.
-				if !answered(sc, off) {
-					return true
-				}
-				s.abortTx(sc)
-				s.refuse(werr)
-				break
-			}
-			zb := b.reqs
-			s.count(&b, t)
-			b.commits = b.commits || t == 'Q' && s.eff.Commits
-			s.noteShape(&b, t)
-			s.fo = s.fo[:0]
-			if t == 'Q' {
-				s.queryFrame(sc, body, &b, zb)
-			} else {
-				s.stmtFrame(sc, t, body, zb)
-			}
-			switch {
-			case len(s.fo) == 0 && s.holdRead == s.reads:
-				// Unchanged and all in this read: forward it in place.
-				frame := buf[s.holdAt:off]
-				if s.obOn {
-					s.ob = append(s.ob, frame...)
-				} else {
-					out += copy(buf[out:], frame)
-				}
-			case len(s.fo) == 0:
-				s.emitFrame(t, body)
-				fallthrough
-			default:
-				if !s.obOn {
-					s.ob = append(s.obBuf(), buf[start:out]...)
-					s.obOn = true
-				}
-				s.ob = append(s.ob, s.fo...)
-			}
-			if s.hitDef != nil && !s.replayOn && s.obOn {
-				// What follows a cache hit is kept for a retry (retry.go).
-				s.replayOn, s.replayAt = true, len(s.ob)
-				if s.hitStart {
-					s.replayAt -= len(s.fo)
-				}
-			}
-			if cap(s.fo) > 4096 {
-				s.fo = nil
+			if s.endFrame(r) {
+				return true, false
 			}
 		}
 		if (ev == wire.EvHeader || ev == wire.EvBody) && !s.dropFrame && !s.hold {
 			if s.obOn {
-				s.ob = append(s.ob, buf[off:off+n]...)
+				s.ob = append(s.ob, r.buf[r.off:r.off+n]...)
 			} else {
-				if out != off {
-					copy(buf[out:], buf[off:off+n])
+				if r.out != r.off {
+					copy(r.buf[r.out:], r.buf[r.off:r.off+n])
 				}
-				out += n
+				r.out += n
 			}
 		}
-		off += n
+		r.off += n
 	}
 	if !s.hold {
 		s.cur.Trim(txstate.MaxScan)
 	}
-	b.midFrame = !s.hold && !s.dropFrame && !s.cur.AtBoundary()
-	return !s.flush(data(), b)
+	r.b.midFrame = !s.hold && !s.dropFrame && !s.cur.AtBoundary()
+	return !s.flush(s.passData(r), r.b), false
+}
+
+// headerFrame handles a frame's header (readFrames): what it needs (a
+// server connection, a rate check) and whether it is forwarded, held or
+// dropped. resumed: the read waited on the loop for a server connection
+// for this frame, and takes up here.
+func (s *session) headerFrame(r *readPass, resumed bool) (quit, waiting bool) {
+	t := s.cur.Type
+	if resumed {
+		attached, quit, waiting := s.attachResumed(r)
+		if waiting || quit {
+			return quit, waiting
+		}
+		s.dropFrame = !attached
+	} else {
+		if !isFrontendType(t) {
+			s.flush(s.passData(r), r.b)
+			s.fail(errProtocol("invalid frontend message type " + quoteByte(t)))
+			return true, false
+		}
+		if (t == 'S' || t == 'H') && s.cur.Len != 0 {
+			// Sync and Flush have no body; PostgreSQL refuses one that
+			// has ("invalid message format"). poolerd may answer a Sync
+			// itself at its header: without this check a Sync whose
+			// body never comes would be answered (FuzzSessionFrames).
+			s.flush(s.passData(r), r.b)
+			s.fail(errProtocol("invalid message format: " + quoteByte(t) + " with a body of " + strconv.Itoa(s.cur.Len) + " bytes"))
+			return true, false
+		}
+		if s.maxPacket > 0 && s.cur.Len+4 > s.maxPacket {
+			// Refused before any of it is forwarded; what came before
+			// goes out first.
+			s.flush(s.passData(r), r.b)
+			s.fail(errPacketTooLarge(t, s.cur.Len+4, s.maxPacket))
+			return true, false
+		}
+		if t == 'X' {
+			s.flush(s.passData(r), r.b)
+			return true, false
+		}
+		if t == 'Q' && s.srv.cfg().DisablePQExec {
+			s.flush(s.passData(r), r.b)
+			s.fail(errPQExecDisabled())
+			return true, false
+		}
+		if h := s.srv.onFrame; h != nil {
+			h(s, t)
+		}
+		if s.severed.Load() {
+			// The server connection this client's transaction or
+			// pipeline ran on is gone: nothing of this read may reach
+			// another one (see attach).
+			s.fail(errServerLost())
+			return true, false
+		}
+		s.dropFrame = false
+		var rateErr error
+		if !s.refusing && s.refuseRest == nil {
+			rateErr = s.rateCheck(t, r.b.unsynced)
+		}
+		switch {
+		case rateErr != nil && isFatal(rateErr):
+			s.flush(s.passData(r), r.b)
+			s.fail(rateErr)
+			return true, false
+		case rateErr != nil:
+			s.dropFrame = true
+			// The refusal must reach the client after the answers to
+			// what it sent before: send that, and wait for them.
+			if sc := s.server.Load(); sc != nil {
+				if !s.answered(r, sc, r.off) {
+					return true, false
+				}
+				s.abortTx(sc)
+			}
+			s.refuse(rateErr)
+			s.refuseRest = rateErr
+		case s.refusing:
+			// After a refusal, skip to the Sync as PostgreSQL does
+			// after an error; the Sync gets the ReadyForQuery.
+			s.dropFrame = true
+			if t == 'S' {
+				s.refusing = false
+				s.writeClient(wire.AppendReadyForQuery(nil, s.txStatus()))
+			}
+		case s.refuseRest != nil && startsRequest(t, r.b.unsynced):
+			// A request pipelined behind one poolerd refused, in the
+			// same read: refused too, so that the statements after a
+			// refused BEGIN do not run on their own.
+			s.dropFrame = true
+			s.refuse(s.refuseRest)
+		case s.server.Load() == nil && (t == 'd' || t == 'c' || t == 'f'):
+			// COPY messages with no COPY in progress: PostgreSQL ignores
+			// them (they trail a COPY that failed).
+			s.dropFrame = true
+		case s.server.Load() == nil && s.tracked && (t == 'C' || t == 'S' || t == 'H'):
+			// Answered without a server: a Close needs none (the
+			// statement stays prepared for other clients), and outside
+			// a transaction a Sync has nothing to finish. Drivers close
+			// statements while holding their own pool's locks
+			// (database/sql): that must never wait for a server.
+			s.dropFrame = true
+			switch t {
+			case 'C':
+				s.localClose = true
+				s.cur.Capture(s.cur.Len)
+			case 'S':
+				s.writeClient(wire.AppendReadyForQuery(nil, s.txStatus()))
+			}
+		case s.server.Load() == nil:
+			attached, quit, waiting := s.attachOrRefuse(r)
+			if waiting || quit {
+				return quit, waiting
+			}
+			s.dropFrame = !attached
+		}
+	}
+	s.hold = false
+	if t == 'Q' && s.tracked && !s.dropFrame {
+		if sc := s.server.Load(); sc != nil {
+			sc.mu.Lock()
+			sc.unnamedBy = nil // a simple query drops the unnamed statement
+			sc.mu.Unlock()
+		}
+	}
+	if !s.dropFrame {
+		s.noteRuns(&r.b, t)
+		switch {
+		case s.heldFrame(t, s.cur.Len):
+			// Counted when complete, in the batch that sends it.
+			s.hold = true
+			s.holdAt, s.holdRead = r.off, s.reads
+			s.cur.Capture(s.cur.Len)
+		case (t == 'Q' || t == 'P') && s.stateful:
+			s.count(&r.b, t)
+			s.cur.Capture(txstate.MaxScan)
+		case (t == 'Q' || t == 'P') && s.timeouts().any():
+			s.count(&r.b, t)
+			s.cur.Capture(maxQueryText + 128)
+		default:
+			s.count(&r.b, t)
+		}
+	}
+	return false, false
+}
+
+// endFrame handles a frame once it is complete (readFrames): a frame held
+// for its body is scanned, rewritten and forwarded, or refused. It returns
+// true when the session must end.
+func (s *session) endFrame(r *readPass) (quit bool) {
+	t := s.cur.Type
+	if s.localClose {
+		s.localClose = false
+		s.closeLocally(s.cur.Body())
+	}
+	if s.dropFrame {
+		return false
+	}
+	body := s.cur.Body()
+	if (t == 'Q' || t == 'P') && s.timeouts().any() {
+		s.noteQuery(t, body)
+	}
+	if !s.hold {
+		if s.stateful && (t == 'Q' || t == 'P') {
+			// Too long to hold: already on its way, so it can only pin.
+			_ = s.scanEffects(t, body, false)
+			r.b.commits = r.b.commits || t == 'Q' && s.eff.Commits
+			s.noteShape(&r.b, t)
+		}
+		return false
+	}
+	s.hold = false
+	sc := s.server.Load()
+	if sc == nil {
+		return false // the server was lost; the session is ending
+	}
+	if t != 'Q' && s.tracked && s.unresolved(sc, t, body, r.b.reqs) {
+		// The name's fate hangs on the answer to an earlier request of
+		// the pipeline (a Parse or Close an error may skip): send what
+		// came before, wait for the answers, then go on.
+		if !s.answered(r, sc, r.off) {
+			return true
+		}
+		s.holdRead = 0 // forwarded from its capture, not in place
+		if sc = s.server.Load(); sc == nil {
+			attached, quit, _ := s.attachOrRefuse(nil) // (nil: waits here)
+			if quit {
+				return true
+			}
+			if !attached {
+				return false
+			}
+			sc = s.server.Load()
+		}
+	}
+	canRefuse := !r.b.unsynced
+	if werr := s.scanEffects(t, body, canRefuse); werr != nil {
+		// Refused in order: what came before goes first and is answered
+		// before the error.
+		if !s.answered(r, sc, r.off) {
+			return true
+		}
+		s.abortTx(sc)
+		s.refuse(werr)
+		return false
+	}
+	zb := r.b.reqs
+	s.count(&r.b, t)
+	r.b.commits = r.b.commits || t == 'Q' && s.eff.Commits
+	s.noteShape(&r.b, t)
+	s.fo = s.fo[:0]
+	if t == 'Q' {
+		s.queryFrame(sc, body, &r.b, zb)
+	} else {
+		s.stmtFrame(sc, t, body, zb)
+	}
+	switch {
+	case len(s.fo) == 0 && s.holdRead == s.reads:
+		// Unchanged and all in this read: forward it in place.
+		frame := r.buf[s.holdAt:r.off]
+		if s.obOn {
+			s.ob = append(s.ob, frame...)
+		} else {
+			r.out += copy(r.buf[r.out:], frame)
+		}
+	case len(s.fo) == 0:
+		s.emitFrame(t, body)
+		fallthrough
+	default:
+		if !s.obOn {
+			s.ob = append(s.obBuf(), r.buf[r.start:r.out]...)
+			s.obOn = true
+		}
+		s.ob = append(s.ob, s.fo...)
+	}
+	if s.hitDef != nil && !s.replayOn && s.obOn {
+		// What follows a cache hit is kept for a retry (retry.go).
+		s.replayOn, s.replayAt = true, len(s.ob)
+		if s.hitStart {
+			s.replayAt -= len(s.fo)
+		}
+	}
+	if cap(s.fo) > 4096 {
+		s.fo = nil
+	}
+	return false
 }
 
 // attachOrRefuse attaches a server connection for the request being read,
 // or refuses the request: attached is false if it was refused, quit true if
-// the refusal ended the session.
-func (s *session) attachOrRefuse() (attached, quit bool) {
+// the refusal ended the session. With r (the read, at the request's first
+// header) the checkout may wait on the session's event loop: waiting, and
+// attachResumed takes it up; without, it waits where it is.
+func (s *session) attachOrRefuse(r *readPass) (attached, quit, waiting bool) {
 	owed := s.owed.Load()
-	err := s.attach(nil)
+	err := s.attachVia(nil, r)
+	if err == errWaitOnLoop {
+		r.owed = owed
+		return false, false, true
+	}
+	attached, quit = s.attachOutcome(owed, err)
+	return attached, quit, false
+}
+
+// attachResumed is attachOrRefuse once the checkout that waited on the
+// loop is over.
+func (s *session) attachResumed(r *readPass) (attached, quit, waiting bool) {
+	err := s.resumeAttach(r)
+	if err == errWaitOnLoop {
+		return false, false, true
+	}
+	attached, quit = s.attachOutcome(r.owed, err)
+	return attached, quit, false
+}
+
+// attachOutcome is what attach's err means for the request (owed: s.owed
+// before the attach).
+func (s *session) attachOutcome(owed *wire.Error, err error) (attached, quit bool) {
 	werr, _ := err.(*wire.Error)
 	switch {
 	case err == nil:
@@ -1229,7 +1338,15 @@ func (s *session) lostMidBatch(data []byte) bool {
 // severs the session first, and a severed session never attaches again; its
 // client gets the server's FATAL or 08006 and the session ends, as a direct
 // connection to a backend that died would.
-func (s *session) attach(held *serverConn) error {
+func (s *session) attach(held *serverConn) error { return s.attachVia(held, nil) }
+
+// errWaitOnLoop is attachVia's answer when its checkout waits on the
+// session's event loop (the read r is then kept for resumeAttach).
+var errWaitOnLoop = errors.New("checkout waits on the event loop")
+
+// attachVia is attach; with r (a read whose handler runs on the session's
+// event loop) a checkout that must wait does so on the loop: errWaitOnLoop.
+func (s *session) attachVia(held *serverConn, r *readPass) error {
 	if held == nil && s.severed.Load() {
 		return errServerLost()
 	}
@@ -1244,11 +1361,17 @@ func (s *session) attach(held *serverConn) error {
 	}
 	// lease_timeout's clock starts with the wait for a connection.
 	var leaseAt int64
-	lease := time.Duration(s.timeouts().leaseTimeout)
-	if held == nil && lease > 0 {
+	if held == nil && s.timeouts().leaseTimeout > 0 {
 		leaseAt = s.srv.nanotime()
 	}
-	for attempt := 0; ; attempt++ {
+	return s.attachFrom(held, r, leaseAt, 0)
+}
+
+// attachFrom is attachVia's checkout and binding, from the given attempt
+// (a connection found broken is discarded and another tried, twice).
+func (s *session) attachFrom(held *serverConn, r *readPass, leaseAt int64, attempt int) error {
+	lease := time.Duration(s.timeouts().leaseTimeout)
+	for ; ; attempt++ {
 		sc := held
 		if sc == nil {
 			var werr error
@@ -1256,79 +1379,118 @@ func (s *session) attach(held *serverConn) error {
 			if leaseAt != 0 {
 				left = leaseLeft{limit: lease, left: max(lease-time.Duration(s.srv.nanotime()-leaseAt), time.Nanosecond)}
 			}
-			if sc, werr = s.dbp.checkout(s, s.srv.ctx.Done(), s.item.Load(), left); werr != nil {
+			it := s.item.Load()
+			if r != nil && it.onLoop() {
+				var waiting bool
+				sc, waiting, werr = s.dbp.checkoutOnLoop(s, it, &r.wait, left)
+				if waiting {
+					r.wait.leaseAt, r.wait.attempt = leaseAt, attempt
+					return errWaitOnLoop
+				}
+			} else {
+				sc, werr = s.dbp.checkout(s, s.srv.ctx.Done(), it, left)
+			}
+			if werr != nil {
 				return werr
 			}
 		}
-		if s.severed.Load() {
-			s.dbp.checkin(sc)
-			return errServerLost()
-		}
-		s.attachMu.Lock()
-		s.unclaim() // a hand-over claim, under the lock it is made under
-		if s.closed.Load() || s.endErr.Load() != nil {
-			// Terminated while queued (shutdown, a timeout): its request
-			// must not reach the server.
-			s.attachMu.Unlock()
-			s.dbp.checkin(sc)
-			return errShuttingDown()
-		}
-		sc.mu.Lock()
-		if sc.broken || sc.authOff.Load() {
-			// authOff: another session authorization than the login's,
-			// which RESET ROLE does not undo.
-			sc.broken = true
-			sc.mu.Unlock()
-			s.attachMu.Unlock()
-			s.dbp.pool.Discard(sc, evictBroken)
-			if held != nil {
-				return errServerLost()
-			}
-			if attempt < 2 {
-				continue
-			}
+		retry, err := s.bindServer(sc, held, leaseAt)
+		switch {
+		case !retry:
+			return err
+		case attempt >= 2:
 			return errServerUnavailable(errServerBroken)
 		}
-		// What an earlier owner's transaction cost, if it ended without
-		// its ReadyForQuery (the client left mid-transaction), is not
-		// this owner's. Before the owner is stored: the reader's next
-		// read loads the owner first.
-		sc.costRows.Store(0)
-		sc.costBytes.Store(0)
-		sc.owner.Store(s)
-		sc.busy = true
-		sc.unsynced = false
-		sc.leaseStart = leaseAt
-		var resetQ []byte
-		if sc.roleBy != 0 && sc.roleBy != s.id {
-			resetQ = resetQueryLocked(sc) // a startup role is set again after it
-		}
-		reset := resetQ != nil
-		sc.mu.Unlock()
-		s.server.Store(sc)
-		s.attachMu.Unlock()
-		s.syncQuery, s.syncReqs = s.syncParams(sc)
-		s.syncReset = reset
-		if reset {
-			s.syncQuery = append(resetQ, s.syncQuery...)
-			s.syncReqs++
-		}
-		s.portalCommits, s.grpTx = false, 0
-		if held == nil && s.failedBlock.Swap(false) {
-			// The client's transaction block was lost with its last
-			// server connection: it continues, failed, on this one.
-			s.syncQuery = wire.AppendQuery(s.syncQuery, failBlockSQL)
-			s.syncReqs++
-			s.syncFail = true
-		}
-		if s.syncQuery != nil && s.tracked {
-			sc.mu.Lock()
-			sc.unnamedBy = nil // a simple query drops the unnamed statement
-			sc.mu.Unlock()
-		}
-		s.syncsSinceOther = 0
-		return nil
 	}
+}
+
+// resumeAttach is attachVia once its checkout that waited on the loop is
+// over (it may wait again, for another connection if the one it got was
+// broken).
+func (s *session) resumeAttach(r *readPass) error {
+	sc, err := s.dbp.checkedOut(s, s.item.Load(), &r.wait)
+	if err != nil {
+		return err
+	}
+	retry, err := s.bindServer(sc, nil, r.wait.leaseAt)
+	switch {
+	case !retry:
+		return err
+	case r.wait.attempt >= 2:
+		return errServerUnavailable(errServerBroken)
+	}
+	return s.attachFrom(nil, r, r.wait.leaseAt, r.wait.attempt+1)
+}
+
+// bindServer makes sc, just checked out (or held: the login's), the
+// session's server connection. retry: sc was broken and is discarded, take
+// another.
+func (s *session) bindServer(sc, held *serverConn, leaseAt int64) (retry bool, err error) {
+	if s.severed.Load() {
+		s.dbp.checkin(sc)
+		return false, errServerLost()
+	}
+	s.attachMu.Lock()
+	s.unclaim() // a hand-over claim, under the lock it is made under
+	if s.closed.Load() || s.endErr.Load() != nil {
+		// Terminated while queued (shutdown, a timeout): its request
+		// must not reach the server.
+		s.attachMu.Unlock()
+		s.dbp.checkin(sc)
+		return false, errShuttingDown()
+	}
+	sc.mu.Lock()
+	if sc.broken || sc.authOff.Load() {
+		// authOff: another session authorization than the login's,
+		// which RESET ROLE does not undo.
+		sc.broken = true
+		sc.mu.Unlock()
+		s.attachMu.Unlock()
+		s.dbp.pool.Discard(sc, evictBroken)
+		if held != nil {
+			return false, errServerLost()
+		}
+		return true, nil
+	}
+	// What an earlier owner's transaction cost, if it ended without its
+	// ReadyForQuery (the client left mid-transaction), is not this
+	// owner's. Before the owner is stored: the reader's next read loads
+	// the owner first.
+	sc.costRows.Store(0)
+	sc.costBytes.Store(0)
+	sc.owner.Store(s)
+	sc.busy = true
+	sc.unsynced = false
+	sc.leaseStart = leaseAt
+	var resetQ []byte
+	if sc.roleBy != 0 && sc.roleBy != s.id {
+		resetQ = resetQueryLocked(sc) // a startup role is set again after it
+	}
+	reset := resetQ != nil
+	sc.mu.Unlock()
+	s.server.Store(sc)
+	s.attachMu.Unlock()
+	s.syncQuery, s.syncReqs = s.syncParams(sc)
+	s.syncReset = reset
+	if reset {
+		s.syncQuery = append(resetQ, s.syncQuery...)
+		s.syncReqs++
+	}
+	s.portalCommits, s.grpTx = false, 0
+	if held == nil && s.failedBlock.Swap(false) {
+		// The client's transaction block was lost with its last server
+		// connection: it continues, failed, on this one.
+		s.syncQuery = wire.AppendQuery(s.syncQuery, failBlockSQL)
+		s.syncReqs++
+		s.syncFail = true
+	}
+	if s.syncQuery != nil && s.tracked {
+		sc.mu.Lock()
+		sc.unnamedBy = nil // a simple query drops the unnamed statement
+		sc.mu.Unlock()
+	}
+	s.syncsSinceOther = 0
+	return false, nil
 }
 
 // queued is called when the session's checkout must wait (dbPool.checkout):
@@ -1338,6 +1500,12 @@ func (s *session) attach(held *serverConn) error {
 // first wait and kept: waiting allocates nothing.
 func (s *session) queued() *pool.Waiter[*serverConn] {
 	s.yieldLoop()
+	return s.queue()
+}
+
+// queue is queued for a checkout that waits on the session's event loop
+// (dbPool.checkoutOnLoop): the loop goes on.
+func (s *session) queue() *pool.Waiter[*serverConn] {
 	s.waitSince.Store(s.srv.nanotime())
 	if s.waiter == nil || s.waiterPool != s.dbp.pool {
 		w, p := pool.NewWaiter[*serverConn](), s.dbp.pool
