@@ -40,6 +40,17 @@ type rateWait struct {
 	// a session, the login deadline for a login.
 	deadline time.Time
 	owner    waitOwner
+	// leave is called before checkRate does what may block (a decision
+	// of a remote backend, a wait): a session on an event loop gives its
+	// loop to another goroutine there (yieldLoop). nil: nothing to leave.
+	leave func()
+}
+
+// block is called before what may block.
+func (rw rateWait) block() {
+	if rw.leave != nil {
+		rw.leave()
+	}
 }
 
 // A waitOwner is what a rate-limit wait is for: a session, or a login.

@@ -103,6 +103,10 @@ type loopItem struct {
 	wait  atomic.Int32
 	ready func()
 	pend  *readPass
+	// out: a waiting item is out of epoll (taken out when an event for
+	// it came, or by takeOver): its resume puts it back. Owned by the
+	// loop's goroutine while the item waits, by its handler otherwise.
+	out bool
 }
 
 // suspend is called by a handler running on its loop's goroutine before it
@@ -186,6 +190,9 @@ type engine struct {
 	// parks counts handlers that waited on their loop (loop.park), for
 	// tests.
 	parks atomic.Uint64
+	// takeOvers counts loops handed to a new goroutine because a handler
+	// was about to block (loop.takeOver), for tests.
+	takeOvers atomic.Uint64
 
 	mu     sync.Mutex
 	closed bool
@@ -221,6 +228,7 @@ type loop struct {
 	efd        int
 	mbox       loopItem
 	mboxMu     sync.Mutex
+	sleeping   bool // the loop may wait in epoll: a post must wake it
 	posts      []*loopItem
 	spare      []*loopItem // an emptied array for the next posts
 	mboxClosed bool
@@ -291,10 +299,13 @@ func (l *loop) post(it *loopItem) {
 		go l.resumeOrphan(it)
 		return
 	}
-	first := len(l.posts) == 0
+	// A loop that is busy takes the posts before it waits again; only a
+	// sleeping one is woken, once.
+	wake := l.sleeping
+	l.sleeping = false
 	l.posts = append(l.posts, it)
 	l.mboxMu.Unlock()
-	if first {
+	if wake {
 		var one = [8]byte{1}
 		_, _ = unix.Write(l.efd, one[:])
 	}
@@ -302,8 +313,6 @@ func (l *loop) post(it *loopItem) {
 
 // takePosts empties the mailbox (the loop's goroutine).
 func (l *loop) takePosts() []*loopItem {
-	var b [8]byte
-	_, _ = unix.Read(l.efd, b[:]) // before taking: a later post writes again
 	l.mboxMu.Lock()
 	posts := l.posts
 	l.posts, l.spare = l.spare, nil
@@ -322,12 +331,14 @@ func (l *loop) recyclePosts(posts []*loopItem) {
 	l.mboxMu.Unlock()
 }
 
-// park takes out of epoll an item whose handler suspended (on the loop's
-// goroutine, or on the one it was handed over to); if its wait is already
-// over, it is posted.
-func (l *loop) park(it *loopItem) {
+// park marks waiting an item whose handler suspended (on the loop's
+// goroutine, or on the one it was handed over to: out, takeOver took it out
+// of epoll); if its wait is already over, it is posted. Its socket stays in
+// epoll: a client that waits for its answer sends nothing meanwhile, and
+// the loop takes it out only if an event for it comes.
+func (l *loop) park(it *loopItem, out bool) {
 	l.e.parks.Add(1)
-	_ = syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, it.fd, nil)
+	it.out = out
 	it.state.Store(itemWaiting)
 	if it.wait.CompareAndSwap(waitSuspending, waitParked) {
 		return
@@ -449,6 +460,7 @@ func (l *loop) takeOver(it *loopItem) {
 		return
 	}
 	_ = syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, it.fd, nil)
+	l.e.takeOvers.Add(1)
 	l.e.done.Add(1)
 	go l.run()
 }
@@ -474,9 +486,23 @@ func (l *loop) run() {
 		}
 	}
 	for {
+		// Posts made while the loop was busy are taken before it waits.
+		l.mboxMu.Lock()
+		pending := len(l.posts) > 0
+		l.sleeping = !pending
+		l.mboxMu.Unlock()
+		if pending {
+			if !l.runPosts() {
+				return
+			}
+			continue
+		}
 		if err := l.rc.Read(wait); err != nil {
 			return // closed
 		}
+		l.mboxMu.Lock()
+		l.sleeping = false
+		l.mboxMu.Unlock()
 		l.mu.Lock()
 		for i := range n {
 			fd := int(evs[i].Fd)
@@ -489,35 +515,25 @@ func (l *loop) run() {
 		for i := range n {
 			it := ready[i]
 			ready[i] = nil
-			if it == &l.mbox {
-				posts := l.takePosts()
-				for k, p := range posts {
-					posts[k] = nil
-					if !p.state.CompareAndSwap(itemWaiting, itemHandling) {
-						continue // ended meanwhile (the engine closing)
-					}
-					if !l.handle(p, true) {
-						// Handed over: the rest of the mailbox is the
-						// new goroutine's.
-						for _, q := range posts[k+1:] {
-							l.post(q)
-						}
-						for j := i + 1; j < n; j++ {
-							ready[j] = nil
-						}
-						return
-					}
-				}
-				l.recyclePosts(posts)
-				continue
+			stay := true
+			switch {
+			case it == nil:
+			case it == &l.mbox:
+				var b [8]byte
+				_, _ = unix.Read(l.efd, b[:])
+				stay = l.runPosts()
+			case it.state.Load() == itemWaiting && !it.out:
+				// Its handler waits: out of epoll until it is resumed
+				// (level-triggered, the event would come back at once).
+				_ = syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, it.fd, nil)
+				it.out = true
+			case it.state.CompareAndSwap(itemArmed, itemHandling):
+				stay = l.handle(it, false)
 			}
-			if it == nil || !it.state.CompareAndSwap(itemArmed, itemHandling) {
-				continue
-			}
-			if !l.handle(it, false) {
-				// Handed over while the handler ran: this goroutine is
-				// no longer the loop's, and the rest of this batch is
-				// the new goroutine's to see again (epoll is
+			if !stay {
+				// Handed over while a handler ran: this goroutine is no
+				// longer the loop's, and the rest of this batch is the
+				// new goroutine's to see again (epoll is
 				// level-triggered).
 				for j := i + 1; j < n; j++ {
 					ready[j] = nil
@@ -526,6 +542,27 @@ func (l *loop) run() {
 			}
 		}
 	}
+}
+
+// runPosts resumes the items posted to the loop, in order. It returns false
+// if the loop was handed over meanwhile: the rest is posted again, for the
+// new goroutine.
+func (l *loop) runPosts() bool {
+	posts := l.takePosts()
+	for k, p := range posts {
+		posts[k] = nil
+		if !p.state.CompareAndSwap(itemWaiting, itemHandling) {
+			continue // ended meanwhile (the engine closing)
+		}
+		if !l.handle(p, true) {
+			for _, q := range posts[k+1:] {
+				l.post(q)
+			}
+			return false
+		}
+	}
+	l.recyclePosts(posts)
+	return true
 }
 
 // handle runs the handler of it (its loopReady, or its loopResume after a
@@ -547,8 +584,9 @@ func (l *loop) handle(it *loopItem, resumed bool) bool {
 		case !keep:
 			l.remove(it, true)
 		case it.suspended():
-			l.park(it)
-		case resumed:
+			l.park(it, resumed && it.out)
+		case resumed && it.out:
+			it.out = false
 			if !l.rearm(it) {
 				l.detach(it)
 			}
@@ -560,9 +598,10 @@ func (l *loop) handle(it *loopItem, resumed bool) bool {
 		}
 		return true
 	}
+	it.out = false // takeOver took it out of epoll
 	switch {
 	case keep && it.suspended():
-		l.park(it) // takeOver took it out of epoll already
+		l.park(it, true)
 	case keep && it.h.loopDetach():
 		l.remove(it, false) // after loopDetach took it off its owner
 		l.e.detaches.Add(1)

@@ -270,6 +270,9 @@ func (srv *Server) checkRate(ctx context.Context, log warnLogger, rates []sessio
 	}
 	ds = ds[:len(reqs)]
 	start := time.Now()
+	if rl.redis != nil {
+		rw.block() // a round trip to Redis
+	}
 	allowed, err := decide(ctx, rl.lim, reqs, ds)
 	var debts []debtSeen // measured buckets in debt at the first decision
 	if !allowed && err == nil {
@@ -300,6 +303,7 @@ func (srv *Server) checkRate(ctx context.Context, log warnLogger, rates []sessio
 			opts.Watch = w.watch
 		}
 		wds := make([]limiter.Decision, len(reqs))
+		rw.block()
 		allowed, waited, err = limiter.WaitAll(ctx, rl.lim, slices.Clone(reqs), wds, opts)
 		copy(ds, wds)
 	}

@@ -1034,7 +1034,9 @@ func (s *session) txStatus() byte {
 // rateCheck checks the session's rate limits for a frame that starts a
 // request (a Query, a FunctionCall, or the first extended-protocol message
 // after a Sync) and returns the refusal when a limit says no. Wait-mode
-// rules delay here, before a server is taken for a new transaction.
+// rules delay here, before a server is taken for a new transaction; the
+// session leaves its event loop only for a wait or a remote decision (an
+// in-memory decision is a few lock-protected reads).
 func (s *session) rateCheck(t byte, unsynced bool) error {
 	switch t {
 	case 'Q', 'F':
@@ -1049,14 +1051,13 @@ func (s *session) rateCheck(t byte, unsynced bool) error {
 	if len(rates) == 0 {
 		return nil
 	}
-	s.yieldLoop() // a wait-mode rule may delay
 	startsTx := s.txStatus() == wire.TxIdle
 	if sc := s.server.Load(); sc != nil {
 		sc.mu.Lock()
 		startsTx = startsTx && sc.pending == 0
 		sc.mu.Unlock()
 	}
-	return s.srv.checkRate(s.srv.ctx, s.log, rates, requestBuckets(startsTx), "ERROR", rateWait{conn: s.conn, owner: s})
+	return s.srv.checkRate(s.srv.ctx, s.log, rates, requestBuckets(startsTx), "ERROR", rateWait{conn: s.conn, owner: s, leave: s.yieldLoop})
 }
 
 // waitAnswered waits until the held server has answered every request sent
