@@ -777,12 +777,21 @@ func (p *Pool[C]) expire(w *Waiter[C]) {
 }
 
 // Collect returns the outcome of an Enqueue whose ready was called: the
-// connection and whether it was newly opened, or the error.
-func (p *Pool[C]) Collect(w *Waiter[C]) (c C, fresh bool, err error) {
+// connection and whether it was newly opened, or the error. It does not
+// wait: ok is false if nothing has been delivered yet (a wake-up that was
+// not ready's; the wait goes on, and ready is still called once).
+func (p *Pool[C]) Collect(w *Waiter[C]) (c C, fresh, ok bool, err error) {
+	var r result[C]
+	select {
+	case r = <-w.w.ch:
+	default:
+		return c, false, false, nil
+	}
 	if w.expiry != nil {
 		w.expiry.Stop()
 	}
-	return p.received(<-w.w.ch, w.w.since)
+	c, fresh, err = p.received(r, w.w.since)
+	return c, fresh, true, err
 }
 
 // Due reports whether a connection from Enqueue or Collect must be

@@ -1236,6 +1236,9 @@ func TestEnqueue(t *testing.T) {
 		if _, ok, err := p.Enqueue(w, time.Second, ready); ok || err != nil {
 			t.Fatalf("should queue: %v %v", ok, err)
 		}
+		if _, _, ok, _ := p.Collect(w); ok {
+			t.Fatal("Collect before anything was delivered: ok")
+		}
 		p.Put(a)
 		if c := <-got; c != a || readies.Load() != 0 {
 			t.Fatalf("FIFO: GetWith got %v, ready called %d times", c, readies.Load())
@@ -1244,7 +1247,7 @@ func TestEnqueue(t *testing.T) {
 		if readies.Load() != 1 {
 			t.Fatalf("ready called %d times after the hand-over", readies.Load())
 		}
-		if c, fresh, err := p.Collect(w); c != a || fresh || err != nil {
+		if c, fresh, ok, err := p.Collect(w); c != a || fresh || err != nil || !ok {
 			t.Fatalf("collect: %v %v %v", c, fresh, err)
 		}
 
@@ -1255,7 +1258,7 @@ func TestEnqueue(t *testing.T) {
 		}
 		time.Sleep(time.Second)
 		var te *CheckoutTimeoutError
-		if _, _, err := p.Collect(w); readies.Load() != 2 || !errors.As(err, &te) || te.Waited != 250*time.Millisecond {
+		if _, _, _, err := p.Collect(w); readies.Load() != 2 || !errors.As(err, &te) || te.Waited != 250*time.Millisecond {
 			t.Fatalf("timeout: ready %d, %v (waited from %v)", readies.Load(), err, start)
 		}
 
@@ -1265,7 +1268,7 @@ func TestEnqueue(t *testing.T) {
 			t.Fatal("should queue")
 		}
 		p.CancelWait(w, cause)
-		if _, _, err := p.Collect(w); readies.Load() != 3 || !errors.Is(err, cause) {
+		if _, _, _, err := p.Collect(w); readies.Load() != 3 || !errors.Is(err, cause) {
 			t.Fatalf("cancel: ready %d, %v", readies.Load(), err)
 		}
 		time.Sleep(time.Second)
@@ -1284,7 +1287,7 @@ func TestEnqueue(t *testing.T) {
 			t.Fatal("should queue")
 		}
 		p.Close()
-		if _, _, err := p.Collect(w); readies.Load() != 4 || !errors.Is(err, ErrClosed) {
+		if _, _, _, err := p.Collect(w); readies.Load() != 4 || !errors.Is(err, ErrClosed) {
 			t.Fatalf("close: ready %d, %v", readies.Load(), err)
 		}
 	})

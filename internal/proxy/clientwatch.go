@@ -44,6 +44,9 @@ type rateWait struct {
 	// of a remote backend, a wait): a session on an event loop gives its
 	// loop to another goroutine there (yieldLoop). nil: nothing to leave.
 	leave func()
+	// loop, for a session on its event loop (memory backend), makes a
+	// wait park the session on the loop instead (errRateWaitOnLoop).
+	loop *rateLoopWait
 }
 
 // block is called before what may block.

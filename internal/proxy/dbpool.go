@@ -433,13 +433,27 @@ func (d *dbPool) checkoutOnLoop(s *session, it *loopItem, c *loopCheckout, lease
 		return sc, false, err
 	}
 	c.note = s.waitNotice()
+	// After the suspend (Enqueue's ready): an end from here on finds the
+	// session waiting and withdraws its checkout (wakeLoop); one that came
+	// before is withdrawn here.
+	if s.waitEnded() != nil {
+		s.withdrawWait(errTerminated)
+	}
 	return nil, true, nil
 }
 
 // checkedOut ends a checkout that waited on the session's loop
 // (checkoutOnLoop), on the loop.
 func (d *dbPool) checkedOut(s *session, it *loopItem, c *loopCheckout) (*serverConn, error) {
-	sc, fresh, err := d.pool.Collect(s.waiter)
+	// Suspended again first: a wake-up that was not the pool's (a rate
+	// wait's timer that fired late) finds nothing to collect, and the
+	// pool's ready, still to come, then wakes it.
+	it.suspend()
+	sc, fresh, ok, err := d.pool.Collect(s.waiter)
+	if !ok {
+		return nil, errWaitOnLoop
+	}
+	it.unsuspend()
 	c.note.stop() // a notice being written is out before sc is used
 	s.dequeued()
 	d.met.checkoutWait.Observe(time.Since(c.start).Seconds())

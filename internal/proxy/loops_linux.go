@@ -107,7 +107,66 @@ type loopItem struct {
 	// it came, or by takeOver): its resume puts it back. Owned by the
 	// loop's goroutine while the item waits, by its handler otherwise.
 	out bool
+	// A timed wait (sleep): timer wakes the item, made once; byEvent,
+	// set by the handler before it waits and read by the loop once the
+	// item is parked, says that an event on its socket wakes it too.
+	timer   *time.Timer
+	byEvent bool
+	// hangupOnly: the item's socket is in epoll for EPOLLRDHUP alone (a
+	// sleep taken up again after an event that was data: the client's
+	// leaving behind it still wakes it). Owned as out is.
+	hangupOnly bool
+	// withdraw wakes a waiting item early (a session's waitCancel), made
+	// once.
+	withdraw func(error)
+	// rate is a client session's rate-limit wait on the loop (checkRate),
+	// owned by whoever runs the item's handler.
+	rate rateLoopWait
 }
+
+// sleep is suspend for a wait that ends after d (its timer), or before,
+// when byEvent, at an event on its socket: the handler's loopResume runs
+// then, and tells which by the time. A stale firing of an earlier sleep's
+// timer wakes it early too.
+func (it *loopItem) sleep(d time.Duration, byEvent bool) {
+	ready := it.suspend()
+	it.byEvent = byEvent
+	if byEvent && it.out {
+		// Woken by data it does not read yet: the socket goes back in
+		// epoll for the peer's hang-up only (level-triggered, EPOLLIN
+		// would wake it at once again).
+		ev := syscall.EpollEvent{Events: syscall.EPOLLRDHUP, Fd: int32(it.fd)}
+		if syscall.EpollCtl(it.l.epfd, syscall.EPOLL_CTL_ADD, it.fd, &ev) == nil {
+			it.out, it.hangupOnly = false, true
+		}
+	}
+	if it.timer == nil {
+		it.timer = time.AfterFunc(d, ready)
+		return
+	}
+	it.timer.Reset(d)
+}
+
+// withdrawFunc returns a function that wakes the item's wait early (its
+// resume then finds why), for whoever ends a session.
+func (it *loopItem) withdrawFunc() func(error) {
+	if it.withdraw == nil {
+		it.withdraw = func(error) { it.wakeUp() }
+	}
+	return it.withdraw
+}
+
+// sleepDone stops the timer of a sleep that is over (a late firing would
+// only wake a later wait needlessly: each resume checks why it woke).
+func (it *loopItem) sleepDone() {
+	if it.timer != nil {
+		it.timer.Stop()
+	}
+}
+
+// peerGone reports whether the peer of the item's socket has left (on a
+// resume after an event: the handler has not read it yet).
+func (it *loopItem) peerGone() bool { return peerGone(uintptr(it.fd)) }
 
 // suspend is called by a handler running on its loop's goroutine before it
 // starts a wait whose end another goroutine delivers: it returns the
@@ -119,6 +178,7 @@ func (it *loopItem) suspend() (ready func()) {
 	if it.ready == nil {
 		it.ready = it.wakeUp
 	}
+	it.byEvent = false
 	it.wait.Store(waitSuspending)
 	return it.ready
 }
@@ -526,7 +586,10 @@ func (l *loop) run() {
 				// Its handler waits: out of epoll until it is resumed
 				// (level-triggered, the event would come back at once).
 				_ = syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, it.fd, nil)
-				it.out = true
+				it.out, it.hangupOnly = true, false
+				if it.byEvent {
+					it.wakeUp() // its resume looks at the socket
+				}
 			case it.state.CompareAndSwap(itemArmed, itemHandling):
 				stay = l.handle(it, false)
 			}
@@ -590,6 +653,18 @@ func (l *loop) handle(it *loopItem, resumed bool) bool {
 			if !l.rearm(it) {
 				l.detach(it)
 			}
+		case it.hangupOnly:
+			// Back from a sleep that watched for the hang-up alone.
+			it.hangupOnly = false
+			ev := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLRDHUP, Fd: int32(it.fd)}
+			if syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_MOD, it.fd, &ev) != nil {
+				l.detach(it)
+				break
+			}
+			it.state.Store(itemArmed)
+			if it.h.loopStale() {
+				l.e.wake(it)
+			}
 		default:
 			it.state.Store(itemArmed)
 			if it.h.loopStale() {
@@ -598,7 +673,7 @@ func (l *loop) handle(it *loopItem, resumed bool) bool {
 		}
 		return true
 	}
-	it.out = false // takeOver took it out of epoll
+	it.out, it.hangupOnly = false, false // takeOver took it out of epoll
 	switch {
 	case keep && it.suspended():
 		l.park(it, true)

@@ -2,12 +2,17 @@
 
 package proxy
 
+import "time"
+
 // The event loops need epoll (loops_linux.go): elsewhere every server
 // connection has a reader goroutine of its own.
 
 type engine struct{}
 
-type loopItem struct{ pend *readPass }
+type loopItem struct {
+	pend *readPass
+	rate rateLoopWait
+}
 
 // A session is never on a loop here: nothing waits on one.
 
@@ -16,6 +21,14 @@ func (*loopItem) onLoop() bool { return false }
 func (*loopItem) suspend() func() { return func() {} }
 
 func (*loopItem) unsuspend() {}
+
+func (*loopItem) sleep(time.Duration, bool) {}
+
+func (*loopItem) peerGone() bool { return false }
+
+func (*loopItem) sleepDone() {}
+
+func (*loopItem) withdrawFunc() func(error) { return func(error) {} }
 
 func (*loopItem) waitingOnLoop() bool { return false }
 

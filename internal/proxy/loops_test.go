@@ -72,6 +72,7 @@ func TestLoopSessionsMovePaths(t *testing.T) {
 	const n = 24
 	clients := dialBenches(t, rl.addr, n, simpleRequest)
 	e := rl.srv.engine
+	detaches0 := e.detaches.Load()
 	for round := range 2 {
 		parks, detaches := e.parks.Load(), e.detaches.Load()
 		for _, c := range clients {
@@ -93,8 +94,8 @@ func TestLoopSessionsMovePaths(t *testing.T) {
 		}
 		// One that left comes back between two requests or when idle
 		// (the parker's sweep): not yet, perhaps, right after its last.
-		if got := e.clientCount(); uint64(n-got) > d {
-			t.Fatalf("round %d: %d of %d clients on a loop, %d left it", round, got, n, d)
+		if got := e.clientCount(); uint64(n-got) > e.detaches.Load()-detaches0 {
+			t.Fatalf("round %d: %d of %d clients on a loop, %d left it", round, got, n, e.detaches.Load()-detaches0)
 		}
 	}
 	if err := fb.Err(); err != nil {
@@ -139,6 +140,86 @@ func TestLoopRateCheckStaysOnLoop(t *testing.T) {
 	}
 	if err := fb.Err(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestLoopRateWaitsOnLoop: a request that must wait for a wait-mode rate
+// limit parks on its loop (a timer wakes it to decide again), so the
+// session neither gives its loop away nor leaves it; the wait still spaces
+// the requests as the limit says; a client that leaves while it waits ends
+// its session at once (an event on its socket wakes the wait;
+// TestRateLimitWaitEndsWhenClientLeaves checks that its request does not
+// run).
+func TestLoopRateWaitsOnLoop(t *testing.T) {
+	fb := startFakeBackend(t, 64)
+	const per = 40 * time.Millisecond
+	rule := config.RateLimitRule{Name: "spaced",
+		Queries: &config.RateBucket{Limit: 1, Per: per}, Mode: "wait", MaxWait: 10 * time.Second}
+	rl := startRelay(t, fb, 4, func(c *config.Config) {
+		c.EventLoops = "1"
+		c.RateLimits = []config.RateLimitRule{rule}
+	})
+	const n, rounds = 3, 4
+	clients := dialBenches(t, rl.addr, n, simpleRequest)
+	for _, c := range clients {
+		_ = c.conn.SetDeadline(time.Now().Add(20 * time.Second))
+	}
+	e := rl.srv.engine
+	parks, takeOvers, detaches := e.parks.Load(), e.takeOvers.Load(), e.detaches.Load()
+	start := time.Now()
+	if err := roundTripsAtOnce(clients, rounds); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	p, tk, d := e.parks.Load()-parks, e.takeOvers.Load()-takeOvers, e.detaches.Load()-detaches
+	t.Logf("%d requests, one per %v: %v, %d waits on the loop, %d hand-overs, %d left it", n*rounds, per, took, p, tk, d)
+	// One budget for all: the first goes at once and each other waits
+	// its turn, so the run takes about n*rounds-1 periods (at least
+	// n*rounds-2, allowing for the clock).
+	if min := time.Duration(n*rounds-2) * per; took < min {
+		t.Fatalf("%d requests took %v, want at least %v: the limit did not space them", n*rounds, took, min)
+	}
+	if p < uint64(n*rounds/2) || d > 0 || tk > 2 || e.clientCount() != n {
+		t.Fatalf("rate-limit waits left the loop: %d waits on it, %d hand-overs, %d sessions left, %d of %d on it", p, tk, d, e.clientCount(), n)
+	}
+
+	if err := fb.Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	// A client that leaves while its request waits, on a relay whose
+	// limit is one query per 3s: its session ends long before the wait
+	// would.
+	const long = 3 * time.Second
+	rule.Queries = &config.RateBucket{Limit: 1, Per: long}
+	rl2 := startRelay(t, fb, 4, func(c *config.Config) {
+		c.EventLoops = "1"
+		c.RateLimits = []config.RateLimitRule{rule}
+	})
+	first := dialBench(t, rl2.addr, simpleRequest)
+	_ = first.conn.SetDeadline(time.Now().Add(20 * time.Second))
+	if err := first.roundTrip(); err != nil { // takes the unit
+		t.Fatal(err)
+	}
+	// Closed at once, and closed behind a Terminate (the data wakes the
+	// wait first: it then watches for the hang-up alone).
+	for _, terminate := range []bool{false, true} {
+		leaver := dialBench(t, rl2.addr, simpleRequest)
+		before := rl2.srv.engine.parks.Load()
+		if _, err := leaver.conn.Write(simpleRequest); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, time.Second, "the request to wait on the loop", func() bool { return rl2.srv.engine.parks.Load() > before })
+		if terminate {
+			if _, err := leaver.conn.Write(wire.AppendTerminate(nil)); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, time.Second, "the Terminate to wake the wait", func() bool { return rl2.srv.engine.parks.Load() > before+1 })
+		}
+		_ = leaver.conn.Close()
+		left := time.Now()
+		waitFor(t, long/2, "the session whose client left during its rate-limit wait to end", func() bool { return rl2.srv.ClientCount() == 1 })
+		t.Logf("terminate=%v: the session ended %v after its client left", terminate, time.Since(left).Round(time.Millisecond))
 	}
 }
 

@@ -274,10 +274,26 @@ func (srv *Server) checkRate(ctx context.Context, log warnLogger, rates []sessio
 		rw.block() // a round trip to Redis
 	}
 	allowed, err := decide(ctx, rl.lim, reqs, ds)
+	lw := rw.loop
+	if rl.redis != nil {
+		lw = nil // a Redis decision waits off the loop (block above)
+	}
+	var waited time.Duration
 	var debts []debtSeen // measured buckets in debt at the first decision
-	if !allowed && err == nil {
+	switch {
+	case lw != nil && !lw.start.IsZero():
+		// Decided again after a wait on the loop: the first denial's
+		// debts are this request's.
+		waited, debts = start.Sub(lw.start), lw.debts
+	case !allowed && err == nil:
 		debts = inDebt(rules, ds)
+	}
+	parked := false
+	if len(debts) > 0 {
 		defer func() {
+			if parked {
+				return // decided when the wait ends
+			}
 			outcome := "rejected"
 			if allowed {
 				outcome = "waited"
@@ -287,9 +303,19 @@ func (srv *Server) checkRate(ctx context.Context, log warnLogger, rates []sessio
 			}
 		}()
 	}
-	var waited time.Duration
 	var w *clientWatch // made only for a wait
-	if !allowed && err == nil && waits && waitable(rules, ds) {
+	if !allowed && err == nil && waits && lw != nil {
+		// On the session's event loop: it waits there, woken to decide
+		// again (rateLoopWait).
+		if sleep, ok := loopSleep(rules, ds, waited); ok {
+			if lw.start.IsZero() {
+				lw.start, lw.debts = start, debts
+			}
+			lw.sleep = sleep
+			parked = true
+			return errRateWaitOnLoop
+		}
+	} else if !allowed && err == nil && waits && waitable(rules, ds) {
 		// The slow path: wait, deciding again until every rule allows.
 		maxWaits := make([]time.Duration, len(rules))
 		for i, r := range rules {
@@ -383,6 +409,46 @@ func inDebt(rules []*rateRule, ds []limiter.Decision) []debtSeen {
 		}
 	}
 	return out
+}
+
+// errRateWaitOnLoop is checkRate's answer when a request of a session on
+// its event loop must wait for its rate limits (rateWait.loop): the
+// session parks on the loop for rateLoopWait.sleep and decides again.
+var errRateWaitOnLoop = errors.New("rate-limit wait on the event loop")
+
+// rateLoopWait is a rate-limit wait of a session on its event loop: where
+// limiter.WaitAll sleeps, the session parks (loopItem.sleep) and checkRate
+// runs again when it wakes, with the time waited since the first denial
+// counted against each rule's max_wait as WaitAll counts it.
+type rateLoopWait struct {
+	start time.Time // the first denial; zero: not waiting
+	debts []debtSeen
+	sleep time.Duration // how long to park, set by checkRate
+	// until is when the current sleep ends: a wake before it (an event
+	// on the client's socket, the session's end) is not the timer's.
+	until time.Time
+}
+
+// loopSleep is WaitAll's step for a wait on the loop: how long to sleep
+// before deciding again (the longest retry among the denials), and whether
+// the wait may go on, every denying rule a wait rule whose max_wait leaves
+// room for waited plus that sleep.
+func loopSleep(rules []*rateRule, ds []limiter.Decision, waited time.Duration) (time.Duration, bool) {
+	var sleep time.Duration
+	for _, d := range ds {
+		if !d.Allowed {
+			sleep = max(sleep, d.RetryAfter)
+		}
+	}
+	if sleep <= 0 {
+		sleep = time.Millisecond // as WaitAll: a denial without a retry cannot spin
+	}
+	for i, d := range ds {
+		if !d.Allowed && (!rules[i].wait || waited+sleep > rules[i].cfg.MaxWait) {
+			return 0, false
+		}
+	}
+	return sleep, true
 }
 
 // decide is one decision over reqs, into ds: Allow for a single request,

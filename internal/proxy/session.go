@@ -521,6 +521,9 @@ type readPass struct {
 	n    int
 	owed *wire.Error
 	wait loopCheckout
+	// rateWait: the read waits in rateCheck (loopItem.rate), not for a
+	// server connection.
+	rateWait bool
 }
 
 // passData is what the read forwards so far.
@@ -637,63 +640,82 @@ func (s *session) readFrames(r *readPass, resumed bool) (quit, waiting bool) {
 	return !s.flush(s.passData(r), r.b), false
 }
 
+// checkFrame refuses a frame header that ends the session (headerFrame):
+// not a frontend message, a body where none may be, too large, a
+// Terminate, a simple query where they are disabled, a session whose
+// server was lost. It returns true when the session must end.
+func (s *session) checkFrame(r *readPass, t byte) (quit bool) {
+	if !isFrontendType(t) {
+		s.flush(s.passData(r), r.b)
+		s.fail(errProtocol("invalid frontend message type " + quoteByte(t)))
+		return true
+	}
+	if (t == 'S' || t == 'H') && s.cur.Len != 0 {
+		// Sync and Flush have no body; PostgreSQL refuses one that
+		// has ("invalid message format"). poolerd may answer a Sync
+		// itself at its header: without this check a Sync whose
+		// body never comes would be answered (FuzzSessionFrames).
+		s.flush(s.passData(r), r.b)
+		s.fail(errProtocol("invalid message format: " + quoteByte(t) + " with a body of " + strconv.Itoa(s.cur.Len) + " bytes"))
+		return true
+	}
+	if s.maxPacket > 0 && s.cur.Len+4 > s.maxPacket {
+		// Refused before any of it is forwarded; what came before
+		// goes out first.
+		s.flush(s.passData(r), r.b)
+		s.fail(errPacketTooLarge(t, s.cur.Len+4, s.maxPacket))
+		return true
+	}
+	if t == 'X' {
+		s.flush(s.passData(r), r.b)
+		return true
+	}
+	if t == 'Q' && s.srv.cfg().DisablePQExec {
+		s.flush(s.passData(r), r.b)
+		s.fail(errPQExecDisabled())
+		return true
+	}
+	if h := s.srv.onFrame; h != nil {
+		h(s, t)
+	}
+	if s.severed.Load() {
+		// The server connection this client's transaction or
+		// pipeline ran on is gone: nothing of this read may reach
+		// another one (see attach).
+		s.fail(errServerLost())
+		return true
+	}
+	return false
+}
+
 // headerFrame handles a frame's header (readFrames): what it needs (a
 // server connection, a rate check) and whether it is forwarded, held or
 // dropped. resumed: the read waited on the loop for a server connection
 // for this frame, and takes up here.
 func (s *session) headerFrame(r *readPass, resumed bool) (quit, waiting bool) {
 	t := s.cur.Type
-	if resumed {
+	if resumed && !r.rateWait {
 		attached, quit, waiting := s.attachResumed(r)
 		if waiting || quit {
 			return quit, waiting
 		}
 		s.dropFrame = !attached
 	} else {
-		if !isFrontendType(t) {
-			s.flush(s.passData(r), r.b)
-			s.fail(errProtocol("invalid frontend message type " + quoteByte(t)))
+		if !resumed {
+			if s.checkFrame(r, t) {
+				return true, false
+			}
+			s.dropFrame = false
+		} else if s.severed.Load() {
+			s.fail(errServerLost()) // lost while the read waited for its rate limits
 			return true, false
 		}
-		if (t == 'S' || t == 'H') && s.cur.Len != 0 {
-			// Sync and Flush have no body; PostgreSQL refuses one that
-			// has ("invalid message format"). poolerd may answer a Sync
-			// itself at its header: without this check a Sync whose
-			// body never comes would be answered (FuzzSessionFrames).
-			s.flush(s.passData(r), r.b)
-			s.fail(errProtocol("invalid message format: " + quoteByte(t) + " with a body of " + strconv.Itoa(s.cur.Len) + " bytes"))
-			return true, false
-		}
-		if s.maxPacket > 0 && s.cur.Len+4 > s.maxPacket {
-			// Refused before any of it is forwarded; what came before
-			// goes out first.
-			s.flush(s.passData(r), r.b)
-			s.fail(errPacketTooLarge(t, s.cur.Len+4, s.maxPacket))
-			return true, false
-		}
-		if t == 'X' {
-			s.flush(s.passData(r), r.b)
-			return true, false
-		}
-		if t == 'Q' && s.srv.cfg().DisablePQExec {
-			s.flush(s.passData(r), r.b)
-			s.fail(errPQExecDisabled())
-			return true, false
-		}
-		if h := s.srv.onFrame; h != nil {
-			h(s, t)
-		}
-		if s.severed.Load() {
-			// The server connection this client's transaction or
-			// pipeline ran on is gone: nothing of this read may reach
-			// another one (see attach).
-			s.fail(errServerLost())
-			return true, false
-		}
-		s.dropFrame = false
 		var rateErr error
 		if !s.refusing && s.refuseRest == nil {
-			rateErr = s.rateCheck(t, r.b.unsynced)
+			rateErr = s.rateCheck(t, r)
+		}
+		if rateErr == errRateWaitOnLoop {
+			return false, true
 		}
 		switch {
 		case rateErr != nil && isFatal(rateErr):
@@ -1034,14 +1056,16 @@ func (s *session) txStatus() byte {
 // rateCheck checks the session's rate limits for a frame that starts a
 // request (a Query, a FunctionCall, or the first extended-protocol message
 // after a Sync) and returns the refusal when a limit says no. Wait-mode
-// rules delay here, before a server is taken for a new transaction; the
-// session leaves its event loop only for a wait or a remote decision (an
-// in-memory decision is a few lock-protected reads).
-func (s *session) rateCheck(t byte, unsynced bool) error {
+// rules delay here, before a server is taken for a new transaction. On an
+// event loop (memory backend) the read waits there (errRateWaitOnLoop:
+// r.rateWait), woken by its timer to decide again, by an event on the
+// client's socket to see whether the client left, or by the session's end;
+// only a Redis decision or a session off its loop's goroutine leaves it.
+func (s *session) rateCheck(t byte, r *readPass) error {
 	switch t {
 	case 'Q', 'F':
 	case 'P', 'B', 'D', 'E', 'C', 'H', 'S':
-		if unsynced {
+		if r.b.unsynced {
 			return nil // inside a request already counted
 		}
 	default:
@@ -1051,13 +1075,81 @@ func (s *session) rateCheck(t byte, unsynced bool) error {
 	if len(rates) == 0 {
 		return nil
 	}
+	it := s.item.Load()
+	if r.rateWait {
+		if err := s.rateWoken(r, it); err != nil {
+			return err
+		}
+	}
+	var lw *rateLoopWait
+	if it.onLoop() {
+		lw = &it.rate
+	}
 	startsTx := s.txStatus() == wire.TxIdle
 	if sc := s.server.Load(); sc != nil {
 		sc.mu.Lock()
 		startsTx = startsTx && sc.pending == 0
 		sc.mu.Unlock()
 	}
-	return s.srv.checkRate(s.srv.ctx, s.log, rates, requestBuckets(startsTx), "ERROR", rateWait{conn: s.conn, owner: s, leave: s.yieldLoop})
+	err := s.srv.checkRate(s.srv.ctx, s.log, rates, requestBuckets(startsTx), "ERROR", rateWait{conn: s.conn, owner: s, leave: s.yieldLoop, loop: lw})
+	if err == errRateWaitOnLoop {
+		lw.until = time.Now().Add(lw.sleep)
+		return s.rateSleep(r, it)
+	}
+	if lw != nil && !lw.start.IsZero() {
+		*lw = rateLoopWait{}
+		it.sleepDone()
+	}
+	return err
+}
+
+// rateSleep parks the read for the rest of its rate-limit wait on the loop
+// (rateCheck) and returns errRateWaitOnLoop: the session's end withdraws
+// it (wakeLoop, withdrawWait). An end that came before the wait could be
+// withdrawn is returned instead.
+func (s *session) rateSleep(r *readPass, it *loopItem) error {
+	r.rateWait = true
+	s.waitMu.Lock()
+	s.waitCancel = it.withdrawFunc()
+	s.waitMu.Unlock()
+	it.sleep(time.Until(it.rate.until), true)
+	// After the suspend: an end from here on finds the item waiting
+	// (waitingOnLoop) and withdraws the wait; one before is seen here.
+	if werr := s.waitEnded(); werr != nil {
+		it.unsuspend()
+		it.sleepDone()
+		r.rateWait = false
+		s.waitMu.Lock()
+		s.waitCancel = nil
+		s.waitMu.Unlock()
+		it.rate = rateLoopWait{}
+		return werr
+	}
+	return errRateWaitOnLoop
+}
+
+// rateWoken takes up a rate-limit wait on the loop (rateCheck): it returns
+// the session's end, or errClientGone, when the wait must end there, and
+// errRateWaitOnLoop, the read parked again, when it woke before its time
+// (an event on the client's socket that is not its leaving).
+func (s *session) rateWoken(r *readPass, it *loopItem) error {
+	r.rateWait = false
+	s.waitMu.Lock()
+	s.waitCancel = nil
+	s.waitMu.Unlock()
+	werr := s.waitEnded()
+	if werr == nil && it.peerGone() {
+		werr = errClientGone()
+	}
+	if werr != nil {
+		it.rate = rateLoopWait{}
+		it.sleepDone()
+		return werr
+	}
+	if time.Now().Before(it.rate.until) {
+		return s.rateSleep(r, it)
+	}
+	return nil
 }
 
 // waitAnswered waits until the held server has answered every request sent
