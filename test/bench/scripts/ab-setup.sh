@@ -4,6 +4,7 @@
 # on 26001 and with LOOPS loops on 26002, and PgBouncer on 26003 when
 # installed (transaction mode, pool 20 for all), and stops everything at
 # exit, and the bare Go relay of ../shared/rig on 26004 when it is there.
+# AB_LOGS=DIR copies the poolers' logs there at exit.
 # The ports are below the kernel's ephemeral range, so a lingering
 # client socket never holds them. Sets W (the work directory), targets
 # ("name:port ..."; each name's pid is in $W/NAME.pid) and as_pg.
@@ -14,6 +15,8 @@ as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
 cleanup() {
   for f in $W/*.pid; do [ -f "$f" ] && kill "$(head -1 $f)" 2>/dev/null || true; done
   as_pg pg_ctl -D $W/pg -m immediate stop >/dev/null 2>&1 || true
+  # AB_LOGS=DIR keeps the poolers' logs (a target that died says why).
+  [ -n "${AB_LOGS:-}" ] && mkdir -p "$AB_LOGS" && cp $W/*.log "$AB_LOGS"/ 2>/dev/null
   rm -rf $W
 }
 trap cleanup EXIT
