@@ -135,3 +135,47 @@ func patterns(ps []pattern) string {
 	}
 	return b.String()
 }
+
+// TestReadmeLayoutListsEveryPackage: the README's layout block names every
+// package directory under cmd/, internal/ and test/ (with its job), and
+// none that is gone.
+func TestReadmeLayoutListsEveryPackage(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(b), "\n## Layout\n")
+	if !ok {
+		t.Fatal("README.md has no ## Layout section any more: update this test")
+	}
+	_, block, ok := strings.Cut(rest, "```\n")
+	if !ok {
+		t.Fatal("README.md's layout has no code block")
+	}
+	block, _, _ = strings.Cut(block, "```")
+	listed := map[string]bool{}
+	for _, ln := range strings.Split(block, "\n") {
+		if f := strings.Fields(ln); len(f) > 1 && strings.HasSuffix(f[0], "/") && strings.Count(f[0], "/") == 2 {
+			listed[strings.TrimSuffix(f[0], "/")] = true
+		}
+	}
+	for _, top := range []string{"cmd", "internal", "test"} {
+		entries, err := os.ReadDir(filepath.Join(root, top))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range entries {
+			if !e.IsDir() || e.Name() == "testdata" {
+				continue
+			}
+			dir := top + "/" + e.Name()
+			if !listed[dir] {
+				t.Errorf("README.md's layout does not list %s/ (add a line saying what it is for)", dir)
+			}
+			delete(listed, dir)
+		}
+	}
+	for dir := range listed {
+		t.Errorf("README.md's layout lists %s/, which does not exist", dir)
+	}
+}
