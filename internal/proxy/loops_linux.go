@@ -96,32 +96,29 @@ type loopItem struct {
 	client bool         // a client session's socket (else a server's)
 	state  atomic.Int32 // itemOff, itemArmed, itemHandling, itemWaiting
 
-	// A wait on the loop: wait is waitNone … waitParked; ready is
-	// wakeUp, made once; pend is the handler's own state for the wait
-	// (a client session's read in progress), owned by whoever runs the
-	// item's handler.
-	wait  atomic.Int32
-	ready func()
-	pend  *readPass
+	// A wait on the loop: wait is waitNone … waitParked. aw is what a
+	// wait needs beyond it (itemWait), made at the item's first wait, so
+	// that a socket that never waits does not carry it; owned by whoever
+	// runs the item's handler.
+	wait atomic.Int32
+	aw   *itemWait
 	// out: a waiting item is out of epoll (taken out when an event for
 	// it came, or by takeOver): its resume puts it back. Owned by the
 	// loop's goroutine while the item waits, by its handler otherwise.
-	out bool
-	// A timed wait (sleep): timer wakes the item, made once; byEvent,
-	// set by the handler before it waits and read by the loop once the
-	// item is parked, says that an event on its socket wakes it too.
-	timer   *time.Timer
-	byEvent bool
-	// hangupOnly: the item's socket is in epoll for EPOLLRDHUP alone (a
+	// byEvent, set by the handler before it waits (sleep) and read by
+	// the loop once the item is parked, says that an event on its socket
+	// wakes it. hangupOnly: the socket is in epoll for EPOLLRDHUP alone (a
 	// sleep taken up again after an event that was data: the client's
-	// leaving behind it still wakes it). Owned as out is.
-	hangupOnly bool
-	// withdraw wakes a waiting item early (a session's waitCancel), made
-	// once.
-	withdraw func(error)
-	// rate is a client session's rate-limit wait on the loop (checkRate),
-	// owned by whoever runs the item's handler.
-	rate rateLoopWait
+	// leaving behind it still wakes it); owned as out is.
+	out, byEvent, hangupOnly bool
+}
+
+// waits returns the item's wait state, made on its first wait.
+func (it *loopItem) waits() *itemWait {
+	if it.aw == nil {
+		it.aw = new(itemWait)
+	}
+	return it.aw
 }
 
 // sleep is suspend for a wait that ends after d (its timer), or before,
@@ -140,27 +137,28 @@ func (it *loopItem) sleep(d time.Duration, byEvent bool) {
 			it.out, it.hangupOnly = false, true
 		}
 	}
-	if it.timer == nil {
-		it.timer = time.AfterFunc(d, ready)
-		return
+	if w := it.waits(); w.timer == nil {
+		w.timer = time.AfterFunc(d, ready)
+	} else {
+		w.timer.Reset(d)
 	}
-	it.timer.Reset(d)
 }
 
 // withdrawFunc returns a function that wakes the item's wait early (its
 // resume then finds why), for whoever ends a session.
 func (it *loopItem) withdrawFunc() func(error) {
-	if it.withdraw == nil {
-		it.withdraw = func(error) { it.wakeUp() }
+	w := it.waits()
+	if w.withdraw == nil {
+		w.withdraw = func(error) { it.wakeUp() }
 	}
-	return it.withdraw
+	return w.withdraw
 }
 
 // sleepDone stops the timer of a sleep that is over (a late firing would
 // only wake a later wait needlessly: each resume checks why it woke).
 func (it *loopItem) sleepDone() {
-	if it.timer != nil {
-		it.timer.Stop()
+	if it.aw != nil && it.aw.timer != nil {
+		it.aw.timer.Stop()
 	}
 }
 
@@ -175,12 +173,13 @@ func (it *loopItem) peerGone() bool { return peerGone(uintptr(it.fd)) }
 // suspend and then finds it need not wait after all calls unsuspend; one
 // that waits returns true at once.
 func (it *loopItem) suspend() (ready func()) {
-	if it.ready == nil {
-		it.ready = it.wakeUp
+	w := it.waits()
+	if w.ready == nil {
+		w.ready = it.wakeUp
 	}
 	it.byEvent = false
 	it.wait.Store(waitSuspending)
-	return it.ready
+	return w.ready
 }
 
 // unsuspend withdraws suspend when the handler does not wait after all

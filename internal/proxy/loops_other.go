@@ -9,9 +9,13 @@ import "time"
 
 type engine struct{}
 
-type loopItem struct {
-	pend *readPass
-	rate rateLoopWait
+type loopItem struct{ aw *itemWait }
+
+func (it *loopItem) waits() *itemWait {
+	if it.aw == nil {
+		it.aw = new(itemWait)
+	}
+	return it.aw
 }
 
 // A session is never on a loop here: nothing waits on one.

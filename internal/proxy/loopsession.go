@@ -107,7 +107,7 @@ func (s *session) loopReady(it *loopItem) bool {
 // loopResume takes up a read that waited on the loop for a server
 // connection (fromClient), once the checkout is over.
 func (s *session) loopResume(it *loopItem) bool {
-	r := it.pend
+	r := &it.aw.pend
 	quit, waiting := s.readFrames(r, true)
 	if waiting {
 		return true
@@ -119,6 +119,19 @@ func (s *session) loopResume(it *loopItem) bool {
 		return false
 	}
 	return true
+}
+
+// itemWait is what a loop item's wait needs beyond its state
+// (loopItem.wait), made at the item's first wait (loopItem.waits) and
+// owned by whoever runs its handler: ready (wakeUp) and withdraw, made
+// once; the timer of a timed wait (loopItem.sleep); a client session's
+// read in progress (pend) and its rate-limit wait (rate).
+type itemWait struct {
+	ready    func()
+	withdraw func(error)
+	timer    *time.Timer
+	pend     readPass
+	rate     rateLoopWait
 }
 
 // endOnLoop ends the session from its loop handler: not on the loop's

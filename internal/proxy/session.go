@@ -509,7 +509,7 @@ type batch struct {
 
 // readPass is fromClient's way through one read from the client. It lives
 // on fromClient's stack, and is kept on the session's loop item
-// (loopItem.pend) while the read waits there for a server connection
+// (itemWait.pend) while the read waits there for a server connection
 // (attachOrRefuse), to be taken up where it stopped (loopResume).
 type readPass struct {
 	bp                   *[]byte // the read's buffer, given back when the read is done
@@ -521,7 +521,7 @@ type readPass struct {
 	n    int
 	owed *wire.Error
 	wait loopCheckout
-	// rateWait: the read waits in rateCheck (loopItem.rate), not for a
+	// rateWait: the read waits in rateCheck (itemWait.rate), not for a
 	// server connection.
 	rateWait bool
 }
@@ -605,11 +605,8 @@ func (s *session) readFrames(r *readPass, resumed bool) (quit, waiting bool) {
 			if waiting {
 				r.n = n
 				it := s.item.Load()
-				if it.pend == nil {
-					it.pend = new(readPass)
-				}
-				if it.pend != r {
-					*it.pend = *r
+				if p := &it.waits().pend; p != r {
+					*p = *r
 				}
 				return false, true
 			}
@@ -1083,7 +1080,7 @@ func (s *session) rateCheck(t byte, r *readPass) error {
 	}
 	var lw *rateLoopWait
 	if it.onLoop() {
-		lw = &it.rate
+		lw = &it.waits().rate
 	}
 	startsTx := s.txStatus() == wire.TxIdle
 	if sc := s.server.Load(); sc != nil {
@@ -1112,7 +1109,7 @@ func (s *session) rateSleep(r *readPass, it *loopItem) error {
 	s.waitMu.Lock()
 	s.waitCancel = it.withdrawFunc()
 	s.waitMu.Unlock()
-	it.sleep(time.Until(it.rate.until), true)
+	it.sleep(time.Until(it.aw.rate.until), true)
 	// After the suspend: an end from here on finds the item waiting
 	// (waitingOnLoop) and withdraws the wait; one before is seen here.
 	if werr := s.waitEnded(); werr != nil {
@@ -1122,7 +1119,7 @@ func (s *session) rateSleep(r *readPass, it *loopItem) error {
 		s.waitMu.Lock()
 		s.waitCancel = nil
 		s.waitMu.Unlock()
-		it.rate = rateLoopWait{}
+		it.aw.rate = rateLoopWait{}
 		return werr
 	}
 	return errRateWaitOnLoop
@@ -1142,11 +1139,11 @@ func (s *session) rateWoken(r *readPass, it *loopItem) error {
 		werr = errClientGone()
 	}
 	if werr != nil {
-		it.rate = rateLoopWait{}
+		it.aw.rate = rateLoopWait{}
 		it.sleepDone()
 		return werr
 	}
-	if time.Now().Before(it.rate.until) {
+	if time.Now().Before(it.aw.rate.until) {
 		return s.rateSleep(r, it)
 	}
 	return nil
