@@ -109,6 +109,21 @@ func TestLoopSessionsMovePaths(t *testing.T) {
 	expectShutdownError(t, "client on a loop", clients)
 }
 
+// rateRelay starts a relay with one event loop and the rate-limit rule,
+// and logs n clients in (with a deadline for their round trips).
+func rateRelay(t *testing.T, fb *fakeBackend, rule config.RateLimitRule, n int) (*relay, []*benchClient) {
+	t.Helper()
+	rl := startRelay(t, fb, 4, func(c *config.Config) {
+		c.EventLoops = "1"
+		c.RateLimits = []config.RateLimitRule{rule}
+	})
+	clients := dialBenches(t, rl.addr, n, simpleRequest)
+	for _, c := range clients {
+		_ = c.conn.SetDeadline(time.Now().Add(20 * time.Second))
+	}
+	return rl, clients
+}
+
 // TestLoopRateCheckStaysOnLoop: a wait-mode rate limit that has room
 // costs a request no hand-over of its loop (an in-memory decision does not
 // block), so the sessions stay on their loop; before, each one's first
@@ -117,15 +132,8 @@ func TestLoopRateCheckStaysOnLoop(t *testing.T) {
 	fb := startFakeBackend(t, 64)
 	rule := config.RateLimitRule{Name: "roomy", KeyBy: []string{"client"},
 		Queries: &config.RateBucket{Limit: 1 << 40, Per: time.Minute}, Mode: "wait", MaxWait: time.Second}
-	rl := startRelay(t, fb, 4, func(c *config.Config) {
-		c.EventLoops = "1"
-		c.RateLimits = []config.RateLimitRule{rule}
-	})
 	const n, rounds = 8, 50
-	clients := dialBenches(t, rl.addr, n, simpleRequest)
-	for _, c := range clients {
-		_ = c.conn.SetDeadline(time.Now().Add(20 * time.Second))
-	}
+	rl, clients := rateRelay(t, fb, rule, n)
 	e := rl.srv.engine
 	takeOvers, detaches := e.takeOvers.Load(), e.detaches.Load()
 	if err := roundTripsAtOnce(clients, rounds); err != nil {
@@ -155,15 +163,8 @@ func TestLoopRateWaitsOnLoop(t *testing.T) {
 	const per = 40 * time.Millisecond
 	rule := config.RateLimitRule{Name: "spaced",
 		Queries: &config.RateBucket{Limit: 1, Per: per}, Mode: "wait", MaxWait: 10 * time.Second}
-	rl := startRelay(t, fb, 4, func(c *config.Config) {
-		c.EventLoops = "1"
-		c.RateLimits = []config.RateLimitRule{rule}
-	})
 	const n, rounds = 3, 4
-	clients := dialBenches(t, rl.addr, n, simpleRequest)
-	for _, c := range clients {
-		_ = c.conn.SetDeadline(time.Now().Add(20 * time.Second))
-	}
+	rl, clients := rateRelay(t, fb, rule, n)
 	e := rl.srv.engine
 	parks, takeOvers, detaches := e.parks.Load(), e.takeOvers.Load(), e.detaches.Load()
 	start := time.Now()
@@ -192,13 +193,8 @@ func TestLoopRateWaitsOnLoop(t *testing.T) {
 	// would.
 	const long = 3 * time.Second
 	rule.Queries = &config.RateBucket{Limit: 1, Per: long}
-	rl2 := startRelay(t, fb, 4, func(c *config.Config) {
-		c.EventLoops = "1"
-		c.RateLimits = []config.RateLimitRule{rule}
-	})
-	first := dialBench(t, rl2.addr, simpleRequest)
-	_ = first.conn.SetDeadline(time.Now().Add(20 * time.Second))
-	if err := first.roundTrip(); err != nil { // takes the unit
+	rl2, firsts := rateRelay(t, fb, rule, 1)
+	if err := firsts[0].roundTrip(); err != nil { // takes the unit
 		t.Fatal(err)
 	}
 	// Closed at once, and closed behind a Terminate (the data wakes the
