@@ -219,6 +219,34 @@ func TestLoopRateWaitsOnLoop(t *testing.T) {
 	}
 }
 
+// TestLoopEndWithoutHandOver: a client in transaction mode that says
+// Terminate between two transactions ends on its loop: its session holds
+// nothing that could make the end wait, so the loop is not given away.
+func TestLoopEndWithoutHandOver(t *testing.T) {
+	fb := startFakeBackend(t, 64)
+	rl := startRelay(t, fb, 4, func(c *config.Config) { c.EventLoops = "1" })
+	e := rl.srv.engine
+	const n = 20
+	before := e.takeOvers.Load()
+	for range n {
+		c := dialBench(t, rl.addr, simpleRequest)
+		_ = c.conn.SetDeadline(time.Now().Add(10 * time.Second))
+		if err := c.roundTrip(); err != nil {
+			t.Fatal(err)
+		}
+		c.close() // Terminate, then close
+	}
+	waitFor(t, 5*time.Second, "every session to end", func() bool { return rl.srv.ClientCount() == 0 })
+	// The monitor may still hand over a handler that runs a whole tick
+	// (a slow machine, -race): a few, not one per client.
+	if got := e.takeOvers.Load() - before; got*4 > n {
+		t.Fatalf("%d clients that left between transactions handed their loop over %d times", n, got)
+	}
+	if err := fb.Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestLoopSessionsBackWhileBusy: clients whose handler waited off their
 // loop (here a test hook that yields and sleeps, as a wait-mode rate limit
 // does) come back to it between two requests once they no longer wait,

@@ -134,10 +134,16 @@ type itemWait struct {
 	rate     rateLoopWait
 }
 
-// endOnLoop ends the session from its loop handler: not on the loop's
-// goroutine, as ending may wait (a reset query, a final message).
+// endOnLoop ends the session from its loop handler. Ending waits only for
+// what the session still holds: its server connection (the release, a
+// reset query) or a final message being written (endErr); then it runs
+// off the loop's goroutine. Without either it is a few locks and a close,
+// and the loop goes on after it (a client that says Terminate costs no
+// hand-over of its loop).
 func (s *session) endOnLoop(err error) {
-	s.yieldLoop()
+	if s.server.Load() != nil || s.endErr.Load() != nil {
+		s.yieldLoop()
+	}
 	s.end(err)
 	s.srv.sessWG.Done()
 }
