@@ -247,6 +247,66 @@ func TestLoopEndWithoutHandOver(t *testing.T) {
 	}
 }
 
+// TestLoopHandOverClaimLeavesCheckout: a hand-over claim that reaches a
+// session whose request waits on its loop for a server connection (a claim
+// that raced the read's start) is no end: the wait goes on and the request
+// runs once a connection comes, and its attach takes the claim back.
+// Before, the claim's wake-up withdrew the checkout and the request failed.
+func TestLoopHandOverClaimLeavesCheckout(t *testing.T) {
+	fb := startFakeBackend(t, 64)
+	rl := startRelay(t, fb, 1, func(c *config.Config) { c.EventLoops = "1" })
+	holder := dialBench(t, rl.addr, simpleRequest)
+	waiter := dialBench(t, rl.addr, simpleRequest)
+	for _, c := range []*benchClient{holder, waiter} {
+		_ = c.conn.SetDeadline(time.Now().Add(10 * time.Second))
+	}
+	// The holder keeps the only server connection: an extended-protocol
+	// request flushed without its Sync.
+	unsynced := append(extendedRequest[:len(extendedRequest)-5:len(extendedRequest)-5], fbMsg(nil, 'H', "")...)
+	if _, err := holder.conn.Write(unsynced); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 2*time.Second, "the holder to hold the server connection", func() bool {
+		for _, s := range rl.srv.sessionList() {
+			if s.server.Load() != nil {
+				return true
+			}
+		}
+		return false
+	})
+	if _, err := waiter.conn.Write(simpleRequest); err != nil {
+		t.Fatal(err)
+	}
+	var ws *session
+	waitFor(t, 2*time.Second, "the request to wait on its loop", func() bool {
+		for _, s := range rl.srv.sessionList() {
+			if s.item.Load().waitingOnLoop() {
+				ws = s
+				return true
+			}
+		}
+		return false
+	})
+	// The claim, as terminateIfIdle makes it.
+	ws.finalMu.Lock()
+	ws.endErr.Store(errHandedOver)
+	ws.wakeLoop()
+	ws.finalMu.Unlock()
+	time.Sleep(50 * time.Millisecond)
+	if _, err := holder.conn.Write(fbMsg(nil, 'S', "")); err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.readUntilReady(); err != nil {
+		t.Fatalf("holder: %v", err)
+	}
+	if err := waiter.readUntilReady(); err != nil {
+		t.Fatalf("the request that waited through a hand-over claim: %v", err)
+	}
+	if werr := ws.endErr.Load(); werr != nil {
+		t.Fatalf("the claim was not taken back: end error %v", werr)
+	}
+}
+
 // TestLoopSessionsBackWhileBusy: clients whose handler waited off their
 // loop (here a test hook that yields and sleeps, as a wait-mode rate limit
 // does) come back to it between two requests once they no longer wait,

@@ -200,7 +200,11 @@ func (s *session) loopEnd() {
 func (s *session) wakeLoop() {
 	it := s.item.Load()
 	if it.waitingOnLoop() {
-		go s.withdrawWait(errTerminated)
+		// An end withdraws the wait; a hand-over claim leaves it (the
+		// attach after it takes the claim back: waitEnded).
+		if s.waitEnded() != nil {
+			go s.withdrawWait(errTerminated)
+		}
 		return
 	}
 	s.srv.engine.wake(it)

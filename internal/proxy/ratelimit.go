@@ -549,9 +549,12 @@ func (l loginWait) waitEnded() *wire.Error {
 }
 
 // waitEnded implements waitOwner for a session's requests: the session
-// ends with its final message (finishLocked wakes it), or closed.
+// ends with its final message (finishLocked wakes it), or closed. A
+// hand-over claim (errHandedOver) is no end: a wait is inside a read, whose
+// attach takes the claim back (bindServer), and the claim comes again at
+// the next idle point (handover.go).
 func (s *session) waitEnded() *wire.Error {
-	if werr := s.endErr.Load(); werr != nil {
+	if werr := s.endErr.Load(); werr != nil && werr != errHandedOver {
 		return werr
 	}
 	if s.closed.Load() {

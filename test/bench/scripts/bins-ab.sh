@@ -8,6 +8,8 @@
 # a change: build the old and the new binary, then
 #   usage: LOOPS=1 test/bench/scripts/bins-ab.sh ROUNDS SECS CLIENTS MODE BIN...
 #   e.g.   test/bench/scripts/bins-ab.sh 3 8 16 simple /tmp/poolerd-old bin/poolerd
+# PGBENCH_EXTRA adds pgbench options (PGBENCH_EXTRA=-C: a new connection per
+# transaction).
 # Ports 25432 and 26001-26004 (the first binary on 26001) plus 26011 and up
 # for further binaries; as root PostgreSQL and PgBouncer run as postgres.
 set -eu
@@ -37,7 +39,7 @@ for r in $(seq $ROUNDS); do
   for t in $targets; do
     n=${t%%:*}; port=${t#*:}; pid=$(head -1 $W/$n.pid)
     read u0 s0 < <(awk '{print $14, $15}' /proc/$pid/stat); x0=$(ctx $pid)
-    out=$(pgbench -h 127.0.0.1 -p $port -U postgres -S -M $M -c $C -j 2 -T $SECS -n app 2>&1)
+    out=$(pgbench -h 127.0.0.1 -p $port -U postgres -S -M $M -c $C -j 2 -T $SECS -n ${PGBENCH_EXTRA:-} app 2>&1)
     read u1 s1 < <(awk '{print $14, $15}' /proc/$pid/stat); x1=$(ctx $pid)
     txn=$(echo "$out" | awk '/actually processed/{print $NF}')
     echo "$r $n $C $M $(echo "$out" | awk '/^tps =/{printf "%.0f", $3}') $(awk -v a=$u0 -v b=$u1 -v x=$txn 'BEGIN{printf "%.3f", (b-a)/100/x*1e4}') $(awk -v a=$s0 -v b=$s1 -v x=$txn 'BEGIN{printf "%.3f", (b-a)/100/x*1e4}') $(awk -v a=$x0 -v b=$x1 -v x=$txn 'BEGIN{printf "%.2f", (b-a)/x}')"
