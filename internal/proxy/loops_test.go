@@ -180,7 +180,10 @@ func TestLoopRateWaitsOnLoop(t *testing.T) {
 	if min := time.Duration(n*rounds-2) * per; took < min {
 		t.Fatalf("%d requests took %v, want at least %v: the limit did not space them", n*rounds, took, min)
 	}
-	if p < uint64(n*rounds/2) || d > 0 || tk > 2 || e.clientCount() != n {
+	// The monitor may hand over a handler that runs a whole tick (a slow
+	// machine, -race), which takes its session off the loop: one, not
+	// one per session (before, each session's first wait left).
+	if p < uint64(n*rounds/2) || d > 1 || tk > 2 || e.clientCount() < n-int(d) {
 		t.Fatalf("rate-limit waits left the loop: %d waits on it, %d hand-overs, %d sessions left, %d of %d on it", p, tk, d, e.clientCount(), n)
 	}
 
