@@ -40,19 +40,16 @@ type rateWait struct {
 	// a session, the login deadline for a login.
 	deadline time.Time
 	owner    waitOwner
-	// leave is called before checkRate does what may block (a decision
-	// of a remote backend, a wait): a session on an event loop gives its
-	// loop to another goroutine there (yieldLoop). nil: nothing to leave.
-	leave func()
 	// loop, for a session on its event loop (memory backend), makes a
 	// wait park the session on the loop instead (errRateWaitOnLoop).
 	loop *rateLoopWait
 }
 
-// block is called before what may block.
+// block is called before checkRate does what may block (a decision of a
+// remote backend, a wait): the owner leaves its event loop (waitOwner).
 func (rw rateWait) block() {
-	if rw.leave != nil {
-		rw.leave()
+	if rw.owner != nil {
+		rw.owner.leaveLoop()
 	}
 }
 
@@ -63,6 +60,10 @@ type waitOwner interface {
 	// a read deadline on the client connection after what waitEnded
 	// reads, which wakes the watcher.
 	waitEnded() *wire.Error
+	// leaveLoop is called before the wait blocks: a session on an event
+	// loop gives its loop to another goroutine (yieldLoop; an interface
+	// method, not a func field, so that a rate check allocates nothing).
+	leaveLoop()
 }
 
 // watch implements limiter.WaitOptions.Watch.

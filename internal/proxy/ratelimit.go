@@ -536,6 +536,9 @@ func (s *session) loginRate(rates []sessionRate, preAuth bool) error {
 // loginWait is the owner of a login's rate-limit wait.
 type loginWait struct{ s *session }
 
+// leaveLoop implements waitOwner: a login is on a goroutine of its own.
+func (loginWait) leaveLoop() {}
+
 // waitEnded implements waitOwner: a login ends with a shutdown
 // (stopAccepting wakes it) or at its deadline.
 func (l loginWait) waitEnded() *wire.Error {
@@ -547,6 +550,9 @@ func (l loginWait) waitEnded() *wire.Error {
 	}
 	return nil
 }
+
+// leaveLoop implements waitOwner for a session's requests.
+func (s *session) leaveLoop() { s.yieldLoop() }
 
 // waitEnded implements waitOwner for a session's requests: the session
 // ends with its final message (finishLocked wakes it), or closed. A

@@ -117,6 +117,8 @@ type fakeOwner struct{ err atomic.Pointer[wire.Error] }
 
 func (o *fakeOwner) waitEnded() *wire.Error { return o.err.Load() }
 
+func (*fakeOwner) leaveLoop() {}
+
 // watchPair returns both ends of a TCP connection: the client's, and
 // poolerd's (the one a rate-limit wait watches).
 func watchPair(t *testing.T) (client, server net.Conn) {
@@ -301,13 +303,14 @@ func BenchmarkCheckRate(b *testing.B) {
 }
 
 // TestCheckRateNoAlloc guards the common case, one rule that allows: the
-// decision allocates nothing.
+// decision allocates nothing, the rateWait made per request as
+// session.rateCheck makes it (on an event loop) included.
 func TestCheckRateNoAlloc(t *testing.T) {
 	srv, rates := benchRates(t, 1)
 	log := zap.NewNop()
-	rw := rateWait{conn: &net.TCPConn{}, owner: &fakeOwner{}} // a session's: made once
+	conn, owner, lw := net.Conn(&net.TCPConn{}), &fakeOwner{}, &rateLoopWait{} // a session's: made once
 	if n := testing.AllocsPerRun(1000, func() {
-		_ = srv.checkRate(context.Background(), log, rates, requestBuckets(true), "ERROR", rw)
+		_ = srv.checkRate(context.Background(), log, rates, requestBuckets(true), "ERROR", rateWait{conn: conn, owner: owner, loop: lw})
 	}); n != 0 {
 		t.Fatalf("checkRate allocates %v times per request, want 0", n)
 	}

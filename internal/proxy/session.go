@@ -1088,7 +1088,7 @@ func (s *session) rateCheck(t byte, r *readPass) error {
 		startsTx = startsTx && sc.pending == 0
 		sc.mu.Unlock()
 	}
-	err := s.srv.checkRate(s.srv.ctx, s.log, rates, requestBuckets(startsTx), "ERROR", rateWait{conn: s.conn, owner: s, leave: s.yieldLoop, loop: lw})
+	err := s.srv.checkRate(s.srv.ctx, s.log, rates, requestBuckets(startsTx), "ERROR", rateWait{conn: s.conn, owner: s, loop: lw})
 	if err == errRateWaitOnLoop {
 		lw.until = time.Now().Add(lw.sleep)
 		return s.rateSleep(r, it)
