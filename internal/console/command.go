@@ -30,8 +30,8 @@ func notInPoolerd(what string) string {
 		return "SUSPEND prepares PgBouncer's online restart by socket passing: poolerd's is --takeover with takeover_socket, or so_reuseport (docs/operations.md)"
 	case "FDS":
 		return "SHOW FDS lists the sockets PgBouncer passes in an online restart: poolerd's restart (--takeover) passes the listener and each client's state itself"
-	case "SOCKETS", "ACTIVE_SOCKETS":
-		return "poolerd does not list raw sockets: SHOW CLIENTS and SHOW SERVERS show every connection, with its state and addresses"
+	case "ACTIVE_SOCKETS":
+		return "poolerd keeps no per-socket buffers to list sockets by: SHOW SOCKETS lists every connection (its buffer columns are 0)"
 	case "MEM":
 		return "poolerd has no slab caches to show: its memory is in /metrics (go_memstats_*, process_resident_memory_bytes)"
 	case "DNS_HOSTS", "DNS_ZONES":

@@ -410,6 +410,40 @@ func TestShowClients(t *testing.T) {
 	}
 }
 
+// TestShowSockets: clients and servers in one list under PgBouncer's socket
+// states, with its 28 columns, ids from the one sequence.
+func TestShowSockets(t *testing.T) {
+	f := newFake(t)
+	f.clients = []proxy.ClientInfo{
+		{ID: 3, User: "app", Database: "app", Ptr: "0xa"},
+		{ID: 5, User: "app", Database: "app", Waiting: true, Ptr: "0xc"},
+		{ID: 6, User: "admin", Database: "poolerd", Console: true, Ptr: "0xd"},
+	}
+	f.servers = []proxy.ServerInfo{
+		{ConnInfo: pool.ConnInfo{ID: 4}, Database: "app", User: "app", Link: "0xa"},
+		{ConnInfo: pool.ConnInfo{ID: 7, Idle: true}, Database: "app", User: "app"},
+		{ConnInfo: pool.ConnInfo{ID: 8, Idle: true, Stale: true}, Database: "app", User: "app"},
+		{ConnInfo: pool.ConnInfo{ID: 9}, Database: "app", User: "app", Link: "0xe", Cancelling: true},
+	}
+	r := run(t, testSession(f, false), "SHOW SOCKETS")
+	if len(r.cols) != 28 || r.cols[20] != "id" || r.cols[27] != "send_avail" {
+		t.Fatalf("columns %v", r.cols)
+	}
+	for i, want := range [][]string{
+		{"C", "cl_active", "app", "3"}, {"C", "cl_waiting", "app", "5"}, {"C", "cl_active", "pgbouncer", "6"},
+		{"S", "sv_active", "app", "4"}, {"S", "sv_idle", "app", "7"}, {"S", "sv_used", "app", "8"}, {"S", "sv_active", "app", "9"},
+	} {
+		got := []string{r.val(t, i, "type"), r.val(t, i, "state"), r.val(t, i, "database"), r.val(t, i, "id")}
+		if !slices.Equal(got, want) {
+			t.Errorf("row %d: %v, want %v", i, got, want)
+		}
+	}
+	if len(r.rows) != 7 {
+		t.Errorf("%d rows, want 7", len(r.rows))
+	}
+	run(t, testSession(f, false), "SHOW ACTIVE_SOCKETS").wantError(t, "08P01", "SHOW ACTIVE_SOCKETS is not supported by poolerd")
+}
+
 // TestShowDatabasesFlags: a database paused or disabled with no pool has a
 // row; the global pause shows on every row but the console's.
 func TestShowDatabasesFlags(t *testing.T) {

@@ -17,7 +17,7 @@ import (
 )
 
 const adminHelp = "\n\tSHOW HELP|CONFIG|DATABASES|POOLS|CLIENTS|SERVERS|USERS|VERSION" +
-	"\n\tSHOW LISTS|STATE|PINNED|HOSTS|RATE_LIMITS" +
+	"\n\tSHOW LISTS|SOCKETS|STATE|PINNED|HOSTS|RATE_LIMITS" +
 	"\n\tSHOW STATS|STATS_TOTALS|STATS_AVERAGES|TOTALS" +
 	"\n\tSET key = arg" +
 	"\n\tRELOAD" +
@@ -44,7 +44,7 @@ func (c *Console) show(what, sql string) ([]byte, bool, *wire.Error) {
 		"STATS_AVERAGES": func() *resultSet { return c.showStatsTable(true) },
 		"TOTALS":         c.showTotals, "CLIENTS": c.showClients, "SERVERS": c.showServers, "DATABASES": c.showDatabases,
 		"USERS": c.showUsers, "CONFIG": c.showConfig, "LISTS": c.showLists, "PINNED": c.showPinned,
-		"HOSTS": c.showHosts, "RATE_LIMITS": c.showRateLimits,
+		"HOSTS": c.showHosts, "RATE_LIMITS": c.showRateLimits, "SOCKETS": c.showSockets,
 	}[what]
 	if !ok {
 		if notInPoolerd(what) != "" {
@@ -376,6 +376,44 @@ func (c *Console) showServers() *resultSet {
 		r.row("S", si.ServerUser, si.Database, orNone(si.Replication), serverState(si), addr, port, laddr, lport,
 			pgTime(si.Created), pgTime(si.LastUsed), 0, 0, b2i(si.CloseNeeded), si.Ptr, si.Link,
 			int(si.PID), si.TLS, si.AppName, 0, si.ID)
+	}
+	return r
+}
+
+// showSockets lists every client and server connection, as SHOW CLIENTS
+// and SHOW SERVERS do, under PgBouncer's socket states (cl_active,
+// cl_waiting, sv_active, sv_idle, sv_used, sv_tested, sv_login), with its 7
+// buffer columns. poolerd keeps no per-socket buffer positions (a session's
+// bytes are relayed as they are read), so those are 0.
+func (c *Console) showSockets() *resultSet {
+	cols := append(socketColumns(), int4("recv_pos"), int4("pkt_pos"), int4("pkt_remain"), int4("send_pos"),
+		int4("send_remain"), int4("pkt_avail"), int4("send_avail"))
+	r := newResult(cols...)
+	for _, ci := range c.p.Clients() {
+		state, database := "cl_active", ci.Database
+		switch {
+		case ci.Console:
+			database = adminDatabase
+		case ci.Link == "" && ci.Waiting:
+			state = "cl_waiting"
+		}
+		addr, port := splitAddr(ci.RemoteAddr)
+		laddr, lport := splitAddr(ci.LocalAddr)
+		r.row("C", ci.User, database, orNone(ci.Replication), state, addr, port, laddr, lport,
+			pgTime(ci.ConnectedAt), pgTime(ci.LastRequest),
+			int(ci.Wait/time.Second), int((ci.Wait%time.Second)/time.Microsecond), 0, ci.Ptr, ci.Link, 0, "",
+			ci.AppName, ci.PreparedStatements, ci.ID, 0, 0, 0, 0, 0, 0, 0)
+	}
+	for _, si := range c.p.Servers() {
+		state := "sv_" + serverState(si)
+		if state == "sv_active_cancel" {
+			state = "sv_active"
+		}
+		addr, port := splitAddr(si.RemoteAddr)
+		laddr, lport := splitAddr(si.LocalAddr)
+		r.row("S", si.ServerUser, si.Database, orNone(si.Replication), state, addr, port, laddr, lport,
+			pgTime(si.Created), pgTime(si.LastUsed), 0, 0, b2i(si.CloseNeeded), si.Ptr, si.Link,
+			int(si.PID), si.TLS, si.AppName, 0, si.ID, 0, 0, 0, 0, 0, 0, 0)
 	}
 	return r
 }
