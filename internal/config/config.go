@@ -257,6 +257,9 @@ type Config struct {
 	ClientLoginTimeout time.Duration `mapstructure:"client_login_timeout"`
 	// ShutdownTimeout is how long SIGINT waits for transactions to finish.
 	ShutdownTimeout time.Duration `mapstructure:"shutdown_timeout"`
+	// PoolIdleTimeout removes a pool (one database and user pair) that
+	// has had no client and no server connection this long; 0 never.
+	PoolIdleTimeout time.Duration `mapstructure:"pool_idle_timeout"`
 
 	// AdminUsers may run every admin console command; StatsUsers only SHOW.
 	AdminUsers []string `mapstructure:"admin_users"`

@@ -280,6 +280,9 @@ func (c *Config) validate(bad, tlsBad func(string, ...any)) {
 	if _, err := c.EventLoopCount(1); err != nil {
 		bad("%v", err)
 	}
+	if c.PoolIdleTimeout < 0 {
+		bad("pool_idle_timeout must not be negative (0 means pools are never removed)")
+	}
 	if c.StatsPeriod <= 0 {
 		bad("stats_period must be positive, e.g. 60s")
 	}

@@ -167,6 +167,7 @@ func Rules() []Rule {
 		{Section: "pgbouncer", Key: "resolv_conf", Note: adviceDNS},
 		// Logging and the process.
 		{Section: "pgbouncer", Key: "stats_period", To: "stats_period", kind: kindSeconds},
+		{Section: "pgbouncer", Key: "pool_idle_timeout", To: "pool_idle_timeout", kind: kindSeconds},
 		{Section: "pgbouncer", Key: "log_connections", To: "log_connections", kind: kindBool},
 		{Section: "pgbouncer", Key: "log_disconnections", To: "log_disconnections", kind: kindBool},
 		{Section: "pgbouncer", Key: "log_stats", To: "log_stats", kind: kindBool},

@@ -222,6 +222,10 @@ func (l *line) translate(msg string) (string, bool) {
 		return "closing because: " + ServerReason(l.or("reason", "")) + " " + l.age("age"), true
 	case "server connect failed":
 		return connectFailed(l.or("error", "")), true
+	case "idle pool removed":
+		d, _ := time.ParseDuration(l.or("age", "0s"))
+		return fmt.Sprintf("cleaning up idle pool for user %s on db %s because: pool idle timeout (age= %ds)",
+			l.or("user", ""), l.or("database", ""), int64(d/time.Second)), true
 	case "registered new auto-database":
 		return "registered new auto-database: " + l.or("database", ""), true
 	}

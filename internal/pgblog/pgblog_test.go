@@ -74,6 +74,10 @@ func TestLines(t *testing.T) {
 		{"auto-database", func(l *zap.Logger) {
 			l.Info("registered new auto-database", zap.String("database", "p9"))
 		}, "LOG registered new auto-database: p9\n"},
+		{"idle pool", func(l *zap.Logger) {
+			l.Info("idle pool removed", zap.String("database", "p0"), zap.String("user", "bouncer"),
+				zap.Duration("age", 3500*time.Millisecond), zap.String("reason", "pool_idle_timeout"))
+		}, "LOG cleaning up idle pool for user bouncer on db p0 because: pool idle timeout (age= 3s)\n"},
 		{"other events", func(l *zap.Logger) {
 			pool(l).Warn("pool health changed", zap.String("from", "healthy"), zap.String("to", "unhealthy"), zap.String("reason", "connect failed: x"), zap.Int("open", 0))
 		}, "WARNING pool health changed database=app user=alice server=10.0.0.9:5432 from=healthy to=unhealthy reason=\"connect failed: x\" open=0\n"},

@@ -57,7 +57,8 @@ type dbPool struct {
 	// reload), what happened to this pool's clients, its traffic (ctr),
 	// its logged-in clients and how many of them are pinned (see
 	// session.pin), and whether it is retired (the database left the
-	// configuration, see Server.retire) or closing.
+	// configuration, see Server.retire, or pool_idle_timeout removed it,
+	// see Server.reapIdlePools) or closing.
 	routeP           atomic.Pointer[config.Route]
 	timeoutCounts    [numTimeoutKinds]atomic.Uint64
 	leaks            atomic.Uint64
@@ -77,6 +78,14 @@ type dbPool struct {
 	limitHit atomic.Pointer[serverLimit]
 	// fleet holds the pool's leases on the fleet-wide budget (fleet.go).
 	fleet fleetGate
+	// joining counts the logins and hand-overs that took this pool from
+	// Server.joinPool and are not yet counted in clients: while it is not
+	// 0 the pool is in use (reapIdlePools).
+	joining atomic.Int64
+
+	// activeAt is when the pool was last seen in use, by reapIdlePools;
+	// guarded by Server.mu.
+	activeAt time.Time
 
 	// mu guards the rest.
 	mu sync.Mutex

@@ -279,10 +279,11 @@ func (s *session) adopt(st *handOver, cfg *config.Config) *wire.Error {
 	if err != nil {
 		return errNoSuchDatabase(s.database)
 	}
-	dbp, err := s.srv.getPool(s.database, s.user)
+	dbp, err := s.srv.joinPool(s.database, s.user)
 	if err != nil {
 		return errNoSuchDatabase(s.database)
 	}
+	defer dbp.joining.Add(-1) // counted in clients by then, or failed
 	s.useRoute(dbp, route, cfg)
 	// What the pool logs in to PostgreSQL with when no password is
 	// configured for the user, as a login would have given it.

@@ -478,11 +478,12 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 		s.refuseLogin(errNoSuchDatabase(s.database))
 		return false
 	}
-	dbp, err := s.srv.getPool(s.database, s.user)
+	dbp, err := s.srv.joinPool(s.database, s.user)
 	if err != nil {
 		s.refuseLogin(errNoSuchDatabase(s.database))
 		return false
 	}
+	defer dbp.joining.Add(-1) // counted in clients by then, or failed
 	s.useRoute(dbp, route, cfg)
 	if s.user == route.ServerUser {
 		// SCRAM pass-through logs in as the client's own role: the key

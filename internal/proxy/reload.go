@@ -165,6 +165,7 @@ func (srv *Server) apply(next *config.Config) error {
 	srv.warm = nil // the pools the new configuration names, from Warm below
 	srv.mu.Unlock()
 	srv.Warm()
+	srv.scheduleReap()
 	return nil
 }
 

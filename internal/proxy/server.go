@@ -136,6 +136,7 @@ type Server struct {
 	dbs       map[string]*dbState   // PAUSE/DISABLE state by database name
 	paused    bool                  // global PAUSE
 	draining  bool                  // SHUTDOWN WAIT_FOR_CLIENTS
+	reapArmed bool                  // the idle-pool reaper's next round is due (poolreap.go)
 	// oldRates are rate limits replaced by a reload whose Redis client is
 	// not closed yet.
 	oldRates []*rateLimits
@@ -186,6 +187,7 @@ func New(cfg *config.Config, log *zap.Logger) *Server {
 	srv.setRates(cfg)
 	srv.setServerTLS(cfg)
 	srv.setClientTLS(cfg)
+	srv.scheduleReap()
 	return srv
 }
 
@@ -342,7 +344,7 @@ func (srv *Server) warmPool(database, user string) {
 			return
 		}
 	}
-	p, err := srv.getPoolWarm(database, user, warm)
+	p, err := srv.getPoolWarm(database, user, warm, false)
 	if err != nil {
 		srv.log.Error("cannot create configured pool", zap.String("database", database), zap.String("user", user), zap.Error(err))
 		return
@@ -817,11 +819,18 @@ func (srv *Server) pamLib() (*pamauth.Lib, error) {
 }
 
 // getPool returns the pool for (database, user), creating it on first use.
-func (srv *Server) getPool(database, user string) (*dbPool, error) {
-	return srv.getPoolWarm(database, user, false)
+// joinPool returns the pool of database and user for a client about to log
+// in (or be handed over), creating it if need be, counted in its joining
+// until the caller takes it back: after counting the client in clients,
+// or on failure. A pool with a joining client is in use (reapIdlePools).
+func (srv *Server) joinPool(database, user string) (*dbPool, error) {
+	return srv.getPoolWarm(database, user, false, true)
 }
 
-func (srv *Server) getPoolWarm(database, user string, warm bool) (*dbPool, error) {
+// getPoolWarm returns the pool of database and user, creating it (warm:
+// opening its min_size connections at once, or one if that is 0) if need
+// be; join counts the caller in its joining (joinPool).
+func (srv *Server) getPoolWarm(database, user string, warm, join bool) (*dbPool, error) {
 	route, err := srv.cfg().Route(database, user)
 	if err != nil {
 		return nil, err
@@ -837,14 +846,18 @@ func (srv *Server) getPoolWarm(database, user string, warm bool) (*dbPool, error
 	}
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
-	if p, ok := srv.pools[key]; ok {
-		return p, nil
+	p, ok := srv.pools[key]
+	if !ok {
+		p = newDBPool(srv, key, route, warm, srv.dbPaused(database))
+		p.activeAt = time.Now()
+		if srv.cfg().AutoDatabase(database) && !srv.hasPoolLocked(database) {
+			srv.log.Info("registered new auto-database", zap.String("database", database))
+		}
+		srv.pools[key] = p
 	}
-	p := newDBPool(srv, key, route, warm, srv.dbPaused(database))
-	if srv.cfg().AutoDatabase(database) && !srv.hasPoolLocked(database) {
-		srv.log.Info("registered new auto-database", zap.String("database", database))
+	if join {
+		p.joining.Add(1)
 	}
-	srv.pools[key] = p
 	return p, nil
 }
 
