@@ -147,12 +147,13 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 	m := &s.dbp.ctr
 	switch t {
 	case 'P':
-		m.clientParses.Add(1)
+		// The counters count named statements only, as PgBouncer's
+		// (SHOW STATS *_parse_count, *_bind_count): an unnamed one is
+		// the client's own business on every request.
 		name, rest, ok := cstring(body)
 		if !ok || name == "" {
 			// Kept, so that a Bind in a later request finds it on
 			// whichever server connection the client has then.
-			m.serverParses.Add(1)
 			s.unnamedGen++
 			s.unnamedVoid.Store(uint32(s.unnamedGen) - 1) // not void, until the server fails or skips it
 			s.unnamed = appendFrame(s.unnamed[:0], 'P', body)
@@ -163,6 +164,7 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 			s.pushOp(stmtOp{kind: opClientUnnamed, gen: s.unnamedGen}, zb)
 			return
 		}
+		m.clientParses.Add(1)
 		s.stmu.Lock()
 		old := s.stmts[name]
 		s.stmu.Unlock()
@@ -211,9 +213,11 @@ func (s *session) stmtFrame(sc *serverConn, t byte, body []byte, zb int) {
 		s.emit(def.parse)
 		s.pushOp(stmtOp{kind: opClientParse, client: name, def: def}, zb)
 	case 'B':
-		m.binds.Add(1)
 		portal, r1, ok1 := cstring(body)
 		name, r2, ok2 := cstring(r1)
+		if ok1 && ok2 && name != "" {
+			m.binds.Add(1)
+		}
 		if ok1 && ok2 && name == "" {
 			// Its effects were applied by bindEffects.
 			if s.ensureUnnamed(sc, zb) {
@@ -441,7 +445,6 @@ func (s *session) ensureUnnamed(sc *serverConn, zb int) bool {
 		s.pushOp(stmtOp{kind: opSwallowClose, close: true, swallow: true}, zb)
 		return true
 	}
-	s.dbp.ctr.serverParses.Add(1)
 	s.emit(s.unnamed)
 	s.pushOp(stmtOp{kind: opInjectUnnamed, swallow: true}, zb)
 	return true

@@ -1769,3 +1769,54 @@ func TestTxPreparedCapFollowsSet(t *testing.T) {
 		t.Fatalf("after SET 2 and one more statement: %d statements on the server connection", n)
 	}
 }
+
+// TestTxPreparedCountersNamedOnly: SHOW STATS' parse and bind counters
+// count named statements only, as PgBouncer's: unnamed ones (pgx's exec
+// mode, psycopg's default) leave them at 0; a named statement counts one
+// client Parse, one server Parse for each server connection that prepares
+// it, and one Bind per execution.
+func TestTxPreparedCountersNamedOnly(t *testing.T) {
+	t.Parallel()
+	p := obStart(t, obOpts{mutate: func(c *config.Config) {
+		c.PoolMode = config.PoolTransaction
+		c.MaxSize = 1
+		c.MaxPreparedStatements = 10
+	}})
+	adm := obAdmin(t, p.instance, pgtest.RoleApp)
+	counts := func() [3]int64 {
+		t.Helper()
+		tb := obShow(t, adm, "SHOW STATS")
+		i := tb.find("database", pgtest.DBApp)
+		if i < 0 {
+			return [3]int64{}
+		}
+		return [3]int64{tb.num(i, "total_client_parse_count"), tb.num(i, "total_server_parse_count"), tb.num(i, "total_bind_count")}
+	}
+	ctx := ctxTimeout(t, 30*time.Second)
+	c, err := txpConnect(ctx, p.appDSN(), pgx.QueryExecModeExec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	for range 3 {
+		var n int
+		if err := c.QueryRow(ctx, "SELECT $1::int", 1).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := counts(); got != [3]int64{} {
+		t.Fatalf("after 3 unnamed statements: client parses, server parses, binds = %v, want 0 0 0", got)
+	}
+	if _, err := c.Prepare(ctx, "named1", "SELECT $1::int + 1"); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		var n int
+		if err := c.QueryRow(ctx, "named1", i).Scan(&n); err != nil || n != i+1 {
+			t.Fatalf("named1(%d) = %d, %v", i, n, err)
+		}
+	}
+	if got := counts(); got != [3]int64{1, 1, 2} {
+		t.Fatalf("after one named statement run twice: client parses, server parses, binds = %v, want 1 1 2", got)
+	}
+}
