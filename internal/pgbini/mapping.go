@@ -21,7 +21,7 @@ type kind int
 const (
 	kindNone         kind = iota // not honoured
 	kindString                   // as written
-	kindPath                     // a file name, relative ones taken from the ini's directory
+	kindPath                     // a file name, relative ones as resolvePath takes them
 	kindInt                      // an integer
 	kindSeconds                  // PgBouncer's seconds (possibly fractional) to a duration
 	kindMillis                   // PgBouncer's milliseconds to a duration
@@ -615,16 +615,33 @@ func defaultSocketDir() string {
 	return "/tmp"
 }
 
+// resolvePath makes the file name v of the ini file absolute. A relative
+// name is taken from the working directory, as PgBouncer takes it; if
+// nothing of that name is there but the ini's directory has it, from there
+// (an ini whose files sit beside it, started from elsewhere).
+func resolvePath(v, file string) string {
+	if v == "" || filepath.IsAbs(v) {
+		return v
+	}
+	if _, err := os.Stat(v); err != nil {
+		beside := filepath.Join(filepath.Dir(file), v)
+		if _, err := os.Stat(beside); err == nil {
+			return beside
+		}
+	}
+	if abs, err := filepath.Abs(v); err == nil {
+		return abs
+	}
+	return v
+}
+
 // convert turns a PgBouncer value into the value of a poolerd key.
 func convert(k kind, v, file string) (any, error) {
 	switch k {
 	case kindString:
 		return v, nil
 	case kindPath:
-		if v != "" && !filepath.IsAbs(v) {
-			return filepath.Join(filepath.Dir(file), v), nil
-		}
-		return v, nil
+		return resolvePath(v, file), nil
 	case kindInt:
 		n, err := strconv.Atoi(v)
 		if err != nil {

@@ -477,3 +477,30 @@ listen_port = 6432
 		t.Errorf("route each: %+v %v", r, err)
 	}
 }
+
+// TestRelativePaths: a relative file name is taken from the working
+// directory, as PgBouncer takes it; one found only beside the ini is taken
+// from there; one that is nowhere yet (a log file) from the working
+// directory.
+func TestRelativePaths(t *testing.T) {
+	iniDir, cwd := t.TempDir(), t.TempDir()
+	t.Chdir(cwd)
+	writeFile(t, filepath.Join(cwd, "hba.rules"), "local all all trust\n")
+	writeFile(t, filepath.Join(iniDir, "hba.rules"), "local all all trust\n")
+	writeFile(t, filepath.Join(iniDir, "users.txt"), `"u" "p"`+"\n")
+	writeFile(t, filepath.Join(iniDir, "p.ini"),
+		"[pgbouncer]\nauth_type = hba\nauth_hba_file = hba.rules\nauth_file = users.txt\nlogfile = new.log\n")
+	res, err := Load(filepath.Join(iniDir, "p.ini"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]string{
+		"auth_hba_file": filepath.Join(cwd, "hba.rules"),
+		"auth_file":     filepath.Join(iniDir, "users.txt"),
+		"log_file":      filepath.Join(cwd, "new.log"),
+	} {
+		if got := res.Tree[key]; got != want {
+			t.Errorf("%s = %v, want %s", key, got, want)
+		}
+	}
+}
