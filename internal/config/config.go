@@ -423,6 +423,10 @@ type PoolSettings struct {
 	// MaxQueries recycles idle connections that ran this many queries; 0
 	// disables.
 	MaxQueries int `mapstructure:"max_queries"`
+	// MaxUses closes a connection when it comes back from its this-many'th
+	// checkout, whoever waits; 0 disables (PgBouncer's server_lifetime =
+	// 0 is 1: each connection serves one client once).
+	MaxUses int `mapstructure:"max_uses"`
 	// IdleTimeout closes connections idle this long while the pool holds
 	// more than MinSize; 0 disables.
 	IdleTimeout time.Duration `mapstructure:"idle_timeout"`
@@ -637,6 +641,7 @@ type Overrides struct {
 	ValidationTimeout      *time.Duration `mapstructure:"validation_timeout"`
 	MaxLifetime            *time.Duration `mapstructure:"max_lifetime"`
 	MaxQueries             *int           `mapstructure:"max_queries"`
+	MaxUses                *int           `mapstructure:"max_uses"`
 	IdleTimeout            *time.Duration `mapstructure:"idle_timeout"`
 	LeakDetectionThreshold *time.Duration `mapstructure:"leak_detection_threshold"`
 	WaitWarning            *time.Duration `mapstructure:"wait_warning"`

@@ -94,6 +94,7 @@ func Keys() []Key {
 		{Name: "validation_timeout", Help: "limit on one validation"},
 		{Name: "max_lifetime", Help: "recycle idle connections older than this, ±10 % (0 = never)"},
 		{Name: "max_queries", Help: "recycle idle connections that ran this many queries (0 = never)"},
+		{Name: "max_uses", Help: "close a connection when it comes back from this many checkouts (0 = never; 1: single use)"},
 		{Name: "idle_timeout", Help: "close connections idle this long, above min_size (0 = never)"},
 		{Name: "recycle_rate", Help: "most connections one pool recycles per second"},
 		{Name: "startup_mode", Flag: "startup-mode", Help: "wait (retry an unreachable upstream, stay unready) or fail-fast (exit after 3 attempts)"},

@@ -691,6 +691,9 @@ func (p PoolSettings) validate(where string, bad func(string, ...any)) {
 	if p.MaxQueries < 0 {
 		bad("%smax_queries must not be negative (0 disables it)", where)
 	}
+	if p.MaxUses < 0 {
+		bad("%smax_uses must not be negative (0 disables it)", where)
+	}
 }
 
 // UpstreamInfo returns the parsed upstream URL, or nil without one.

@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -122,30 +123,41 @@ func (s *session) set(key, value string) ([]byte, bool, *wire.Error) {
 		return nil, false, errAdminAccess()
 	}
 	p := s.c.p
-	// PgBouncer's names and units (server_idle_timeout = 30, seconds).
-	key, value, err := pgbini.SetKey(key, value)
+	// PgBouncer's names and units (server_idle_timeout = 30, seconds);
+	// one of its settings may become more than one key (server_lifetime).
+	settings, err := pgbini.SetKeys(key, value)
 	if err != nil {
 		return nil, false, &wire.Error{Severity: "ERROR", Code: "08P01", Message: "SET failed", Detail: err.Error(),
 			Hint: "SHOW CONFIG lists the keys that can be set"}
 	}
-	if proxy.RestartRequired(key) {
-		return nil, false, adminError("SET failed: %s can only change with a restart", key)
-	}
-	notice, err := p.Set(key, value)
-	if err != nil {
-		return nil, false, &wire.Error{Severity: "ERROR", Code: "08P01", Message: "SET failed", Detail: err.Error(),
-			Hint: "SHOW CONFIG lists the keys; durations are seconds (30) or have a unit (30s, 500ms), lists are comma-separated"}
+	for _, kv := range settings {
+		if proxy.RestartRequired(kv.Key) {
+			return nil, false, adminError("SET failed: %s can only change with a restart", kv.Key)
+		}
 	}
 	var out []byte
-	if notice != "" {
-		out = (&wire.Error{Severity: "NOTICE", Code: "01000", Message: notice,
-			Hint: "set the matching certificate, key or CA file too; the new TLS settings apply once they load together"}).AppendNotice(nil)
+	tag := "SET "
+	for i, kv := range settings {
+		key, value := kv.Key, fmt.Sprint(kv.Value)
+		notice, err := p.Set(key, value)
+		if err != nil {
+			return nil, false, &wire.Error{Severity: "ERROR", Code: "08P01", Message: "SET failed", Detail: err.Error(),
+				Hint: "SHOW CONFIG lists the keys; durations are seconds (30) or have a unit (30s, 500ms), lists are comma-separated"}
+		}
+		if notice != "" {
+			out = (&wire.Error{Severity: "NOTICE", Code: "01000", Message: notice,
+				Hint: "set the matching certificate, key or CA file too; the new TLS settings apply once they load together"}).AppendNotice(out)
+		}
+		// Never the password of the upstream or Redis URL.
+		s.log.Info("admin console: setting changed", zap.String(key, config.Redact(key, value)))
+		shown := value
+		if key == "upstream" || key == "redis_url" {
+			shown = config.FormatValue(p.Config(), key) // without the password
+		}
+		if i > 0 {
+			tag += " "
+		}
+		tag += key + "=" + shown
 	}
-	// Never the password of the upstream or Redis URL.
-	s.log.Info("admin console: setting changed", zap.String(key, config.Redact(key, value)))
-	shown := value
-	if key == "upstream" || key == "redis_url" {
-		shown = config.FormatValue(p.Config(), key) // without the password
-	}
-	return wire.AppendCommandComplete(out, "SET "+key+"="+shown), false, nil
+	return wire.AppendCommandComplete(out, tag), false, nil
 }

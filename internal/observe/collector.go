@@ -143,6 +143,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter("poolerd_pool_misses_total", float64(ps.Misses), db, user)
 		counter("poolerd_pool_reserve_connections_total", float64(ps.ReserveOpened), db, user)
 		counter("poolerd_server_recycles_total", float64(ps.RecycledLifetime), db, user, pool.RecycleLifetime)
+		counter("poolerd_server_recycles_total", float64(ps.RecycledUses), db, user, pool.RecycleUses)
 		counter("poolerd_server_recycles_total", float64(ps.RecycledQueries), db, user, pool.RecycleQueries)
 		counter("poolerd_server_recycles_total", float64(ps.RecycledIdle), db, user, pool.RecycleIdle)
 		for reason, n := range ps.Evictions {

@@ -8,7 +8,7 @@ import (
 	"github.com/poolerd/poolerd/internal/config"
 )
 
-// SetKey translates an admin console SET written for PgBouncer into
+// setKey translates an admin console SET written for PgBouncer into
 // poolerd's key and value: one of PgBouncer's [pgbouncer] settings becomes
 // the poolerd key it maps to (server_idle_timeout: idle_timeout), with its
 // value converted from PgBouncer's units (seconds, 0/1); a poolerd key is
@@ -16,7 +16,7 @@ import (
 // as PgBouncer's console does (query_timeout = 1 is one second). Any other
 // key is returned unchanged, for the caller to refuse. An error says why a
 // PgBouncer setting cannot be set at run time.
-func SetKey(key, value string) (string, string, error) {
+func setKey(key, value string) (string, string, error) {
 	key = strings.ToLower(key)
 	// A PgBouncer setting of the same name as poolerd's key is read in
 	// PgBouncer's unit (tcp_user_timeout: milliseconds).
@@ -55,6 +55,25 @@ func SetKey(key, value string) (string, string, error) {
 		return r.To, v, nil
 	}
 	return key, value, nil
+}
+
+// SetKeys translates an admin console SET written for PgBouncer into
+// poolerd's keys and values, in the order to set them: one key (setKey),
+// or more for a PgBouncer setting that becomes more than one of poolerd's
+// (server_lifetime: max_lifetime and max_uses).
+func SetKeys(key, value string) ([]Setting, error) {
+	if strings.EqualFold(key, "server_lifetime") {
+		kv, err := lifetime(value)
+		if err != nil {
+			return nil, fmt.Errorf("server_lifetime: %w", err)
+		}
+		return kv, nil
+	}
+	k, v, err := setKey(key, value)
+	if err != nil {
+		return nil, err
+	}
+	return []Setting{{k, v}}, nil
 }
 
 // setValue converts a console value of PgBouncer's setting r into the text

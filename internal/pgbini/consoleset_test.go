@@ -1,15 +1,15 @@
 package pgbini
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
 
-// SetKey takes PgBouncer's names and units for the console's SET.
-func TestSetKey(t *testing.T) {
+// SetKeys takes PgBouncer's names and units for the console's SET.
+func TestSetKeys(t *testing.T) {
 	for _, c := range []struct{ key, value, wantKey, wantValue, err string }{
 		{"server_idle_timeout", "30", "idle_timeout", "30s", ""},
-		{"SERVER_LIFETIME", "3600", "max_lifetime", "1h", ""},
 		{"query_timeout", "1", "query_timeout", "1s", ""},
 		{"query_timeout", "1.5", "query_timeout", "1.5s", ""},
 		{"query_timeout", "500ms", "query_timeout", "500ms", ""},
@@ -32,15 +32,27 @@ func TestSetKey(t *testing.T) {
 		{"listen_port", "7000", "", "", "configuration file"},
 		{"verbose", "lots", "", "", "not a verbosity"},
 	} {
-		k, v, err := SetKey(c.key, c.value)
+		var k, v string
+		kv, err := SetKeys(c.key, c.value)
+		if err == nil {
+			k, v = kv[0].Key, fmt.Sprint(kv[0].Value)
+		}
 		if c.err != "" {
 			if err == nil || !strings.Contains(err.Error(), c.err) {
-				t.Errorf("SetKey(%q, %q) = %q, %q, %v; want an error with %q", c.key, c.value, k, v, err, c.err)
+				t.Errorf("SetKeys(%q, %q) = %q, %q, %v; want an error with %q", c.key, c.value, k, v, err, c.err)
 			}
 			continue
 		}
 		if err != nil || k != c.wantKey || v != c.wantValue {
-			t.Errorf("SetKey(%q, %q) = %q, %q, %v; want %q, %q", c.key, c.value, k, v, err, c.wantKey, c.wantValue)
+			t.Errorf("SetKeys(%q, %q) = %q, %q, %v; want %q, %q", c.key, c.value, k, v, err, c.wantKey, c.wantValue)
+		}
+	}
+	// server_lifetime 0 is PgBouncer's single use; a number of seconds
+	// is a lifetime, and turns single use off again.
+	for value, want := range map[string]string{"3600": "[{max_lifetime 1h} {max_uses 0}]", "0": "[{max_lifetime 0s} {max_uses 1}]"} {
+		kv, err := SetKeys("SERVER_LIFETIME", value)
+		if got := fmt.Sprint(kv); err != nil || got != want {
+			t.Errorf("SetKeys(server_lifetime, %s) = %s, %v; want %s", value, got, err, want)
 		}
 	}
 }

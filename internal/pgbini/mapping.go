@@ -114,7 +114,7 @@ func Rules() []Rule {
 		{Section: "pgbouncer", Key: "login_notify_message", To: "login_notify_message", kind: kindString},
 		{Section: "pgbouncer", Key: "query_wait_notify", To: "query_wait_notify", kind: kindSeconds},
 		{Section: "pgbouncer", Key: "server_round_robin", Note: "no equivalent: nothing to set"},
-		{Section: "pgbouncer", Key: "server_lifetime", To: "max_lifetime", kind: kindSeconds, Note: "poolerd adds ±10 % jitter per connection"},
+		{Section: "pgbouncer", Key: "server_lifetime", To: "max_lifetime", kind: kindSpecial, Note: "poolerd adds ±10 % jitter per connection; 0 (PgBouncer: each connection is used once) becomes `max_uses: 1`"},
 		{Section: "pgbouncer", Key: "server_idle_timeout", To: "idle_timeout", kind: kindSeconds, Default: "600"},
 		{Section: "pgbouncer", Key: "server_connect_timeout", To: "server_connect_timeout", kind: kindSeconds},
 		{Section: "pgbouncer", Key: "server_login_retry", To: "reconnect_backoff_max", kind: kindSpecial, Note: "poolerd backs off exponentially from reconnect_backoff_base (1s) up to this"},
@@ -199,7 +199,7 @@ func Rules() []Rule {
 		{Section: "databases", Key: "pool_mode", To: "pool_mode", kind: kindString},
 		{Section: "databases", Key: "max_db_connections", To: "max_db_connections", kind: kindInt},
 		{Section: "databases", Key: "max_db_client_connections", To: "max_db_client_connections", kind: kindInt},
-		{Section: "databases", Key: "server_lifetime", To: "max_lifetime", kind: kindSeconds},
+		{Section: "databases", Key: "server_lifetime", To: "max_lifetime", kind: kindSeconds, Note: "0 is the global server_lifetime, as in PgBouncer"},
 		{Section: "databases", Key: "query_wait_timeout", To: "checkout_timeout", kind: kindSeconds},
 		{Section: "databases", Key: "client_encoding", To: "server_parameters", kind: kindServerParam, Note: adviceServerParam},
 		{Section: "databases", Key: "datestyle", To: "server_parameters", kind: kindServerParam, Note: adviceServerParam},
@@ -435,6 +435,14 @@ func (res *Result) setPgbouncer(r Rule, e entry, set map[string]entry, ignore fu
 			res.Tree["auth_type"] = config.AuthMD5
 			ignore("auth_type "+v, e, "not supported: md5 is used (every client needs its password in auth_file)")
 		}
+	case "server_lifetime":
+		kv, err := lifetime(e.value)
+		if err != nil {
+			return err
+		}
+		for _, s := range kv {
+			res.Tree[s.Key] = s.Value
+		}
 	case "server_check_query":
 		if strings.TrimSpace(e.value) == "" {
 			res.Tree["validation_interval"] = "0s"
@@ -518,6 +526,9 @@ func translateEntry(e entry, section string, rules map[string]Rule, ignore func(
 		v, err := convert(r.kind, p.value, e.file)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %s %s: %w", e.where(), label, p.key, err)
+		}
+		if p.key == "server_lifetime" && v == fmtDuration(0) {
+			continue // PgBouncer: the global server_lifetime
 		}
 		out[r.To] = v
 	}
@@ -613,6 +624,26 @@ func defaultSocketDir() string {
 		return "/var/run/postgresql"
 	}
 	return "/tmp"
+}
+
+// Setting is one poolerd key and its value, as a YAML file writes it.
+type Setting struct {
+	Key   string
+	Value any
+}
+
+// lifetime translates PgBouncer's server_lifetime: a number of seconds is
+// max_lifetime (and no max_uses); 0, which makes PgBouncer close each
+// connection when its client releases it, is max_uses 1.
+func lifetime(v string) ([]Setting, error) {
+	d, err := seconds(v)
+	if err != nil {
+		return nil, err
+	}
+	if d <= 0 {
+		return []Setting{{"max_lifetime", fmtDuration(0)}, {"max_uses", 1}}, nil
+	}
+	return []Setting{{"max_lifetime", fmtDuration(d)}, {"max_uses", 0}}, nil
 }
 
 // resolvePath makes the file name v of the ini file absolute. A relative

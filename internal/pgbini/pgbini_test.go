@@ -504,3 +504,21 @@ func TestRelativePaths(t *testing.T) {
 		}
 	}
 }
+
+// TestServerLifetimeZero: PgBouncer's server_lifetime = 0 (each connection
+// is used once) is max_uses 1; in a [databases] entry 0 means the global
+// value, so the entry sets nothing.
+func TestServerLifetimeZero(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "p.ini"), "[databases]\nd = host=h server_lifetime=0\ne = host=h server_lifetime=30\n[pgbouncer]\nserver_lifetime = 0\n")
+	res, err := Load(filepath.Join(dir, "p.ini"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Tree["max_uses"] != 1 || res.Tree["max_lifetime"] != "0s" {
+		t.Errorf("max_uses %v, max_lifetime %v; want 1, 0s", res.Tree["max_uses"], res.Tree["max_lifetime"])
+	}
+	if got, want := fmt.Sprint(res.Tree["databases"]), "[map[host:h name:d] map[host:h max_lifetime:30s name:e]]"; got != want {
+		t.Errorf("databases %s, want %s", got, want)
+	}
+}

@@ -123,6 +123,7 @@ func (s State) Usable() bool { return s == Healthy || s == Degraded || s == Reco
 const (
 	RecycleLifetime = "max_lifetime"
 	RecycleQueries  = "max_queries"
+	RecycleUses     = "max_uses"
 	RecycleIdle     = "idle_timeout"
 )
 
@@ -192,6 +193,10 @@ type Settings struct {
 	MaxLifetime time.Duration
 	MaxQueries  uint64
 	IdleTimeout time.Duration
+	// MaxUses closes a connection when it comes back from this many
+	// checkouts, even when requests wait (one of them gets a new
+	// connection); zero disables.
+	MaxUses uint64
 	// RecycleRate is the most connections recycled per second; 0 means 1.
 	RecycleRate int
 	// WaitUnavailable keeps checkouts queued (within their timeout) while
@@ -326,7 +331,7 @@ type Stats struct {
 	// Evictions counts connections closed instead of reused, by reason.
 	Evictions map[string]uint64
 	// Recycled counts connections recycled, by reason.
-	RecycledLifetime, RecycledQueries, RecycledIdle uint64
+	RecycledLifetime, RecycledQueries, RecycledIdle, RecycledUses uint64
 	// WaitTotal is the summed checkout wait; WaitMax the longest.
 	WaitTotal, WaitMax time.Duration
 	PeakActive         int
@@ -949,8 +954,13 @@ func (p *Pool[C]) Put(c C) {
 		p.nudge()
 		return
 	}
-	if reason := p.recycleReason(e, now, false); reason != "" && len(p.waiters) == 0 && p.recycleBudgetLocked(now) {
+	if reason := p.recycleReason(e, now, false); reason == RecycleUses || reason != "" && len(p.waiters) == 0 && p.recycleBudgetLocked(now) {
+		// Used up (max_uses) goes whoever waits, and outside the
+		// recycle rate: a waiter gets a new connection.
 		p.recycleLocked(c, reason, now)
+		if reason == RecycleUses && !p.closed && len(p.waiters) > p.opening && p.total < set.MaxSize {
+			p.startConnectLocked()
+		}
 		p.mu.Unlock()
 		p.nudge()
 		return
@@ -1749,6 +1759,8 @@ func (p *Pool[C]) reserveTickLocked(now time.Time, tick time.Duration) time.Dura
 func (p *Pool[C]) recycleReason(e *Entry, now time.Time, idle bool) string {
 	set := p.set()
 	switch {
+	case set.MaxUses > 0 && e.uses >= set.MaxUses:
+		return RecycleUses
 	case set.MaxLifetime > 0 && now.Sub(e.created) >= time.Duration(float64(set.MaxLifetime)*e.jitter):
 		return RecycleLifetime
 	case set.MaxQueries > 0 && e.queries.Load() >= set.MaxQueries:
@@ -1792,8 +1804,12 @@ func (p *Pool[C]) recycleIdleLocked(now time.Time) {
 
 func (p *Pool[C]) recycleLocked(c C, reason string, now time.Time) {
 	e := c.PoolEntry()
-	p.recycledNow++
+	if reason != RecycleUses {
+		p.recycledNow++
+	}
 	switch reason {
+	case RecycleUses:
+		p.stats.RecycledUses++
 	case RecycleLifetime:
 		p.stats.RecycledLifetime++
 	case RecycleQueries:

@@ -1292,3 +1292,38 @@ func TestEnqueue(t *testing.T) {
 		}
 	})
 }
+
+// TestMaxUses: a connection that served max_uses checkouts is closed when
+// it comes back, even with a request waiting (which gets a new
+// connection) and beyond recycle_rate.
+func TestMaxUses(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &dialer{}
+		cfg := baseConfig(d, 1, 0)
+		cfg.MaxUses = 1
+		cfg.RecycleRate = 1
+		p := New(cfg, new(atomic.Uint64))
+		defer p.Close()
+		ctx := context.Background()
+		a, _ := p.Get(ctx)
+		got := make(chan *fakeConn, 1)
+		go func() {
+			c, err := p.Get(ctx)
+			if err != nil {
+				t.Error(err)
+			}
+			got <- c
+		}()
+		synctest.Wait() // the second checkout waits: max_size 1
+		p.Put(a)
+		b := <-got
+		if !a.closed.Load() || b == a || b.closed.Load() {
+			t.Fatalf("used once: a closed %v, the waiter got a again %v", a.closed.Load(), b == a)
+		}
+		p.Put(b) // a second one within the same second: not rate limited
+		synctest.Wait()
+		if st := p.Stats(); !b.closed.Load() || st.RecycledUses != 2 || st.Total != 0 {
+			t.Fatalf("b closed %v, stats %+v", b.closed.Load(), st)
+		}
+	})
+}

@@ -162,6 +162,7 @@ func poolSettings(cfg *config.Config, route *config.Route) pool.Settings {
 		ValidationTimeout:  set.ValidationTimeout,
 		MaxLifetime:        set.MaxLifetime,
 		MaxQueries:         uint64(set.MaxQueries),
+		MaxUses:            uint64(set.MaxUses),
 		IdleTimeout:        set.IdleTimeout,
 		RecycleRate:        cfg.RecycleRate,
 		WaitUnavailable:    route.MultiHost(),
