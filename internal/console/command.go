@@ -22,22 +22,13 @@ func errInvalidCommand(sql string) *wire.Error {
 }
 
 // notInPoolerd says why poolerd does not have one of PgBouncer's console
-// commands (SUSPEND, or what SHOW names) and what to use instead; "" for
-// any other.
+// commands (SUSPEND, SHOW FDS) and what to use instead; "" for any other.
 func notInPoolerd(what string) string {
 	switch what {
 	case "SUSPEND":
 		return "SUSPEND prepares PgBouncer's online restart by socket passing: poolerd's is --takeover with takeover_socket, or so_reuseport (docs/operations.md)"
 	case "FDS":
 		return "SHOW FDS lists the sockets PgBouncer passes in an online restart: poolerd's restart (--takeover) passes the listener and each client's state itself"
-	case "ACTIVE_SOCKETS":
-		return "poolerd keeps no per-socket buffers to list sockets by: SHOW SOCKETS lists every connection (its buffer columns are 0)"
-	case "MEM":
-		return "poolerd has no slab caches to show: its memory is in /metrics (go_memstats_*, process_resident_memory_bytes)"
-	case "DNS_HOSTS", "DNS_ZONES":
-		return "poolerd keeps no DNS cache: host names are resolved at each connect by the system resolver"
-	case "PEERS", "PEER_POOLS":
-		return "poolerd has no peering: a cancel request reaches the poolerd holding its session through so_reuseport or a --takeover hand-over"
 	}
 	return ""
 }

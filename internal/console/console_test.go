@@ -441,7 +441,22 @@ func TestShowSockets(t *testing.T) {
 	if len(r.rows) != 7 {
 		t.Errorf("%d rows, want 7", len(r.rows))
 	}
-	run(t, testSession(f, false), "SHOW ACTIVE_SOCKETS").wantError(t, "08P01", "SHOW ACTIVE_SOCKETS is not supported by poolerd")
+	// The lists PgBouncer has and poolerd has nothing for: PgBouncer's
+	// columns, no rows.
+	for sql, cols := range map[string]string{
+		"SHOW ACTIVE_SOCKETS": strings.Join(r.cols, ","), "SHOW PEERS": "peer_id,host,port,pool_size",
+		"SHOW PEER_POOLS": "peer_id,cl_active_cancel_req,cl_waiting_cancel_req,sv_active_cancel,sv_login",
+		"SHOW DNS_HOSTS":  "hostname,ttl,addrs", "SHOW DNS_ZONES": "zonename,serial,count",
+	} {
+		e := run(t, testSession(f, false), sql)
+		if got := strings.Join(e.cols, ","); got != cols || len(e.rows) != 0 {
+			t.Errorf("%s: columns %s, %d rows; want %s, none", sql, got, len(e.rows), cols)
+		}
+	}
+	m := run(t, testSession(f, false), "SHOW MEM")
+	if strings.Join(m.cols, ",") != "name,size,used,free,memtotal" || len(m.rows) != 3 || m.val(t, 0, "name") != "heap" || m.val(t, 0, "used") == "0" {
+		t.Errorf("SHOW MEM: %v %v", m.cols, m.rows)
+	}
 }
 
 // TestShowDatabasesFlags: a database paused or disabled with no pool has a
@@ -512,8 +527,7 @@ func TestCommandErrors(t *testing.T) {
 		{admin, "SET listen = ':1'", "SET failed: listen can only change with a restart"},
 		{admin, "SET max_size = x", "SET failed"},
 		{admin, "SUSPEND", "SUSPEND is not supported by poolerd"},
-		{stats, "show mem", "SHOW MEM is not supported by poolerd"},
-		{stats, "SHOW PEER_POOLS", "SHOW PEER_POOLS is not supported by poolerd"},
+		{stats, "show fds", "SHOW FDS is not supported by poolerd"},
 		{stats, "SHOW NOTHING", "invalid command 'SHOW NOTHING', use SHOW HELP;"},
 	} {
 		r := run(t, tc.s, tc.sql)

@@ -32,6 +32,7 @@ type column struct {
 func text(name string) column    { return column{name, oidText} }
 func int4(name string) column    { return column{name, oidInt4} }
 func numeric(name string) column { return column{name, oidNumeric} }
+func int8c(name string) column   { return column{name, oidInt8} }
 
 func newResult(cols ...column) *resultSet {
 	r := &resultSet{cols: len(cols)}

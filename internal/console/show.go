@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"maps"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -17,7 +18,9 @@ import (
 )
 
 const adminHelp = "\n\tSHOW HELP|CONFIG|DATABASES|POOLS|CLIENTS|SERVERS|USERS|VERSION" +
-	"\n\tSHOW LISTS|SOCKETS|STATE|PINNED|HOSTS|RATE_LIMITS" +
+	"\n\tSHOW PEERS|PEER_POOLS" +
+	"\n\tSHOW SOCKETS|ACTIVE_SOCKETS|LISTS|MEM|STATE|PINNED|HOSTS|RATE_LIMITS" +
+	"\n\tSHOW DNS_HOSTS|DNS_ZONES" +
 	"\n\tSHOW STATS|STATS_TOTALS|STATS_AVERAGES|TOTALS" +
 	"\n\tSET key = arg" +
 	"\n\tRELOAD" +
@@ -45,6 +48,8 @@ func (c *Console) show(what, sql string) ([]byte, bool, *wire.Error) {
 		"TOTALS":         c.showTotals, "CLIENTS": c.showClients, "SERVERS": c.showServers, "DATABASES": c.showDatabases,
 		"USERS": c.showUsers, "CONFIG": c.showConfig, "LISTS": c.showLists, "PINNED": c.showPinned,
 		"HOSTS": c.showHosts, "RATE_LIMITS": c.showRateLimits, "SOCKETS": c.showSockets,
+		"ACTIVE_SOCKETS": c.showActiveSockets, "MEM": c.showMem, "PEERS": c.showPeers, "PEER_POOLS": c.showPeerPools,
+		"DNS_HOSTS": c.showDNSHosts, "DNS_ZONES": c.showDNSZones,
 	}[what]
 	if !ok {
 		if notInPoolerd(what) != "" {
@@ -416,6 +421,52 @@ func (c *Console) showSockets() *resultSet {
 			int(si.PID), si.TLS, si.AppName, 0, si.ID, 0, 0, 0, 0, 0, 0, 0)
 	}
 	return r
+}
+
+// showActiveSockets is PgBouncer's list of the sockets with data in their
+// buffers: SHOW SOCKETS' columns, and no rows, since poolerd keeps no
+// per-socket buffers (a session's bytes are relayed as they are read).
+func (c *Console) showActiveSockets() *resultSet {
+	return newResult(append(socketColumns(), int4("recv_pos"), int4("pkt_pos"), int4("pkt_remain"), int4("send_pos"),
+		int4("send_remain"), int4("pkt_avail"), int4("send_avail"))...)
+}
+
+// showMem is PgBouncer's memory report (name, size, used, free, memtotal)
+// in byte units (size 1): where PgBouncer lists its slab caches, poolerd
+// lists the Go runtime's heap, goroutine stacks and the runtime's own
+// structures.
+func (c *Console) showMem() *resultSet {
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	r := newResult(text("name"), int4("size"), numeric("used"), numeric("free"), numeric("memtotal"))
+	r.row("heap", 1, m.HeapInuse, m.HeapIdle-m.HeapReleased, m.HeapSys-m.HeapReleased)
+	r.row("stacks", 1, m.StackInuse, m.StackSys-m.StackInuse, m.StackSys)
+	other := m.MSpanSys + m.MCacheSys + m.BuckHashSys + m.GCSys + m.OtherSys
+	r.row("runtime", 1, other, 0, other)
+	return r
+}
+
+// showPeers and showPeerPools are PgBouncer's peering lists: poolerd has
+// no [peers] (a cancel request reaches the poolerd holding its session
+// through so_reuseport or a --takeover hand-over), so they have no rows.
+func (c *Console) showPeers() *resultSet {
+	return newResult(int4("peer_id"), text("host"), int4("port"), int4("pool_size"))
+}
+
+func (c *Console) showPeerPools() *resultSet {
+	return newResult(int4("peer_id"), int4("cl_active_cancel_req"), int4("cl_waiting_cancel_req"),
+		int4("sv_active_cancel"), int4("sv_login"))
+}
+
+// showDNSHosts and showDNSZones are PgBouncer's DNS cache: poolerd keeps
+// none (host names are resolved at each connect by the system resolver),
+// so they have no rows.
+func (c *Console) showDNSHosts() *resultSet {
+	return newResult(text("hostname"), int8c("ttl"), text("addrs"))
+}
+
+func (c *Console) showDNSZones() *resultSet {
+	return newResult(text("zonename"), int8c("serial"), int4("count"))
 }
 
 // showDatabases lists configured databases, those with pools, and the
