@@ -144,6 +144,31 @@ func docsExec(ctx context.Context, c *pgconn.PgConn, sql string) ([]*pgconn.Resu
 	return c.Exec(ctx, sql).ReadAll()
 }
 
+// docsColumns runs one command and returns the names of its result's
+// columns, rows or none (pgconn's Result has them only with rows).
+func docsColumns(ctx context.Context, c *pgconn.PgConn, sql string) ([]string, error) {
+	mrr := c.Exec(ctx, sql)
+	var cols []string
+	n := 0
+	for mrr.NextResult() {
+		n++
+		for _, fd := range mrr.ResultReader().FieldDescriptions() {
+			cols = append(cols, fd.Name)
+		}
+		if _, err := mrr.ResultReader().Close(); err != nil {
+			_ = mrr.Close()
+			return nil, err
+		}
+	}
+	if err := mrr.Close(); err != nil {
+		return nil, err
+	}
+	if n != 1 {
+		return nil, fmt.Errorf("%d results, want 1", n)
+	}
+	return cols, nil
+}
+
 // metricsText fetches /metrics.
 func (d *docsDaemon) metricsText(t *testing.T) string {
 	t.Helper()
@@ -549,7 +574,7 @@ func testDocsShowColumns(t *testing.T, d *docsDaemon) {
 	counts := documentedCounts(t)
 	docCols := documentedColumns(t)
 	for cmd, want := range docCols {
-		res, err := docsExec(ctxTimeout(t, 15*time.Second), adm, "SHOW "+cmd)
+		got, err := docsColumns(ctxTimeout(t, 15*time.Second), adm, "SHOW "+cmd)
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && (strings.HasPrefix(pe.Message, "invalid command") || strings.HasSuffix(pe.Message, "is not supported by poolerd")) {
 			if !strings.Contains(notImpl, "`"+cmd+"`") && !strings.Contains(notImpl, "`SHOW "+cmd+"`") {
@@ -557,13 +582,9 @@ func testDocsShowColumns(t *testing.T, d *docsDaemon) {
 			}
 			continue
 		}
-		if err != nil || len(res) != 1 {
+		if err != nil {
 			t.Errorf("SHOW %s: %v", cmd, err)
 			continue
-		}
-		var got []string
-		for _, fd := range res[0].FieldDescriptions {
-			got = append(got, fd.Name)
 		}
 		if !slices.Equal(got, want) {
 			t.Errorf("SHOW %s sends the columns\n  %v\ndocs/admin-console-reference.md lists\n  %v", cmd, got, want)
