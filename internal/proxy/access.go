@@ -147,10 +147,12 @@ func (srv *Server) lookupSecret(ctx context.Context, cfg *config.Config, databas
 		return auth.Secret{}, false, nil // no such database: the login fails like a wrong password
 	}
 	look := cfg.AuthLookup(database)
-	// auth_dbname: the query runs on that entry's server and database.
-	route, err := cfg.Route(cmp.Or(look.DBName, database), look.User)
-	if look.DBName != "" {
-		if werr := srv.authDBUnusable(look.DBName, err); werr != nil {
+	// auth_dbname: the query runs on that entry's server and database;
+	// without one, on the client's (for the console's, that is refused).
+	dbname := cmp.Or(look.DBName, database)
+	route, err := cfg.Route(dbname, look.User)
+	if look.DBName != "" || IsConsoleDatabase(dbname) {
+		if werr := srv.authDBUnusable(dbname, err); werr != nil {
 			return auth.Secret{}, false, werr
 		}
 	}
@@ -178,12 +180,11 @@ func (srv *Server) lookupSecret(ctx context.Context, cfg *config.Config, databas
 
 // authQueried reports whether a login to database of a user poolerd has no
 // secret for looks the user up with auth_query: where an auth_user applies,
-// and for the admin console's database only with the global auth_dbname
-// (the console has no server of its own to run the query on), as in
-// PgBouncer.
+// the admin console's database included, as in PgBouncer (whose console
+// login without a global auth_dbname is refused as a configuration error:
+// the console has no server of its own to run the query on).
 func authQueried(cfg *config.Config, database string) bool {
-	look := cfg.AuthLookup(database)
-	return look.User != "" && (!IsConsoleDatabase(database) || look.DBName != "")
+	return cfg.AuthLookup(database).User != ""
 }
 
 // authDBUnusable refuses a login whose auth_query would run in dbname

@@ -472,7 +472,8 @@ func authQueryRoles(ctx context.Context, t *testing.T, authRole, authPW, userPW 
 // TestAuthQueryConsole: a console login of a user poolerd has no secret
 // for is looked up with auth_query in the global auth_dbname, as PgBouncer
 // does for its admin database; without auth_dbname there is no server to
-// run it on, and the login fails as a wrong password does.
+// run it on, and the login is refused as PgBouncer refuses it, a
+// configuration error.
 func TestAuthQueryConsole(t *testing.T) {
 	t.Parallel()
 	const userPW, authPW = "aqc-user-pw", "aqc-auth-pw"
@@ -494,8 +495,9 @@ func TestAuthQueryConsole(t *testing.T) {
 	if pe := loginPgError(t, p.dsn("aqc_stats", "wrong", "pgbouncer")); pe.Code != "28P01" {
 		t.Errorf("wrong password: %s %s", pe.Code, pe.Message)
 	}
-	if pe := loginPgError(t, start("").dsn("aqc_stats", userPW, "pgbouncer")); pe.Code != "28P01" {
-		t.Errorf("no auth_dbname: %s %s, want 28P01", pe.Code, pe.Message)
+	if pe := loginPgError(t, start("").dsn("aqc_stats", userPW, "pgbouncer")); pe.Code != "08P01" ||
+		!strings.Contains(pe.Message, `cannot use the reserved "pgbouncer" database as an auth_dbname (bouncer config error)`) {
+		t.Errorf("no auth_dbname: %s %s, want 08P01 cannot use the reserved database", pe.Code, pe.Message)
 	}
 }
 

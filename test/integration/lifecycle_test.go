@@ -282,7 +282,15 @@ func lcStartBinary(t *testing.T, bin string, args ...string) *lcProc {
 // environment, which has no POOLERD_ variable of the test's own.
 func lcStartBinaryEnv(t *testing.T, bin string, env []string, args ...string) *lcProc {
 	t.Helper()
+	return lcStartBinaryIn(t, bin, "", env, args...)
+}
+
+// lcStartBinaryIn is lcStartBinaryEnv run in the working directory dir
+// ("": the test's).
+func lcStartBinaryIn(t *testing.T, bin, dir string, env []string, args ...string) *lcProc {
+	t.Helper()
 	cmd := exec.Command(bin, args...)
+	cmd.Dir = dir
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, config.EnvPrefix) {
 			cmd.Env = append(cmd.Env, kv)

@@ -61,7 +61,9 @@ query_wait_timeout = 10
 	lcWrite(t, filepath.Join(dir, "extra.ini"), "idle_transaction_timeout = 30.5\ntcp_defer_accept = 1\n")
 	lcWrite(t, filepath.Join(dir, "userlist.txt"), fmt.Sprintf("%q %q\n", pgtest.RoleApp, pgtest.Password))
 
-	proc := lcStartBinary(t, bin, "--config", filepath.Join(dir, "pgbouncer.ini"), "--http-listen=")
+	// Started in the ini's directory, where PgBouncer takes the ini's
+	// relative file names from (logfile, auth_file).
+	proc := lcStartBinaryIn(t, bin, dir, nil, "--config", filepath.Join(dir, "pgbouncer.ini"), "--http-listen=")
 	ctx := ctxTimeout(t, 30*time.Second)
 	dsn := fmt.Sprintf("postgres://%s:%s@%s/appdb?sslmode=disable", pgtest.RoleApp, url.QueryEscape(pgtest.Password), listen)
 	c := connectRetry(t, ctx, dsn, proc)
@@ -103,7 +105,7 @@ query_wait_timeout = 10
 	}
 	_ = admin.Close(ctx)
 	_ = cm.Close(ctx)
-	// logfile (relative: beside the ini) gets the log too, in PgBouncer's
+	// logfile (relative: in the working directory) gets the log too, in PgBouncer's
 	// format (log_format defaults to pgbouncer for an ini); SIGHUP opens it
 	// again after a rotation renamed it.
 	logPath := filepath.Join(dir, "pgbouncer.log")
