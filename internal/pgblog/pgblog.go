@@ -222,6 +222,9 @@ func (l *line) translate(msg string) (string, bool) {
 		return "closing because: " + ServerReason(l.or("reason", "")) + " " + l.age("age"), true
 	case "server connect failed":
 		return connectFailed(l.or("error", "")), true
+	case "auth_query failed":
+		// PgBouncer quotes the server's refusal as it came.
+		return fmt.Sprintf("auth_query for user %s failed: %s", l.or("user", ""), l.or("error", "")), true
 	case "idle pool removed":
 		d, _ := time.ParseDuration(l.or("age", "0s"))
 		return fmt.Sprintf("cleaning up idle pool for user %s on db %s because: pool idle timeout (age= %ds)",

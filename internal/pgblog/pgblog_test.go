@@ -74,6 +74,10 @@ func TestLines(t *testing.T) {
 		{"auto-database", func(l *zap.Logger) {
 			l.Info("registered new auto-database", zap.String("database", "p9"))
 		}, "LOG registered new auto-database: p9\n"},
+		{"auth_query failed", func(l *zap.Logger) {
+			l.Error("auth_query failed", zap.String("database", "postgres"), zap.String("user", "stats"),
+				zap.Error(errors.New(`ERROR: relation "not_pg_shadow" does not exist (SQLSTATE 42P01)`)))
+		}, "ERROR auth_query for user stats failed: ERROR: relation \"not_pg_shadow\" does not exist (SQLSTATE 42P01)\n"},
 		{"idle pool", func(l *zap.Logger) {
 			l.Info("idle pool removed", zap.String("database", "p0"), zap.String("user", "bouncer"),
 				zap.Duration("age", 3500*time.Millisecond), zap.String("reason", "pool_idle_timeout"))

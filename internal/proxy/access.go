@@ -169,7 +169,7 @@ func (srv *Server) lookupSecret(ctx context.Context, cfg *config.Config, databas
 		srv.log.Error("auth_query failed", zap.String("database", database), zap.String("user", user),
 			zap.String("auth_user", look.User), zap.String("auth_dbname", route.DBName), zap.Error(err))
 		return auth.Secret{}, false, &wire.Error{Severity: "FATAL", Code: "28000",
-			Message: fmt.Sprintf("could not look up the password of user %q", user),
+			Message: fmt.Sprintf("could not look up the password of user %q (bouncer config error)", user),
 			Hint:    "poolerd runs auth_query as auth_user for users it has no secret for, and that failed: see poolerd's log; check auth_user's password (users or auth_file), its right to read pg_authid, and auth_query"}
 	}
 	if found && cfg.AuthCacheTTL > 0 {
