@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -168,6 +169,13 @@ func (srv *Server) lookupSecret(ctx context.Context, cfg *config.Config, databas
 	if err != nil {
 		srv.log.Error("auth_query failed", zap.String("database", database), zap.String("user", user),
 			zap.String("auth_user", look.User), zap.String("auth_dbname", route.DBName), zap.Error(err))
+		var se *backend.ServerError
+		if errors.As(err, &se) && se.Code == "3D000" && look.DBName == "" {
+			// The client's database is not on the server: what a
+			// direct login would be told (PgBouncer relays it too).
+			return auth.Secret{}, false, &wire.Error{Severity: "FATAL", Code: se.Code, Message: se.Message,
+				Hint: "connect to a database that exists on the server, or set auth_dbname so that auth_query runs in one"}
+		}
 		return auth.Secret{}, false, &wire.Error{Severity: "FATAL", Code: "28000",
 			Message: fmt.Sprintf("could not look up the password of user %q (bouncer config error)", user),
 			Hint:    "poolerd runs auth_query as auth_user for users it has no secret for, and that failed: see poolerd's log; check auth_user's password (users or auth_file), its right to read pg_authid, and auth_query"}

@@ -244,8 +244,22 @@ func TestAuthQuery(t *testing.T) {
 			c.Users = []config.User{{Name: pgtest.RoleSCRAM, Password: pgtest.Password}}
 		})
 		pe := loginPgError(t, p.dsn("aq_user", userPW, pgtest.DBApp))
-		if pe.Code != "28000" || !strings.Contains(pe.Hint, "auth_query") {
-			t.Fatalf("got %v (hint %q), want 28000 naming auth_query", pe, pe.Hint)
+		if pe.Code != "28000" || !strings.Contains(pe.Hint, "auth_query") || !strings.Contains(pe.Message, "(bouncer config error)") {
+			t.Fatalf("got %v (hint %q), want 28000 (bouncer config error) naming auth_query", pe, pe.Hint)
+		}
+	})
+	// A database the wildcard entry serves but the server does not have:
+	// auth_query cannot log in there, and the client is told what a
+	// direct login would tell it.
+	t.Run("no such database", func(t *testing.T) {
+		p := startPoolerd(t, func(c *config.Config) {
+			c.AuthUser = "aq_auth"
+			c.Users = []config.User{{Name: "aq_auth", Password: authPW}}
+			c.Databases = []config.Database{{Name: "*", Host: pg.Host, Port: pg.Port}}
+		})
+		pe := loginPgError(t, p.dsn("aq_user", userPW, "aq_nosuchdb"))
+		if pe.Code != "3D000" || pe.Message != `database "aq_nosuchdb" does not exist` {
+			t.Fatalf("got %s %q, want 3D000 database \"aq_nosuchdb\" does not exist", pe.Code, pe.Message)
 		}
 	})
 }
