@@ -261,7 +261,7 @@ func authenticate(nc net.Conn, creds Credentials) error {
 				return fmt.Errorf("server asks user %q for an md5 password, and poolerd has none for it: configure its plain or md5 password", creds.User)
 			}
 			if !ok {
-				return fmt.Errorf("server asks user %q for md5 authentication, and poolerd knows only a %s: configure the plain or md5 password", creds.User, creds.Secret)
+				return fmt.Errorf("wrong password type: server asks user %q for md5 authentication, and poolerd knows only a %s: configure the plain or md5 password", creds.User, creds.Secret)
 			}
 			reply = passwordMessage(auth.MD5Response(hash, [4]byte(data[:4])))
 		case pgproto3.AuthTypeSASL:
@@ -308,9 +308,9 @@ func scramClient(creds Credentials) (*auth.SCRAMClient, error) {
 		return auth.NewSCRAMClientFromKeys(v, creds.ClientKey, rand.Reader), nil
 	}
 	if _, ok := creds.Secret.SCRAM(); ok {
-		return nil, fmt.Errorf("server asks user %q for SCRAM and poolerd holds only a SCRAM secret without the client's key: the client must log in with scram-sha-256 (pass-through), or configure the plain password", creds.User)
+		return nil, fmt.Errorf("wrong password type: server asks user %q for SCRAM and poolerd holds only a SCRAM secret without the client's key: the client must log in with scram-sha-256 (pass-through), or configure the plain password", creds.User)
 	}
-	return nil, fmt.Errorf("server asks user %q for SCRAM and poolerd knows no password for it (%s): configure the plain password", creds.User, creds.Secret)
+	return nil, fmt.Errorf("wrong password type: server asks user %q for SCRAM and poolerd knows no password for it (%s): configure the plain password", creds.User, creds.Secret)
 }
 
 func hasMechanism(data []byte, mech string) bool {

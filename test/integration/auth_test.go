@@ -100,8 +100,15 @@ func TestAuthServerLoginMethods(t *testing.T) {
 			// md5 login from a stored md5 secret (no plain password known).
 			{Name: "as_md5hash", Host: pg.Host, Port: pg.Port, DBName: pgtest.DBApp, User: pgtest.RoleMD5,
 				Password: auth.MD5Hash(pgtest.RoleMD5, pgtest.Password)},
+			// A SCRAM role with only an md5 secret: no way to log in.
+			{Name: "as_scram_md5", Host: pg.Host, Port: pg.Port, DBName: pgtest.DBApp, User: pgtest.RoleSCRAM,
+				Password: auth.MD5Hash(pgtest.RoleSCRAM, pgtest.Password)},
 		}
 	})
+	// PgBouncer's words for it, which tools and its suite look for.
+	if pe := loginPgError(t, p.dsn(pgtest.RoleApp, pgtest.Password, "as_scram_md5")); !strings.Contains(pe.Message, "server login failed: wrong password type: server asks") {
+		t.Errorf("SCRAM server login with an md5 secret: %s %q, want server login failed: wrong password type", pe.Code, pe.Message)
+	}
 	for _, tc := range []struct {
 		name, user, db, want string
 	}{
