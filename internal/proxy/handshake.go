@@ -798,7 +798,9 @@ func (s *session) querySecret(cfg *config.Config) (auth.Secret, bool, *wire.Erro
 // ("the user name must still exist in auth_file"), once auth_file or
 // auth_user is set only a user the configuration lists (auth_file, users
 // with a password, upstream) or auth_query finds is admitted; the others
-// get 28000 (PgBouncer closes with '"trust" authentication failed').
+// get 28000 (PgBouncer closes with '"trust" authentication failed', or
+// with auth_query 'no such user': poolerd's message has both; trust tells
+// who exists anyway, by letting them in).
 // Without either, every user name is admitted (Config.TrustListsUsers).
 // It returns the secret auth_query found, if it ran: the server login
 // uses it.
@@ -837,7 +839,7 @@ func errTrustUnlisted(user string, withFile, queried bool) *wire.Error {
 		hint = "with auth_type trust and auth_user set, only users auth_query finds may log in, as in PgBouncer: create the role in PostgreSQL, or set auth_file and give the user a line there"
 	}
 	return &wire.Error{Severity: "FATAL", Code: "28000",
-		Message: fmt.Sprintf("\"trust\" authentication failed for user %q", user),
+		Message: fmt.Sprintf("\"trust\" authentication failed for user %q: no such user", user),
 		Detail:  detail, Hint: hint}
 }
 
