@@ -690,10 +690,13 @@ func (s *session) authenticate(cfg *config.Config) (bool, auth.Secret) {
 		return false, auth.Secret{}
 	}
 	if !ok {
+		werr := errBadPassword(s.user)
 		if useSCRAM {
 			method = config.AuthSCRAM
+			// PgBouncer's words for it, for every user alike.
+			werr.Detail = "SASL authentication failed"
 		}
-		s.authFailed(cfg, errBadPassword(s.user), zap.String("method", method))
+		s.authFailed(cfg, werr, zap.String("method", method))
 		return false, auth.Secret{}
 	}
 	s.srv.authDelays.succeeded(s.conn.RemoteAddr())

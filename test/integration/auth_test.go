@@ -399,6 +399,9 @@ func TestAuthUnknownUserSCRAM(t *testing.T) {
 	if unknown.Severity != wrong.Severity || unknown.Detail != wrong.Detail || unknown.Hint != wrong.Hint {
 		t.Errorf("errors differ: %+v vs %+v", unknown, wrong)
 	}
+	if unknown.Detail != "SASL authentication failed" {
+		t.Errorf("detail %q, want PgBouncer's SASL authentication failed", unknown.Detail)
+	}
 
 	// An unknown user goes through the whole exchange, with a salt that
 	// stays the same from one attempt to the next, as a real user's.
