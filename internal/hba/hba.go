@@ -330,7 +330,9 @@ type field []token
 // commas and keywords literal ("" is a quote inside quotes). As
 // PostgreSQL's tokenizer, a comma with nothing before it is skipped
 // ("a,,b" is a and b; ",b" after a blank starts a field b) and one at the
-// end of the line ends its field.
+// end of the line ends its field; but after the database and user fields
+// a comma after a blank continues the list, as PgBouncer's parser reads
+// "u1,u2 , u3".
 func tokenize(line string) ([]field, error) {
 	var fields []field
 	var cur field
@@ -359,6 +361,13 @@ func tokenize(line string) ([]field, error) {
 			inQuote, quoted, has = true, true, true
 		case c == ',':
 			if !has {
+				if len(cur) == 0 && (len(fields) == 2 || len(fields) == 3) {
+					// After the database or user list, as
+					// PgBouncer's parser: blanks around a comma do
+					// not end a list ("u1,u2 , u3").
+					cur, fields = fields[len(fields)-1], fields[:len(fields)-1]
+					cont = true
+				}
 				continue
 			}
 			flushTok()

@@ -111,6 +111,8 @@ func TestCommasAndQuotes(t *testing.T) {
 		{"host a, ,b all all md5", "a,b", nil},
 		{"host a,b, c all all md5", "a,b,c", nil},
 		{"host a all all md5,", "a", nil},
+		{"host a,b , c all 10.0.0.0/8 md5", "a,b,c", nil},
+		{"host a ,b all 10.0.0.0/8 md5", "a,b", nil},
 		{`host all all 0.0.0.0/0 ldap ldapserver=127.0.0.1 "ldapport"=1389 ldapbasedn="dc=example,dc=net" ,ldapsearchfilter="uid=$username"`,
 			"all", func(o *ldapauth.Options) bool {
 				return o.Port == 1389 && o.BaseDN == "dc=example,dc=net" && o.SearchFilter == "uid=$username"
@@ -218,5 +220,21 @@ admins root       all
 		if _, err := ParseIdent("ident.conf", []byte("\n"+data)); err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "ident.conf:2") {
 			t.Errorf("%q: %v, want an error with %q at ident.conf:2", data, err, want)
 		}
+	}
+}
+
+// TestListWithBlanks: PgBouncer's hba_test.rules writes a user list with
+// blanks around a comma; the list goes on and the address follows it.
+func TestListWithBlanks(t *testing.T) {
+	rules, err := Parse("f", []byte("host\t\ttmp1,all\tuser1,user2 , user3\t\t\t16.0.0.0/8\tmd5\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var users []string
+	for _, n := range rules[0].Users {
+		users = append(users, n.Value)
+	}
+	if strings.Join(users, ",") != "user1,user2,user3" || rules[0].Net == nil || rules[0].Net.String() != "16.0.0.0/8" || rules[0].Method != MD5 {
+		t.Errorf("users %q, address %v, method %s", users, rules[0].Net, rules[0].Method)
 	}
 }
