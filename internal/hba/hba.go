@@ -448,8 +448,10 @@ func parseFields(src string, fields []field, read Reader) (Rule, error) {
 	default:
 		return r, fmt.Errorf("unknown authentication method %q: use trust, reject, md5, scram-sha-256, password, cert, peer, ldap or pam", r.Method)
 	}
-	if r.Method == Cert && r.Type != HostSSL {
-		return r, errors.New("cert authentication is only available for hostssl connections")
+	if r.Method == Cert && r.Type == Local {
+		// PostgreSQL takes cert on hostssl lines only; PgBouncer on
+		// host lines too, where a client without TLS fails it.
+		return r, errors.New("cert authentication is not available on local (Unix socket) connections: use hostssl")
 	}
 	if r.Method == Peer && r.Type != Local {
 		return r, errors.New("peer authentication is only supported on local sockets (a local line: clients of unix_socket_dir)")

@@ -83,7 +83,7 @@ func TestParseErrors(t *testing.T) {
 		{"host all all samenet trust", "samenet"},
 		{"host all all all ident", "not supported by poolerd"},
 		{"host all all all magic", "unknown authentication method"},
-		{"host all all all cert", "only available for hostssl"},
+		{"local all all cert", "not available on local"},
 		{"host all all all md5 clientcert", "name=value"},
 		{`host "all all all md5`, "unterminated"},
 		{"host @list all all md5", "only read from auth_hba_file"},
@@ -236,5 +236,17 @@ func TestListWithBlanks(t *testing.T) {
 	}
 	if strings.Join(users, ",") != "user1,user2,user3" || rules[0].Net == nil || rules[0].Net.String() != "16.0.0.0/8" || rules[0].Method != MD5 {
 		t.Errorf("users %q, address %v, method %s", users, rules[0].Net, rules[0].Method)
+	}
+}
+
+// TestCertOnHostLines: PgBouncer (unlike PostgreSQL) takes cert on host
+// lines (its hba_test.rules has them); a client without TLS then fails it
+// at login. On a local line it is refused.
+func TestCertOnHostLines(t *testing.T) {
+	if _, err := Parse("f", []byte("host all all 10.0.0.0/8 cert\nhostnossl all all 11.0.0.0/8 cert\n"), nil); err != nil {
+		t.Errorf("cert on host lines: %v", err)
+	}
+	if _, err := Parse("f", []byte("local all all cert\n"), nil); err == nil {
+		t.Error("cert on a local line: no error")
 	}
 }
