@@ -364,6 +364,17 @@ func translate(path string, data []byte) (*Result, error) {
 	// "closing because:", pgbadger).
 	res.Tree["log_format"] = "pgbouncer"
 	res.Defaulted = append(res.Defaulted, "log_format")
+	// PgBouncer's online restart (-R; poolerd's --takeover) goes through
+	// the Unix socket directory: the hand-over socket lies beside the
+	// listening one, so that --takeover needs nothing more than -R does.
+	if dir, _ := res.Tree["unix_socket_dir"].(string); dir != "" {
+		port := "6432"
+		if p, ok := set["listen_port"]; ok {
+			port = strings.TrimSpace(p.value)
+		}
+		res.Tree["takeover_socket"] = filepath.Join(dir, ".s.PGSQL."+port+".takeover")
+		res.Defaulted = append(res.Defaulted, "takeover_socket")
+	}
 	slices.Sort(res.Defaulted)
 	if len(dbs) > 0 {
 		res.Tree["databases"] = dbs

@@ -77,6 +77,8 @@ func TestDebianSample(t *testing.T) {
 		"log_file":            "/var/log/postgresql/pgbouncer.log",
 		"pidfile":             "/var/run/postgresql/pgbouncer.pid",
 		"syslog_ident":        "pgbouncer",
+		// -R's hand-over, beside the Unix socket.
+		"takeover_socket": "/var/run/postgresql/.s.PGSQL.6432.takeover",
 	}
 	if !reflect.DeepEqual(res.Tree, want) {
 		t.Errorf("tree\n got %#v\nwant %#v", res.Tree, want)

@@ -16,6 +16,8 @@ import (
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
+
+	"github.com/poolerd/poolerd/internal/netopt"
 )
 
 // The hand-over, on one connection to takeover_socket:
@@ -105,7 +107,19 @@ func listenUnix(path string) (*net.UnixListener, error) {
 	case err != nil:
 		return nil, fmt.Errorf("takeover_socket %s: %w", path, err)
 	}
+	// Whoever connects gets the listening sockets and the clients: the
+	// owner only (and the peer check in handOver).
+	if err := os.Chmod(path, 0o600); err != nil {
+		_ = ul.Close()
+		return nil, fmt.Errorf("takeover_socket %s: %w", path, err)
+	}
 	return ul, nil
+}
+
+// peerAllowed reports whether a process of user id uid may take over the
+// sockets of a poolerd running as user id self: the same user, or root.
+func peerAllowed(uid uint32, self int) bool {
+	return uid == 0 || int64(uid) == int64(self)
 }
 
 // bindUnix listens on the Unix socket path. A socket file there that no
@@ -219,6 +233,11 @@ func (o *Offer) serve() {
 // handOver sends the listening sockets to the new process on c and waits
 // until it says it serves them.
 func (o *Offer) handOver(c *net.UnixConn) error {
+	// SO_PEERCRED where the system has it (Linux); elsewhere the socket
+	// file's mode alone keeps other users out.
+	if uid, err := netopt.PeerUID(c); err == nil && !peerAllowed(uid, os.Geteuid()) {
+		return fmt.Errorf("a process of uid %d asked for the listening sockets: only this poolerd's user (uid %d) or root may take them over", uid, os.Geteuid())
+	}
 	_ = c.SetDeadline(time.Now().Add(exchangeTimeout))
 	r := bufio.NewReader(c)
 	line, err := r.ReadString('\n')

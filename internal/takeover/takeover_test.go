@@ -61,6 +61,10 @@ func TestHandOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer offer.Close()
+	// Its owner's only: whoever connects takes the sockets and clients.
+	if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("takeover socket file: %v, %v; want mode 0600", st, err)
+	}
 	if _, err := NewOffer(path, []net.Listener{old}, zap.NewNop()); err == nil || !strings.Contains(err.Error(), "another poolerd") {
 		t.Fatalf("second offer on a live socket: %v", err)
 	}
@@ -282,5 +286,18 @@ func TestListenUnix(t *testing.T) {
 	ul.Close()
 	if _, err := os.Stat(path); !os.IsNotExist(err) {
 		t.Fatalf("socket file after Close: %v", err)
+	}
+}
+
+// TestPeerAllowed: only the same user or root may take the sockets over.
+func TestPeerAllowed(t *testing.T) {
+	for _, tc := range []struct {
+		uid  uint32
+		self int
+		ok   bool
+	}{{1000, 1000, true}, {0, 1000, true}, {1001, 1000, false}, {1000, 0, false}, {0, 0, true}} {
+		if got := peerAllowed(tc.uid, tc.self); got != tc.ok {
+			t.Errorf("peerAllowed(%d, %d) = %v, want %v", tc.uid, tc.self, got, tc.ok)
+		}
 	}
 }
