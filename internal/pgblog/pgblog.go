@@ -213,6 +213,9 @@ func (l *line) translate(msg string) (string, bool) {
 	case "client login refused", "client from the old poolerd refused":
 		return "closing because: " + l.or("reason", "login failed") + " (age=0s)", true
 	case "client authentication failed":
+		if l.or("method", "") == "scram-sha-256" {
+			return "closing because: SASL authentication failed (age=0s)", true
+		}
 		return "closing because: password authentication failed (age=0s)", true
 	case "client login timed out":
 		return "closing because: client_login_timeout " + l.age("duration"), true
@@ -223,8 +226,13 @@ func (l *line) translate(msg string) (string, bool) {
 	case "server connect failed":
 		return connectFailed(l.or("error", "")), true
 	case "auth_query failed":
-		// PgBouncer quotes the server's refusal as it came.
-		return fmt.Sprintf("auth_query for user %s failed: %s", l.or("user", ""), l.or("error", "")), true
+		// PgBouncer quotes the server's refusal as it came: of the
+		// login as auth_user as for any server login, or of the query.
+		err := l.or("error", "")
+		if login, ok := strings.CutPrefix(err, authUserLogin); ok {
+			return connectFailed(login), true
+		}
+		return fmt.Sprintf("auth_query for user %s failed: %s", l.or("user", ""), err), true
 	case "idle pool removed":
 		d, _ := time.ParseDuration(l.or("age", "0s"))
 		return fmt.Sprintf("cleaning up idle pool for user %s on db %s because: pool idle timeout (age= %ds)",
@@ -234,6 +242,10 @@ func (l *line) translate(msg string) (string, bool) {
 	}
 	return "", false
 }
+
+// authUserLogin starts the error of an auth_query whose login as
+// auth_user failed (the proxy's runAuthQuery).
+const authUserLogin = "log in as auth_user: "
 
 // connectFailed is PgBouncer's line for a failed connect attempt: the
 // server's refusal as PgBouncer quotes it ("server login failed: FATAL

@@ -78,6 +78,13 @@ func TestLines(t *testing.T) {
 			l.Error("auth_query failed", zap.String("database", "postgres"), zap.String("user", "stats"),
 				zap.Error(errors.New(`ERROR: relation "not_pg_shadow" does not exist (SQLSTATE 42P01)`)))
 		}, "ERROR auth_query for user stats failed: ERROR: relation \"not_pg_shadow\" does not exist (SQLSTATE 42P01)\n"},
+		{"auth_query login failed", func(l *zap.Logger) {
+			l.Error("auth_query failed", zap.String("database", "nosuchdb"), zap.String("user", "u"),
+				zap.Error(errors.New(`log in as auth_user: server: FATAL: database "nosuchdb" does not exist (SQLSTATE 3D000)`)))
+		}, "ERROR server login failed: FATAL database \"nosuchdb\" does not exist\n"},
+		{"SCRAM failed", func(l *zap.Logger) {
+			l.Info("client authentication failed", zap.String("method", "scram-sha-256"))
+		}, "LOG closing because: SASL authentication failed (age=0s)\n"},
 		{"idle pool", func(l *zap.Logger) {
 			l.Info("idle pool removed", zap.String("database", "p0"), zap.String("user", "bouncer"),
 				zap.Duration("age", 3500*time.Millisecond), zap.String("reason", "pool_idle_timeout"))

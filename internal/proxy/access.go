@@ -204,10 +204,10 @@ func (srv *Server) authDBUnusable(dbname string, routeErr error) *wire.Error {
 	_, disabled := srv.dbFlags(dbname)
 	switch {
 	case IsConsoleDatabase(dbname):
-		msg = fmt.Sprintf("cannot use the reserved %q database as an auth_dbname (bouncer config error)", dbname)
+		msg = fmt.Sprintf("cannot use the reserved %q database as an auth_dbname", dbname)
 		hint = "set auth_dbname to a database poolerd serves from PostgreSQL"
 	case routeErr != nil:
-		msg = fmt.Sprintf("authentication database %q is not configured (bouncer config error)", dbname)
+		msg = fmt.Sprintf("authentication database %q is not configured", dbname)
 		hint = "add it under databases ([databases] in a pgbouncer.ini), or set auth_dbname to a database poolerd serves"
 	case disabled:
 		srv.log.Warn("auth_query refused: its database is disabled", zap.String("auth_dbname", dbname))
@@ -217,7 +217,8 @@ func (srv *Server) authDBUnusable(dbname string, routeErr error) *wire.Error {
 		return nil
 	}
 	srv.log.Error("auth_query cannot run: "+msg, zap.String("auth_dbname", dbname))
-	return &wire.Error{Severity: "FATAL", Code: "08P01", Message: msg, Hint: hint}
+	// PgBouncer's words to the client; the why in DETAIL.
+	return &wire.Error{Severity: "FATAL", Code: "08P01", Message: "bouncer config error", Detail: msg, Hint: hint}
 }
 
 // runAuthQuery logs in as look's auth_user to route's server and database
@@ -231,6 +232,7 @@ func (srv *Server) runAuthQuery(ctx context.Context, cfg *config.Config, route c
 		TCP: tcpOptions(srv.cfg(), backend.ServerKeepAlive)}
 	bc, err := backend.Connect(ctx, target, route.DBName, creds, nil)
 	if err != nil {
+		// The words pgblog recognizes (its PgBouncer line for a failed login).
 		return auth.Secret{}, false, fmt.Errorf("log in as auth_user: %w", err)
 	}
 	defer bc.Close()

@@ -510,7 +510,7 @@ func TestAuthQueryConsole(t *testing.T) {
 		t.Errorf("wrong password: %s %s", pe.Code, pe.Message)
 	}
 	if pe := loginPgError(t, start("").dsn("aqc_stats", userPW, "pgbouncer")); pe.Code != "08P01" ||
-		!strings.Contains(pe.Message, `cannot use the reserved "pgbouncer" database as an auth_dbname (bouncer config error)`) {
+		pe.Message != "bouncer config error" || pe.Detail != `cannot use the reserved "pgbouncer" database as an auth_dbname` {
 		t.Errorf("no auth_dbname: %s %s, want 08P01 cannot use the reserved database", pe.Code, pe.Message)
 	}
 }
@@ -588,11 +588,12 @@ func TestAuthQueryPerDatabase(t *testing.T) {
 		t.Errorf("entry d (its query in database other, which has no pdq_secrets): %s %s (hint %q), want 28000 naming auth_query", pe.Code, pe.Message, pe.Hint)
 	}
 	for db, want := range map[string]string{
-		"e": `authentication database "nowhere" is not configured (bouncer config error)`,
-		"f": `cannot use the reserved "pgbouncer" database as an auth_dbname (bouncer config error)`,
+		"e": `authentication database "nowhere" is not configured`,
+		"f": `cannot use the reserved "pgbouncer" database as an auth_dbname`,
 	} {
-		if pe := loginPgError(t, p.dsn("pdq_user", userPW, db)); pe.Code != "08P01" || pe.Message != want || pe.Hint == "" {
-			t.Errorf("entry %s: %s %q, want 08P01 %q with a hint", db, pe.Code, pe.Message, want)
+		// PgBouncer's message, and why in DETAIL.
+		if pe := loginPgError(t, p.dsn("pdq_user", userPW, db)); pe.Code != "08P01" || pe.Message != "bouncer config error" || pe.Detail != want || pe.Hint == "" {
+			t.Errorf("entry %s: %s %q (detail %q), want 08P01 bouncer config error, detail %q, with a hint", db, pe.Code, pe.Message, pe.Detail, want)
 		}
 	}
 	// A DISABLEd auth_dbname refuses the lookups that run there.
