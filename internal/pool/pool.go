@@ -894,12 +894,27 @@ func (p *Pool[C]) wait(w *waiter[C], done <-chan struct{}, expired <-chan time.T
 }
 
 // unavailableLocked returns the error for a checkout that cannot be served:
-// connects are failing (in backoff) and no connection is open or opening.
+// connects are failing (in backoff) and no usable connection is open or
+// opening.
 func (p *Pool[C]) unavailableLocked(now time.Time) *UnavailableError {
-	if p.failures == 0 || p.total > 0 || p.paused || !now.Before(p.nextAttempt) || p.set().WaitUnavailable {
+	if p.failures == 0 || p.usableLocked() > 0 || p.paused || !now.Before(p.nextAttempt) || p.set().WaitUnavailable {
 		return nil
 	}
 	return &UnavailableError{RetryIn: p.nextAttempt.Sub(now), Attempts: p.failures, Err: p.lastErr}
+}
+
+// usableLocked counts the connections that can serve a queued checkout:
+// those being opened and the open ones not marked for closing by
+// Reconnect (they close when they come back; PgBouncer's kill_pool_logins
+// does not count them either). Places lent (TakeSlot) serve no checkout.
+func (p *Pool[C]) usableLocked() int {
+	n := p.opening
+	for _, c := range p.conns {
+		if c.PoolEntry().gen == p.gen {
+			n++
+		}
+	}
+	return n
 }
 
 func (p *Pool[C]) received(r result[C], start time.Time) (C, bool, error) {
@@ -1422,9 +1437,10 @@ func (p *Pool[C]) connectFailedLocked(err error, attempt int) {
 	p.nextAttempt = p.cfg.Now().Add(wait)
 	p.log.Warn("server connect failed",
 		zap.Int("attempt", p.failures), zap.Duration("next_retry_in", wait.Round(time.Millisecond)), zap.Error(err))
-	// Nothing open means nothing can serve the queue before the next
-	// attempt: tell every waiter now instead of letting them time out.
-	if p.total == 0 && !p.set().WaitUnavailable {
+	// Nothing usable open means nothing can serve the queue before the
+	// next attempt: tell every waiter now instead of letting them time
+	// out.
+	if p.usableLocked() == 0 && !p.set().WaitUnavailable {
 		uerr := &UnavailableError{RetryIn: wait, Attempts: p.failures, Err: err}
 		for _, w := range p.waiters {
 			w.deliverLocked(result[C]{err: uerr})

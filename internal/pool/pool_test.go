@@ -1327,3 +1327,38 @@ func TestMaxUses(t *testing.T) {
 		}
 	})
 }
+
+// TestConnectFailureWithOnlyStaleConnections: a connection Reconnect marked
+// for closing cannot serve the queue, so a failed connect tells the waiters
+// at once (as with nothing open) instead of letting them wait for their
+// timeout; so does a new checkout within the backoff.
+func TestConnectFailureWithOnlyStaleConnections(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		boom := errors.New("password authentication failed")
+		d := &dialer{}
+		p := newPool(d, 2, 0)
+		defer p.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		held, err := p.Get(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.setFail(boom)
+		p.Reconnect() // held closes when it comes back
+		start := time.Now()
+		_, err = p.Get(ctx)
+		var ue *UnavailableError
+		if !errors.As(err, &ue) || !errors.Is(err, boom) || time.Since(start) != 0 {
+			t.Fatalf("with only a connection marked for closing: %v after %s, want UnavailableError at once", err, time.Since(start))
+		}
+		if _, err := p.Get(ctx); !errors.As(err, &ue) {
+			t.Fatalf("within the backoff: %v", err)
+		}
+		p.Put(held)
+		synctest.Wait()
+		if !held.closed.Load() {
+			t.Fatal("the connection marked for closing was kept")
+		}
+	})
+}
