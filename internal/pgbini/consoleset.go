@@ -97,6 +97,8 @@ func setValue(r Rule, value string) (string, error) {
 				return "", err
 			}
 			return fmtDuration(d), nil
+		case "server_check_delay":
+			return checkDelay(value)
 		}
 		return "", fmt.Errorf("set it in the configuration file (it becomes %s) and RELOAD", r.To)
 	case kindPath:

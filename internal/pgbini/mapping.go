@@ -108,8 +108,8 @@ func Rules() []Rule {
 		{Section: "pgbouncer", Key: "max_prepared_statements", To: "max_prepared_statements", kind: kindInt},
 		{Section: "pgbouncer", Key: "server_reset_query", To: "server_reset_query", kind: kindString},
 		{Section: "pgbouncer", Key: "server_reset_query_always", Note: "poolerd runs server_reset_query in session mode only; in transaction mode it tracks session state itself (session_state)"},
-		{Section: "pgbouncer", Key: "server_check_query", To: "validation_query", kind: kindSpecial, Note: "empty turns the check off (validation_interval 0)"},
-		{Section: "pgbouncer", Key: "server_check_delay", To: "validation_interval", kind: kindSeconds, Default: "30"},
+		{Section: "pgbouncer", Key: "server_check_query", To: "validation_query", kind: kindSpecial, Default: "<empty>", Note: "`<empty>` (PgBouncer's default) is an empty query, `validation_query: \"\"`; empty turns the check off (validation_interval 0)."},
+		{Section: "pgbouncer", Key: "server_check_delay", To: "validation_interval", kind: kindSpecial, Default: "30", Note: "0 (check at every reuse) becomes 1ns."},
 		{Section: "pgbouncer", Key: "server_fast_close", To: "server_fast_close", kind: kindBool},
 		{Section: "pgbouncer", Key: "login_notify_message", To: "login_notify_message", kind: kindString},
 		{Section: "pgbouncer", Key: "query_wait_notify", To: "query_wait_notify", kind: kindSeconds},
@@ -455,11 +455,24 @@ func (res *Result) setPgbouncer(r Rule, e entry, set map[string]entry, ignore fu
 			res.Tree[s.Key] = s.Value
 		}
 	case "server_check_query":
-		if strings.TrimSpace(e.value) == "" {
+		switch strings.TrimSpace(e.value) {
+		case "":
 			res.Tree["validation_interval"] = "0s"
+			return nil
+		case "<empty>":
+			res.Tree["validation_query"] = "" // an empty query
 			return nil
 		}
 		res.Tree["validation_query"] = e.value
+	case "server_check_delay":
+		if _, off := res.Tree["validation_interval"]; off && strings.TrimSpace(set["server_check_query"].value) == "" && set["server_check_query"].key != "" {
+			return nil // server_check_query = "" turned the check off
+		}
+		v, err := checkDelay(e.value)
+		if err != nil {
+			return err
+		}
+		res.Tree["validation_interval"] = v
 	case "server_login_retry":
 		d, err := seconds(e.value)
 		if err != nil {
@@ -635,6 +648,20 @@ func defaultSocketDir() string {
 		return "/var/run/postgresql"
 	}
 	return "/tmp"
+}
+
+// checkDelay translates PgBouncer's server_check_delay: seconds, where 0
+// checks a connection at every reuse, which poolerd's validation_interval
+// (0: never) says as 1ns.
+func checkDelay(v string) (string, error) {
+	d, err := seconds(v)
+	if err != nil {
+		return "", err
+	}
+	if d <= 0 {
+		d = time.Nanosecond
+	}
+	return fmtDuration(d), nil
 }
 
 // Setting is one poolerd key and its value, as a YAML file writes it.

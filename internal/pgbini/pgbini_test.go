@@ -70,6 +70,7 @@ func TestDebianSample(t *testing.T) {
 		"idle_timeout":        "10m",
 		"checkout_timeout":    "2m",
 		"validation_interval": "30s",
+		"validation_query":    "", // PgBouncer's <empty>: an empty query
 		"unix_socket_dir":     "/var/run/postgresql",
 		"unix_socket_mode":    "0777",
 		"warm_pools":          false,
@@ -522,5 +523,36 @@ func TestServerLifetimeZero(t *testing.T) {
 	}
 	if got, want := fmt.Sprint(res.Tree["databases"]), "[map[host:h name:d] map[host:h max_lifetime:30s name:e]]"; got != want {
 		t.Errorf("databases %s, want %s", got, want)
+	}
+}
+
+// TestServerCheck: PgBouncer's server_check_query default <empty> is an
+// empty query, an empty value turns the check off, and server_check_delay
+// 0 checks at every reuse (validation_interval 1ns; 0 would be never).
+func TestServerCheck(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct{ text, query, interval string }{
+		{"", "", "30s"},
+		{"server_check_delay = 0\n", "", "1ns"},
+		{"server_check_query = SELECT 2\nserver_check_delay = 0\n", "SELECT 2", "1ns"},
+		{"server_check_query = <empty>\n", "", "30s"},
+		{"server_check_query =\nserver_check_delay = 0\n", "<none>", "0s"},
+		{"server_check_delay = 0\nserver_check_query =\n", "<none>", "0s"},
+	} {
+		writeFile(t, filepath.Join(dir, "p.ini"), "[pgbouncer]\n"+tc.text)
+		res, err := Load(filepath.Join(dir, "p.ini"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		q, ok := res.Tree["validation_query"]
+		if !ok {
+			q = "<none>"
+		}
+		if q != tc.query || res.Tree["validation_interval"] != tc.interval {
+			t.Errorf("%q: validation_query %q, validation_interval %v; want %q, %s", tc.text, q, res.Tree["validation_interval"], tc.query, tc.interval)
+		}
+	}
+	if kv, err := SetKeys("server_check_delay", "0"); err != nil || fmt.Sprint(kv) != "[{validation_interval 1ns}]" {
+		t.Errorf("SET server_check_delay = 0: %v %v", kv, err)
 	}
 }
