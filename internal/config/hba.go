@@ -43,7 +43,8 @@ func (c *Config) validateHBA(bad func(string, ...any)) {
 		bad("auth_type hba needs access rules: set auth_hba_file (pg_hba.conf format) or auth_hba_rules")
 	}
 	if c.hbaRules.Methods()[hba.Cert] && c.ClientTLSCAFile == "" {
-		bad("an access rule uses cert, which needs client certificates: set client_tls_ca_file (and client_tls_sslmode prefer or above)")
+		// PgBouncer loads such rules too; the clients they match fail.
+		c.comboWarnings = append(c.comboWarnings, "an access rule uses cert, which needs client certificates: without client_tls_ca_file (and client_tls_sslmode prefer or above) every client it matches fails authentication")
 	}
 	c.identMaps = nil
 	if c.AuthIdentFile != "" {

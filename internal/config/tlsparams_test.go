@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -70,6 +71,12 @@ func TestHBAConfig(t *testing.T) {
 	}
 	if rs := c.HBARules(); len(rs) != 1 || rs[0].Method != "md5" {
 		t.Fatalf("rules %+v", rs)
+	}
+	// A cert rule without client_tls_ca_file loads, as in PgBouncer,
+	// with a warning: the clients it matches fail.
+	c, err = load(t, up+"auth_type: hba\nauth_hba_rules:\n  - {type: host, database: all, user: all, address: all, method: cert}\n")
+	if err != nil || !slices.ContainsFunc(c.Warnings(), func(w string) bool { return strings.Contains(w, "uses cert") }) {
+		t.Fatalf("cert rule without client_tls_ca_file: %v, warnings %q", err, c.Warnings())
 	}
 	for cfg, want := range map[string]string{
 		"auth_type: hba\n": "auth_type hba needs access rules",
