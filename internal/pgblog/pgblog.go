@@ -233,6 +233,8 @@ func (l *line) translate(msg string) (string, bool) {
 			return connectFailed(login), true
 		}
 		return fmt.Sprintf("auth_query for user %s failed: %s", l.or("user", ""), err), true
+	case "replication server login failed":
+		return "closing because: login failed (age=0s) " + l.or("error", ""), true
 	case "idle pool removed":
 		d, _ := time.ParseDuration(l.or("age", "0s"))
 		return fmt.Sprintf("cleaning up idle pool for user %s on db %s because: pool idle timeout (age= %ds)",

@@ -82,6 +82,9 @@ func TestLines(t *testing.T) {
 			l.Error("auth_query failed", zap.String("database", "nosuchdb"), zap.String("user", "u"),
 				zap.Error(errors.New(`log in as auth_user: server: FATAL: database "nosuchdb" does not exist (SQLSTATE 3D000)`)))
 		}, "ERROR server login failed: FATAL database \"nosuchdb\" does not exist\n"},
+		{"replication login", func(l *zap.Logger) {
+			l.Warn("replication server login failed", zap.String("error", "must be superuser or replication role to start walsender"))
+		}, "WARNING closing because: login failed (age=0s) must be superuser or replication role to start walsender\n"},
 		{"SCRAM failed", func(l *zap.Logger) {
 			l.Info("client authentication failed", zap.String("method", "scram-sha-256"))
 		}, "LOG closing because: SASL authentication failed (age=0s)\n"},

@@ -170,6 +170,10 @@ func (s *session) openReplication(ctx context.Context, params map[string]string)
 		if werr.Hint == "" {
 			werr.Hint = fmt.Sprintf("PostgreSQL refused the replication connection poolerd opened for this client as %q: that role needs the REPLICATION attribute, and pg_hba.conf a line for it (database replication for physical replication, the database for logical)", dbp.route().ServerUser)
 		}
+		// PgBouncer's words, with the server's in DETAIL.
+		s.srv.log.Warn("replication server login failed", zap.String("database", s.database), zap.String("user", dbp.route().ServerUser),
+			zap.String("error", werr.Message))
+		werr = &wire.Error{Severity: werr.Severity, Code: werr.Code, Message: "login failed", Detail: werr.Message, Hint: werr.Hint}
 		s.refuseLogin(werr)
 		return false
 	}
