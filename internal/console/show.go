@@ -288,15 +288,38 @@ func (c *Console) showClients() *resultSet {
 		case ci.Waiting:
 			state = "waiting"
 		}
-		addr, port := splitAddr(ci.RemoteAddr)
-		laddr, lport := splitAddr(ci.LocalAddr)
-		r.row("C", ci.User, database, orNone(ci.Replication), state, addr, port, laddr, lport,
-			pgTime(ci.ConnectedAt), pgTime(ci.LastRequest),
-			int(ci.Wait/time.Second), int((ci.Wait%time.Second)/time.Microsecond), 0, ci.Ptr, ci.Link, 0, "",
-			ci.AppName, ci.PreparedStatements, ci.ID, ci.Pinned)
+		r.row(append(clientRow(ci, state, database), ci.Pinned)...)
 	}
 	return r
 }
+
+// clientRow is a client's 21 socket columns (socketColumns).
+func clientRow(ci proxy.ClientInfo, state, database string) []any {
+	addr, port := splitAddr(ci.RemoteAddr)
+	laddr, lport := splitAddr(ci.LocalAddr)
+	return []any{"C", ci.User, database, orNone(ci.Replication), state, addr, port, laddr, lport,
+		pgTime(ci.ConnectedAt), pgTime(ci.LastRequest),
+		int(ci.Wait / time.Second), int((ci.Wait % time.Second) / time.Microsecond), 0, ci.Ptr, ci.Link, 0, "",
+		ci.AppName, ci.PreparedStatements, ci.ID}
+}
+
+// serverRow is a server connection's 21 socket columns.
+func serverRow(si proxy.ServerInfo, state string) []any {
+	addr, port := splitAddr(si.RemoteAddr)
+	laddr, lport := splitAddr(si.LocalAddr)
+	return []any{"S", si.ServerUser, si.Database, orNone(si.Replication), state, addr, port, laddr, lport,
+		pgTime(si.Created), pgTime(si.LastUsed), 0, 0, b2i(si.CloseNeeded), si.Ptr, si.Link,
+		int(si.PID), si.TLS, si.AppName, 0, si.ID}
+}
+
+// socketDebugColumns are SHOW SOCKETS' 7 buffer columns, after the 21;
+// noBuffers are their values: poolerd keeps no per-socket buffer positions.
+func socketDebugColumns() []column {
+	return []column{int4("recv_pos"), int4("pkt_pos"), int4("pkt_remain"), int4("send_pos"),
+		int4("send_remain"), int4("pkt_avail"), int4("send_avail")}
+}
+
+func noBuffers() []any { return []any{0, 0, 0, 0, 0, 0, 0} }
 
 // showPinned lists the clients pinned to their server connection by
 // session state (a poolerd addition): why, for how long, and on which
@@ -376,11 +399,7 @@ func orNone(mode string) string {
 func (c *Console) showServers() *resultSet {
 	r := newResult(socketColumns()...)
 	for _, si := range c.p.Servers() {
-		addr, port := splitAddr(si.RemoteAddr)
-		laddr, lport := splitAddr(si.LocalAddr)
-		r.row("S", si.ServerUser, si.Database, orNone(si.Replication), serverState(si), addr, port, laddr, lport,
-			pgTime(si.Created), pgTime(si.LastUsed), 0, 0, b2i(si.CloseNeeded), si.Ptr, si.Link,
-			int(si.PID), si.TLS, si.AppName, 0, si.ID)
+		r.row(serverRow(si, serverState(si))...)
 	}
 	return r
 }
@@ -391,9 +410,7 @@ func (c *Console) showServers() *resultSet {
 // buffer columns. poolerd keeps no per-socket buffer positions (a session's
 // bytes are relayed as they are read), so those are 0.
 func (c *Console) showSockets() *resultSet {
-	cols := append(socketColumns(), int4("recv_pos"), int4("pkt_pos"), int4("pkt_remain"), int4("send_pos"),
-		int4("send_remain"), int4("pkt_avail"), int4("send_avail"))
-	r := newResult(cols...)
+	r := newResult(append(socketColumns(), socketDebugColumns()...)...)
 	for _, ci := range c.p.Clients() {
 		state, database := "cl_active", ci.Database
 		switch {
@@ -402,23 +419,14 @@ func (c *Console) showSockets() *resultSet {
 		case ci.Link == "" && ci.Waiting:
 			state = "cl_waiting"
 		}
-		addr, port := splitAddr(ci.RemoteAddr)
-		laddr, lport := splitAddr(ci.LocalAddr)
-		r.row("C", ci.User, database, orNone(ci.Replication), state, addr, port, laddr, lport,
-			pgTime(ci.ConnectedAt), pgTime(ci.LastRequest),
-			int(ci.Wait/time.Second), int((ci.Wait%time.Second)/time.Microsecond), 0, ci.Ptr, ci.Link, 0, "",
-			ci.AppName, ci.PreparedStatements, ci.ID, 0, 0, 0, 0, 0, 0, 0)
+		r.row(append(clientRow(ci, state, database), noBuffers()...)...)
 	}
 	for _, si := range c.p.Servers() {
 		state := "sv_" + serverState(si)
 		if state == "sv_active_cancel" {
 			state = "sv_active"
 		}
-		addr, port := splitAddr(si.RemoteAddr)
-		laddr, lport := splitAddr(si.LocalAddr)
-		r.row("S", si.ServerUser, si.Database, orNone(si.Replication), state, addr, port, laddr, lport,
-			pgTime(si.Created), pgTime(si.LastUsed), 0, 0, b2i(si.CloseNeeded), si.Ptr, si.Link,
-			int(si.PID), si.TLS, si.AppName, 0, si.ID, 0, 0, 0, 0, 0, 0, 0)
+		r.row(append(serverRow(si, state), noBuffers()...)...)
 	}
 	return r
 }
@@ -427,8 +435,7 @@ func (c *Console) showSockets() *resultSet {
 // buffers: SHOW SOCKETS' columns, and no rows, since poolerd keeps no
 // per-socket buffers (a session's bytes are relayed as they are read).
 func (c *Console) showActiveSockets() *resultSet {
-	return newResult(append(socketColumns(), int4("recv_pos"), int4("pkt_pos"), int4("pkt_remain"), int4("send_pos"),
-		int4("send_remain"), int4("pkt_avail"), int4("send_avail"))...)
+	return newResult(append(socketColumns(), socketDebugColumns()...)...)
 }
 
 // showMem is PgBouncer's memory report (name, size, used, free, memtotal)
