@@ -104,6 +104,9 @@ type dbPool struct {
 	// querySecret is the user's secret auth_query found at the latest
 	// login, for a user with no secret in the configuration.
 	querySecret auth.Secret
+	// asking, while a login without keep asks the server about parameters
+	// (prepareLogin), is closed when it is done.
+	asking chan struct{}
 
 	// hosts is what the pool knows of its servers (hosts.go); it locks
 	// itself.
@@ -674,28 +677,60 @@ func transientRefusal(code string) bool {
 // from login on), a connection is checked out in any case and returned, the
 // caller's from then on; it is the one any question was asked on. Without
 // keep, or on error, none is returned.
+//
+// Without keep, one login of the pool asks at a time: the others wait for
+// it and then find what it learned, so that a burst of logins with the
+// same parameters takes one server connection for the question, not one
+// each.
 func (d *dbPool) prepareLogin(ctx context.Context, startup map[string]string, keep bool) (map[string]string, *serverConn, error) {
-	d.mu.Lock()
-	haveDefaults := d.defaults != nil
+	var haveDefaults bool
 	var unknown []txstate.Param
-	out := make(map[string]string, len(startup))
-	for name, value := range startup {
-		if name == "application_name" && txstate.PrintableASCII(value) {
-			out[name] = value // stored as given; no need to ask the server
-			continue
+	var out map[string]string
+	for {
+		d.mu.Lock()
+		haveDefaults = d.defaults != nil
+		unknown = unknown[:0]
+		out = make(map[string]string, len(startup))
+		for name, value := range startup {
+			if name == "application_name" && txstate.PrintableASCII(value) {
+				out[name] = value // stored as given; no need to ask the server
+				continue
+			}
+			r, ok := d.learned[txstate.Param{Name: name, Value: value}]
+			switch {
+			case !ok:
+				unknown = append(unknown, txstate.Param{Name: name, Value: value})
+			case r.err != nil:
+				d.mu.Unlock()
+				return nil, nil, r.err
+			default:
+				out[name] = r.value
+			}
 		}
-		r, ok := d.learned[txstate.Param{Name: name, Value: value}]
-		switch {
-		case !ok:
-			unknown = append(unknown, txstate.Param{Name: name, Value: value})
-		case r.err != nil:
+		if keep || haveDefaults && len(unknown) == 0 {
 			d.mu.Unlock()
-			return nil, nil, r.err
-		default:
-			out[name] = r.value
+			break
 		}
+		if ch := d.asking; ch != nil {
+			d.mu.Unlock()
+			select {
+			case <-ch:
+				continue // what it learned may answer this login too
+			case <-ctx.Done():
+				return nil, nil, asFatal(errServerUnavailable(ctx.Err()))
+			}
+		}
+		ch := make(chan struct{})
+		d.asking = ch
+		d.mu.Unlock()
+		defer func() {
+			d.mu.Lock()
+			d.asking = nil
+			d.mu.Unlock()
+			close(ch)
+		}()
+		break
 	}
-	d.mu.Unlock()
 	if haveDefaults && len(unknown) == 0 && !keep {
 		return out, nil, nil
 	}

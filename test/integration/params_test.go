@@ -5,6 +5,7 @@ import (
 	"errors"
 	"maps"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -433,5 +434,40 @@ func TestParamsPQExecAndAppNameHost(t *testing.T) {
 	anon := connectDSN(t, p.appDSN())
 	if err := anon.QueryRow(ctx, "SELECT current_setting($1)", "application_name").Scan(&app); err != nil || !strings.HasPrefix(app, "app - 127.0.0.1:") {
 		t.Errorf("application_name without one given: %q %v", app, err)
+	}
+}
+
+// TestParamsLoginBurstAsksOnce: logins that arrive together with
+// parameters the pool has not seen ask the server one at a time, so the
+// question takes one server connection, not one per login; the others
+// find what the first learned.
+func TestParamsLoginBurstAsksOnce(t *testing.T) {
+	t.Parallel()
+	p := startPoolerd(t, func(c *config.Config) {
+		c.PoolMode = config.PoolTransaction
+		c.MinSize = 0
+		c.WarmPools = false
+		c.MaxSize = 8
+	})
+	const n = 8
+	errs := make(chan error, n)
+	var conns sync.Map
+	for i := range n {
+		go func() {
+			c, err := pgx.ConnectConfig(ctxTimeout(t, 15*time.Second), paramConfig(t, p.appDSN(), "application_name=burst", "datestyle=German"))
+			if err == nil {
+				conns.Store(i, c)
+			}
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	conns.Range(func(_, c any) bool { _ = c.(*pgx.Conn).Close(context.Background()); return true })
+	if st := p.poolStats(t, pgtest.DBApp, pgtest.RoleApp); st.ConnectAttempts != 1 {
+		t.Errorf("%d logins together opened %d server connections, want 1 (one asks, the others wait for its answer)", n, st.ConnectAttempts)
 	}
 }
