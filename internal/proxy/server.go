@@ -818,7 +818,6 @@ func (srv *Server) pamLib() (*pamauth.Lib, error) {
 	return srv.pam, nil
 }
 
-// getPool returns the pool for (database, user), creating it on first use.
 // joinPool returns the pool of database and user for a client about to log
 // in (or be handed over), creating it if need be, counted in its joining
 // until the caller takes it back: after counting the client in clients,
