@@ -50,3 +50,10 @@ func (l *logFile) Sync() error {
 	defer l.mu.Unlock()
 	return l.f.Sync()
 }
+
+// Close closes the file.
+func (l *logFile) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.f.Close()
+}

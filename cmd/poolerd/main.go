@@ -15,6 +15,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"syscall"
 	"time"
 
@@ -76,6 +77,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintln(stderr, "poolerd: invalid configuration:")
 		fmt.Fprintln(stderr, indent(err.Error()))
+		var ie *config.InvalidError
+		if errors.As(err, &ie) && ie.LogFile != "" && !loader.CheckOnly {
+			logRefusal(ie, stderr)
+		}
 		return 2
 	}
 	if loader.CheckOnly {
@@ -130,6 +135,33 @@ func newLogger(cfg *config.Config, w io.Writer) (*zap.Logger, zap.AtomicLevel, e
 // newLoggerTo is the logger writing to w, and with syslog on to the syslog
 // daemon at network and addr as well (empty: the local one); closeLog
 // flushes it and closes the syslog connection.
+// logRefusal writes a configuration refused at start to the log file it
+// names, in its log format, as PgBouncer writes it to its logfile: where
+// an operator of a daemon looks. A file that cannot be opened is said on
+// stderr.
+func logRefusal(ie *config.InvalidError, stderr io.Writer) {
+	lf, err := openLogFile(ie.LogFile)
+	if err != nil {
+		fmt.Fprintln(stderr, "poolerd:", err)
+		return
+	}
+	defer lf.Close()
+	cfg := config.Defaults()
+	if ie.LogFormat != "" {
+		cfg.LogFormat = ie.LogFormat
+	}
+	log, _, closeLog, err := newLoggerTo(&cfg, lf, "", "")
+	if err != nil {
+		cfg.LogFormat = config.Defaults().LogFormat // an unknown log_format is among the errors
+		if log, _, closeLog, err = newLoggerTo(&cfg, lf, "", ""); err != nil {
+			return
+		}
+	}
+	defer closeLog()
+	// The error in the message, unquoted, as PgBouncer's line has it.
+	log.Error("invalid configuration: " + strings.Join(strings.Fields(ie.Err.Error()), " "))
+}
+
 func newLoggerTo(cfg *config.Config, w io.Writer, network, addr string) (log *zap.Logger, level zap.AtomicLevel, closeLog func(), err error) {
 	level, err = zap.ParseAtomicLevel(cfg.LogLevel)
 	if err != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime/debug"
@@ -114,5 +115,35 @@ func TestTuneGC(t *testing.T) {
 	})
 	if got := debug.SetGCPercent(100); got != 100 {
 		t.Fatalf("GOGC set: GC percent changed to %d", got)
+	}
+}
+
+// TestInvalidConfigInLogFile: a configuration refused at start is written
+// to the log file it names too (once, in its log format), as PgBouncer
+// writes it to its logfile; --check-config writes only to stderr.
+func TestInvalidConfigInLogFile(t *testing.T) {
+	dir := t.TempDir()
+	logPath := filepath.Join(dir, "pgbouncer.log")
+	ini := filepath.Join(dir, "pgbouncer.ini")
+	text := "[databases]\n* = host=127.0.0.1\n[pgbouncer]\nlisten_port = 1\nauth_type = md5\nauth_user = x\nauth_dbname = pgbouncer\nlogfile = " + logPath + "\n"
+	if err := os.WriteFile(ini, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	if code := run([]string{"--check-config", "--config", ini}, &out, &errb); code != 2 {
+		t.Fatalf("--check-config: code %d", code)
+	}
+	if _, err := os.Stat(logPath); !os.IsNotExist(err) {
+		t.Fatalf("--check-config wrote the log file: %v", err)
+	}
+	if code := run([]string{"--config", ini}, &out, &errb); code != 2 {
+		t.Fatalf("code %d, want 2; stderr %q", code, errb.String())
+	}
+	b, err := os.ReadFile(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(b), `cannot use the reserved "pgbouncer" database as an auth_dbname`); n != 1 || !strings.Contains(string(b), "ERROR invalid configuration: ") {
+		t.Fatalf("log file (%d mentions):\n%s", n, b)
 	}
 }

@@ -213,6 +213,19 @@ func NewLoader(args []string, out io.Writer) (*Loader, error) {
 
 // Load reads the file (if any), the environment and the flags, in increasing
 // order of precedence, and validates the result.
+// InvalidError is a configuration that was read but does not validate,
+// with where its log goes, so that the refusal can be written there too
+// (as PgBouncer writes it to its logfile).
+type InvalidError struct {
+	Err error
+	// LogFile and LogFormat are the configuration's log_file and
+	// log_format, as read.
+	LogFile, LogFormat string
+}
+
+func (e *InvalidError) Error() string { return e.Err.Error() }
+func (e *InvalidError) Unwrap() error { return e.Err }
+
 func (l *Loader) Load() (*Config, error) {
 	v := viper.New()
 	def := Defaults()
@@ -246,7 +259,7 @@ func (l *Loader) Load() (*Config, error) {
 		return nil, fmt.Errorf("config%s: %w", fileSuffix(l.File), cleanDecodeError(err))
 	}
 	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("config%s: %w", fileSuffix(l.File), err)
+		return nil, &InvalidError{Err: fmt.Errorf("config%s: %w", fileSuffix(l.File), err), LogFile: cfg.LogFile, LogFormat: cfg.LogFormat}
 	}
 	// A pgbouncer.ini names no HTTP endpoint (PgBouncer has none): the
 	// default one is served if its port is free (two bouncers on one host
