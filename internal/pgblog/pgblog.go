@@ -233,6 +233,9 @@ func (l *line) translate(msg string) (string, bool) {
 			return connectFailed(login), true
 		}
 		return fmt.Sprintf("auth_query for user %s failed: %s", l.or("user", ""), err), true
+	case "configuration reload failed; keeping the running configuration":
+		// PgBouncer logs the reason as it found it, unquoted.
+		return msg + ": " + strings.Join(strings.Fields(l.or("error", "")), " "), true
 	case "replication server login failed":
 		return "closing because: login failed (age=0s) " + l.or("error", ""), true
 	case "idle pool removed":

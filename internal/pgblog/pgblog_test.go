@@ -85,6 +85,9 @@ func TestLines(t *testing.T) {
 		{"replication login", func(l *zap.Logger) {
 			l.Warn("replication server login failed", zap.String("error", "must be superuser or replication role to start walsender"))
 		}, "WARNING closing because: login failed (age=0s) must be superuser or replication role to start walsender\n"},
+		{"reload failed", func(l *zap.Logger) {
+			l.Error("configuration reload failed; keeping the running configuration", zap.Error(errors.New("config x.ini: auth_dbname \"pgbouncer\": cannot use the reserved \"pgbouncer\" database\n  as an auth_dbname")))
+		}, "ERROR configuration reload failed; keeping the running configuration: config x.ini: auth_dbname \"pgbouncer\": cannot use the reserved \"pgbouncer\" database as an auth_dbname\n"},
 		{"SCRAM failed", func(l *zap.Logger) {
 			l.Info("client authentication failed", zap.String("method", "scram-sha-256"))
 		}, "LOG closing because: SASL authentication failed (age=0s)\n"},
