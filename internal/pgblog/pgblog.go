@@ -223,7 +223,7 @@ func (l *line) translate(msg string) (string, bool) {
 		return "new connection to server (from " + bracketed(l.or("local", "unix")) + ")", true
 	case "server connection closed":
 		return "closing because: " + ServerReason(l.or("reason", "")) + " " + l.age("age"), true
-	case "server connect failed":
+	case "server connect failed", "server of the entry failed; trying its next":
 		return connectFailed(l.or("error", "")), true
 	case "auth_query failed":
 		// PgBouncer quotes the server's refusal as it came: of the
@@ -267,8 +267,11 @@ func connectFailed(err string) string {
 		}
 	}
 	why := "connect failed"
-	if strings.Contains(err, "timeout") || strings.Contains(err, "deadline exceeded") {
+	switch {
+	case strings.Contains(err, "timeout") || strings.Contains(err, "deadline exceeded"):
 		why = "connect timeout"
+	case strings.Contains(err, "no such host") || strings.Contains(err, "server misbehaving"):
+		why = "server DNS lookup failed"
 	}
 	return "closing because: " + why + " (age=0s) error=" + quoted(err)
 }

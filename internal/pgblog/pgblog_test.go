@@ -88,6 +88,10 @@ func TestLines(t *testing.T) {
 		{"reload failed", func(l *zap.Logger) {
 			l.Error("configuration reload failed; keeping the running configuration", zap.Error(errors.New("config x.ini: auth_dbname \"pgbouncer\": cannot use the reserved \"pgbouncer\" database\n  as an auth_dbname")))
 		}, "ERROR configuration reload failed; keeping the running configuration: config x.ini: auth_dbname \"pgbouncer\": cannot use the reserved \"pgbouncer\" database as an auth_dbname\n"},
+		{"DNS failed", func(l *zap.Logger) {
+			l.Info("server of the entry failed; trying its next", zap.String("host", "nohost:5432"),
+				zap.Error(errors.New("dial tcp: lookup nohost on 127.0.0.53:53: no such host")))
+		}, "LOG closing because: server DNS lookup failed (age=0s) error=\"dial tcp: lookup nohost on 127.0.0.53:53: no such host\"\n"},
 		{"SCRAM failed", func(l *zap.Logger) {
 			l.Info("client authentication failed", zap.String("method", "scram-sha-256"))
 		}, "LOG closing because: SASL authentication failed (age=0s)\n"},

@@ -292,6 +292,7 @@ func (d *dbPool) connectAmong(ctx context.Context, r *config.Route, creds backen
 		if err != nil {
 			d.hosts.failed(h, err, time.Now(), cfg.ReconnectBackoffBase, min(cfg.ReconnectBackoffMax, multiHostBackoffMax))
 			why = append(why, fmt.Sprintf("%s: %v", h, err))
+			d.log.Info("server of the entry failed; trying its next", zap.String("host", h.String()), zap.Error(err))
 			continue
 		}
 		standby, readOnly := serverRole(bc.Params)

@@ -231,6 +231,11 @@ func TestHostsBalanceAndSkip(t *testing.T) {
 	if ports[primary.Port] == 0 || ports[replica.Port] == 0 || ports[dead] != 0 {
 		t.Fatalf("connections per port %v: want both live servers used and the dead one skipped", ports)
 	}
+	// The dead server's failure is logged, with the host, as PgBouncer logs
+	// each server it could not reach.
+	if want := "server of the entry failed; trying its next"; !strings.Contains(p.logs.String(), want) || !strings.Contains(p.logs.String(), strconv.Itoa(dead)) {
+		t.Errorf("no %q line naming port %d", want, dead)
+	}
 }
 
 // max_replica_lag: a standby whose replay is paused behind the primary is
