@@ -260,6 +260,11 @@ type Config struct {
 	// PoolIdleTimeout removes a pool (one database and user pair) that
 	// has had no client and no server connection this long; 0 never.
 	PoolIdleTimeout time.Duration `mapstructure:"pool_idle_timeout"`
+	// OnServerUnavailable is fail or wait: what a request does while
+	// connects to its server fail and its pool has no usable connection:
+	// refused at once (08006, seed 004's fast failure), or queued within
+	// checkout_timeout for the server to come back, as in PgBouncer.
+	OnServerUnavailable string `mapstructure:"on_server_unavailable"`
 
 	// AdminUsers may run every admin console command; StatsUsers only SHOW.
 	AdminUsers []string `mapstructure:"admin_users"`
@@ -717,6 +722,7 @@ func Defaults() Config {
 		RateLimitBackend:     "memory",
 		RedisTimeout:         50 * time.Millisecond,
 		OnRedisError:         "allow",
+		OnServerUnavailable:  "fail",
 		FleetSettings:        FleetSettings{FleetLeaseTTL: DefaultFleetLeaseTTL},
 		// See docs/benchmarks.md, "Hand-off check".
 		VerifyHandoff:           VerifyHandoffSample,

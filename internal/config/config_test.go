@@ -77,7 +77,7 @@ func TestEveryKeyHasAnEnvVar(t *testing.T) {
 					"upstream": "postgres://u:p@h:1/d", "auth_type": "md5", "auth_file": "",
 					"pool_mode": "session", "server_reset_query": "SELECT 2", "log_format": "json", "log_level": "warn",
 					"startup_mode": "fail-fast", "validation_query": "SELECT 2",
-					"rate_limit_backend": "redis", "redis_url": "redis://h:1/0", "on_redis_error": "deny",
+					"rate_limit_backend": "redis", "redis_url": "redis://h:1/0", "on_redis_error": "deny", "on_server_unavailable": "wait",
 					"session_state": "refuse", "http_probe_listen": "127.0.0.1:7002", "max_pinned_clients": "50%", "server_tls_sslmode": "require", "client_tls_sslmode": "require",
 					"client_tls_protocols": "tlsv1.3", "client_tls_ciphers": "fast", "auth_user": "app",
 					"auth_query": "SELECT usename, passwd FROM pg_catalog.pg_shadow WHERE usename = $1", "takeover_socket": "/run/poolerd/takeover.sock",

@@ -126,6 +126,7 @@ func Keys() []Key {
 		{Name: "verify_handoff_sample_rate", Help: "share of hand-offs verify_handoff sample checks, e.g. 0.001 (every 1,000th per pool)"},
 		{Name: "admin_users", Help: "users who may run every admin console command (comma-separated in the environment)"},
 		{Name: "stats_users", Help: "users who may run the admin console's SHOW commands (comma-separated in the environment)"},
+		{Name: "on_server_unavailable", Help: "while connects fail and a pool has nothing open: fail requests at once (08006) or wait within checkout_timeout, as PgBouncer"},
 		{Name: "pool_idle_timeout", Help: "remove a pool that has had no client and no server connection this long (0 = never)"},
 		{Name: "stats_period", Help: "period of SHOW STATS averages and of the stats log line"},
 		{Name: "log_stats", Help: "log a stats line every stats_period"},

@@ -551,6 +551,11 @@ func (c *Config) validateRateLimits(bad func(string, ...any)) {
 	default:
 		bad("on_redis_error %q is not allow or deny", c.OnRedisError)
 	}
+	switch c.OnServerUnavailable {
+	case "fail", "wait":
+	default:
+		bad("on_server_unavailable %q is not fail or wait", c.OnServerUnavailable)
+	}
 	if c.RedisTimeout <= 0 {
 		bad("redis_timeout must be positive, e.g. 50ms: a slow Redis must not stall clients")
 	}

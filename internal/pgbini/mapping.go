@@ -364,6 +364,11 @@ func translate(path string, data []byte) (*Result, error) {
 	// "closing because:", pgbadger).
 	res.Tree["log_format"] = "pgbouncer"
 	res.Defaulted = append(res.Defaulted, "log_format")
+	// PgBouncer keeps a request waiting (query_wait_timeout) while its
+	// server cannot be reached: a restart of PostgreSQL is a pause, not
+	// errors.
+	res.Tree["on_server_unavailable"] = "wait"
+	res.Defaulted = append(res.Defaulted, "on_server_unavailable")
 	// PgBouncer's online restart (-R; poolerd's --takeover) goes through
 	// the Unix socket directory: the hand-over socket lies beside the
 	// listening one, so that --takeover needs nothing more than -R does.

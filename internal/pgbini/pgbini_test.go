@@ -62,22 +62,23 @@ func TestDebianSample(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]any{
-		"listen":              "localhost:6432",
-		"auth_type":           "md5",
-		"auth_file":           "/etc/pgbouncer/userlist.txt",
-		"pool_mode":           "session",
-		"max_client_conn":     100,
-		"idle_timeout":        "10m",
-		"checkout_timeout":    "2m",
-		"validation_interval": "30s",
-		"validation_query":    "", // PgBouncer's <empty>: an empty query
-		"unix_socket_dir":     "/var/run/postgresql",
-		"unix_socket_mode":    "0777",
-		"warm_pools":          false,
-		"log_format":          "pgbouncer", // PgBouncer's log lines
-		"log_file":            "/var/log/postgresql/pgbouncer.log",
-		"pidfile":             "/var/run/postgresql/pgbouncer.pid",
-		"syslog_ident":        "pgbouncer",
+		"listen":                "localhost:6432",
+		"auth_type":             "md5",
+		"auth_file":             "/etc/pgbouncer/userlist.txt",
+		"pool_mode":             "session",
+		"max_client_conn":       100,
+		"idle_timeout":          "10m",
+		"checkout_timeout":      "2m",
+		"validation_interval":   "30s",
+		"validation_query":      "", // PgBouncer's <empty>: an empty query
+		"unix_socket_dir":       "/var/run/postgresql",
+		"unix_socket_mode":      "0777",
+		"warm_pools":            false,
+		"log_format":            "pgbouncer", // PgBouncer's log lines
+		"log_file":              "/var/log/postgresql/pgbouncer.log",
+		"pidfile":               "/var/run/postgresql/pgbouncer.pid",
+		"syslog_ident":          "pgbouncer",
+		"on_server_unavailable": "wait", // PgBouncer's: requests wait for the server
 		// -R's hand-over, beside the Unix socket.
 		"takeover_socket": "/var/run/postgresql/.s.PGSQL.6432.takeover",
 	}

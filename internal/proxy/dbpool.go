@@ -168,7 +168,7 @@ func poolSettings(cfg *config.Config, route *config.Route) pool.Settings {
 		MaxUses:            uint64(set.MaxUses),
 		IdleTimeout:        set.IdleTimeout,
 		RecycleRate:        cfg.RecycleRate,
-		WaitUnavailable:    route.MultiHost(),
+		WaitUnavailable:    route.MultiHost() || cfg.OnServerUnavailable == "wait",
 		WaitWarning:        set.WaitWarning,
 		ReserveSize:        set.ReservePoolSize,
 		ReserveTimeout:     set.ReservePoolTimeout,

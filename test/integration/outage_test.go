@@ -14,6 +14,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -22,6 +23,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/internal/pool"
@@ -307,5 +309,59 @@ func TestOutagePostgresRestart(t *testing.T) {
 	}
 	if ok, reason := p.srv.Ready(); !ok {
 		t.Errorf("Ready() false after the outage: %s", reason)
+	}
+}
+
+// TestOnServerUnavailableWait: with on_server_unavailable wait (a
+// pgbouncer.ini's default), a request that comes while PostgreSQL cannot be
+// reached waits within checkout_timeout and is served once it is back, as
+// in PgBouncer; with fail (the default) it is refused at once with 08006.
+func TestOnServerUnavailableWait(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"wait", "fail"} {
+		t.Run(mode, func(t *testing.T) {
+			px := lcProxy(t)
+			p := lcStartVia(t, px, func(c *config.Config) {
+				c.PoolMode = config.PoolTransaction
+				c.MinSize = 0
+				c.WarmPools = false
+				c.CheckoutTimeout = 20 * time.Second
+				c.ReconnectBackoffBase = 200 * time.Millisecond
+				c.ReconnectBackoffMax = 400 * time.Millisecond
+				c.OnServerUnavailable = mode
+			})
+			c := p.connect(t, txExecMode)
+			ctx := ctxTimeout(t, 30*time.Second)
+			lcBackendPID(t, ctx, c)
+			if err := px.Pause(); err != nil { // new connects refused
+				t.Fatal(err)
+			}
+			p.srv.Reconnect("") // the open connection goes when it comes back
+			done := make(chan error, 1)
+			start := time.Now()
+			go func() {
+				_, err := c.Exec(ctx, "SELECT 1")
+				done <- err
+			}()
+			if mode == "fail" {
+				err := <-done
+				var pe *pgconn.PgError
+				if !errors.As(err, &pe) || pe.Code != "08006" || time.Since(start) > 5*time.Second {
+					t.Fatalf("fail: %v after %s, want 08006 at once", err, time.Since(start))
+				}
+				return
+			}
+			select {
+			case err := <-done:
+				t.Fatalf("wait: answered while PostgreSQL was unreachable: %v", err)
+			case <-time.After(1500 * time.Millisecond):
+			}
+			if err := px.Resume(); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-done; err != nil {
+				t.Fatalf("wait: %v after %s, want it served once PostgreSQL is back", err, time.Since(start))
+			}
+		})
 	}
 }
