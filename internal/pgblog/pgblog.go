@@ -272,6 +272,8 @@ func connectFailed(err string) string {
 		why = "connect timeout"
 	case strings.Contains(err, "no such host") || strings.Contains(err, "server misbehaving"):
 		why = "server DNS lookup failed"
+	case strings.Contains(err, "x509: ") || strings.Contains(err, "failed to verify certificate"):
+		why = "TLS handshake failed: certificate verify failed" // OpenSSL's words, which PgBouncer logs
 	}
 	return "closing because: " + why + " (age=0s) error=" + quoted(err)
 }

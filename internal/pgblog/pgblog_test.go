@@ -92,6 +92,9 @@ func TestLines(t *testing.T) {
 			l.Info("server of the entry failed; trying its next", zap.String("host", "nohost:5432"),
 				zap.Error(errors.New("dial tcp: lookup nohost on 127.0.0.53:53: no such host")))
 		}, "LOG closing because: server DNS lookup failed (age=0s) error=\"dial tcp: lookup nohost on 127.0.0.53:53: no such host\"\n"},
+		{"certificate", func(l *zap.Logger) {
+			l.Warn("server connect failed", zap.Error(errors.New("tls: failed to verify certificate: x509: certificate signed by unknown authority")))
+		}, "WARNING closing because: TLS handshake failed: certificate verify failed (age=0s) error=\"tls: failed to verify certificate: x509: certificate signed by unknown authority\"\n"},
 		{"SCRAM failed", func(l *zap.Logger) {
 			l.Info("client authentication failed", zap.String("method", "scram-sha-256"))
 		}, "LOG closing because: SASL authentication failed (age=0s)\n"},
