@@ -247,6 +247,12 @@ type Config[C Conn] struct {
 	// While that is the case the pool calls Probe every ProbeInterval and,
 	// when the server accepts connections again, retries at once.
 	Unreachable func(error) bool
+	// Refused reports whether a Connect error is the server refusing the
+	// login for good (bad credentials, no such database): waiting does not
+	// help, so queued checkouts are told at once even with
+	// WaitUnavailable, as PgBouncer's kill_pool_logins tells its waiting
+	// clients. Nil: none is.
+	Refused func(error) bool
 	// Probe checks cheaply whether the server accepts TCP connections.
 	Probe func(ctx context.Context) error
 	// ProbeInterval is how often Probe runs; 0 means 250ms.
@@ -897,10 +903,17 @@ func (p *Pool[C]) wait(w *waiter[C], done <-chan struct{}, expired <-chan time.T
 // connects are failing (in backoff) and no usable connection is open or
 // opening.
 func (p *Pool[C]) unavailableLocked(now time.Time) *UnavailableError {
-	if p.failures == 0 || p.usableLocked() > 0 || p.paused || !now.Before(p.nextAttempt) || p.set().WaitUnavailable {
+	if p.failures == 0 || p.usableLocked() > 0 || p.paused || !now.Before(p.nextAttempt) || p.waitsLocked(p.lastErr) {
 		return nil
 	}
 	return &UnavailableError{RetryIn: p.nextAttempt.Sub(now), Attempts: p.failures, Err: p.lastErr}
+}
+
+// waitsLocked reports whether checkouts keep waiting, within their
+// timeout, through connect failures ending with err: WaitUnavailable,
+// unless the server refused the login for good.
+func (p *Pool[C]) waitsLocked(err error) bool {
+	return p.set().WaitUnavailable && (p.cfg.Refused == nil || !p.cfg.Refused(err))
 }
 
 // usableLocked counts the connections that can serve a queued checkout:
@@ -1440,7 +1453,7 @@ func (p *Pool[C]) connectFailedLocked(err error, attempt int) {
 	// Nothing usable open means nothing can serve the queue before the
 	// next attempt: tell every waiter now instead of letting them time
 	// out.
-	if p.usableLocked() == 0 && !p.set().WaitUnavailable {
+	if p.usableLocked() == 0 && !p.waitsLocked(err) {
 		uerr := &UnavailableError{RetryIn: wait, Attempts: p.failures, Err: err}
 		for _, w := range p.waiters {
 			w.deliverLocked(result[C]{err: uerr})

@@ -1362,3 +1362,31 @@ func TestConnectFailureWithOnlyStaleConnections(t *testing.T) {
 		}
 	})
 }
+
+// TestWaitUnavailableButRefused: with WaitUnavailable a checkout waits
+// through failing connects, but not through a login the server refuses
+// for good (Refused): that one is told at once.
+func TestWaitUnavailableButRefused(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		refusal := errors.New("password authentication failed")
+		for _, tc := range []struct {
+			err     error
+			waits   bool
+			elapsed time.Duration
+		}{{errors.New("connection refused"), true, 5 * time.Second}, {refusal, false, 0}} {
+			cfg := baseConfig(&dialer{fail: tc.err}, 2, 0)
+			cfg.WaitUnavailable = true
+			cfg.Refused = func(err error) bool { return errors.Is(err, refusal) }
+			p := New(cfg, new(atomic.Uint64))
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			start := time.Now()
+			_, err := p.Get(ctx)
+			cancel()
+			var ue *UnavailableError
+			if got := time.Since(start); got != tc.elapsed || tc.waits == errors.As(err, &ue) {
+				t.Errorf("%v: %v after %s; want waiting %v (for %s)", tc.err, err, got, tc.waits, tc.elapsed)
+			}
+			p.Close()
+		}
+	})
+}

@@ -193,6 +193,7 @@ func newDBPool(srv *Server, key poolKey, route config.Route, warm, paused bool) 
 		Warm:        warm,
 		Connect:     d.connect,
 		Unreachable: unreachable,
+		Refused:     refused,
 		Probe:       d.probe,
 		Validate:    d.validate,
 		Paused:      paused,
@@ -244,6 +245,16 @@ func newDBPool(srv *Server, key poolKey, route config.Route, warm, paused bool) 
 
 // unreachable reports whether a connect error means the server did not
 // accept the TCP connection at all.
+// refused reports whether a connect error is PostgreSQL refusing the login
+// for good, or poolerd unable to log in with its secret: those reach the
+// client as they are (connectError), and waiting for the next attempt
+// does not help.
+func refused(err error) bool {
+	var se *backend.ServerError
+	var ae *backend.AuthError
+	return errors.As(err, &se) && !transientRefusal(se.Code) || errors.As(err, &ae)
+}
+
 func unreachable(err error) bool {
 	var oe *net.OpError
 	return errors.As(err, &oe) && oe.Op == "dial"
@@ -585,9 +596,7 @@ func (d *dbPool) checkoutError(err error) *wire.Error {
 			Detail:  d.poolDetail(st),
 			Hint:    "raise max_size (POOLERD_MAX_SIZE) if PostgreSQL's max_connections allows it, shorten transactions, or raise checkout_timeout (query_wait_timeout in a pgbouncer.ini)"}
 	case errors.As(err, &ue):
-		var se *backend.ServerError
-		var ae *backend.AuthError
-		if errors.As(ue.Err, &se) && !transientRefusal(se.Code) || errors.As(ue.Err, &ae) {
+		if refused(ue.Err) {
 			// The server is reachable and refuses this login for good
 			// (no such database, bad credentials): say why.
 			return d.connectError(ue.Err)
