@@ -569,7 +569,7 @@ func TestObsMetricsPromtool(t *testing.T) {
 	for name, want := range map[string][]string{
 		"poolerd_server_connections":    {"active", "idle", "opening"},
 		"poolerd_clients":               {"active", "idle", "waiting"},
-		"poolerd_server_recycles_total": {"idle_timeout", "max_lifetime", "max_queries"},
+		"poolerd_server_recycles_total": {"idle_timeout", "max_lifetime", "max_queries", "max_uses"},
 		"poolerd_pool_health":           {"degraded", "healthy", "initializing", "recovering", "shutting_down", "terminated", "unhealthy"},
 	} {
 		label := "state"
