@@ -243,8 +243,6 @@ func newDBPool(srv *Server, key poolKey, route config.Route, warm, paused bool) 
 	return d
 }
 
-// unreachable reports whether a connect error means the server did not
-// accept the TCP connection at all.
 // refused reports whether a connect error is PostgreSQL refusing the login
 // for good, or poolerd unable to log in with its secret: those reach the
 // client as they are (connectError), and waiting for the next attempt
@@ -255,6 +253,8 @@ func refused(err error) bool {
 	return errors.As(err, &se) && !transientRefusal(se.Code) || errors.As(err, &ae)
 }
 
+// unreachable reports whether a connect error means the server did not
+// accept the TCP connection at all.
 func unreachable(err error) bool {
 	var oe *net.OpError
 	return errors.As(err, &oe) && oe.Op == "dial"
