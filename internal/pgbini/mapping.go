@@ -470,8 +470,8 @@ func (res *Result) setPgbouncer(r Rule, e entry, set map[string]entry, ignore fu
 		}
 		res.Tree["validation_query"] = e.value
 	case "server_check_delay":
-		if _, off := res.Tree["validation_interval"]; off && strings.TrimSpace(set["server_check_query"].value) == "" && set["server_check_query"].key != "" {
-			return nil // server_check_query = "" turned the check off
+		if q, ok := set["server_check_query"]; ok && strings.TrimSpace(q.value) == "" {
+			return nil // server_check_query = "" turns the check off, whatever the delay
 		}
 		v, err := checkDelay(e.value)
 		if err != nil {
