@@ -1147,14 +1147,7 @@ func TestTakeSlot(t *testing.T) {
 		}
 
 		// Full of places: a checkout waits until a release lets it open.
-		got := make(chan *fakeConn, 1)
-		go func() {
-			c, err := p.Get(ctx)
-			if err != nil {
-				t.Error(err)
-			}
-			got <- c
-		}()
+		got := getAsync(t, ctx, p)
 		synctest.Wait()
 		if st := p.Stats(); st.Waiting != 1 {
 			t.Fatalf("waiting %d, want 1", st.Waiting)
@@ -1306,14 +1299,7 @@ func TestMaxUses(t *testing.T) {
 		defer p.Close()
 		ctx := context.Background()
 		a, _ := p.Get(ctx)
-		got := make(chan *fakeConn, 1)
-		go func() {
-			c, err := p.Get(ctx)
-			if err != nil {
-				t.Error(err)
-			}
-			got <- c
-		}()
+		got := getAsync(t, ctx, p)
 		synctest.Wait() // the second checkout waits: max_size 1
 		p.Put(a)
 		b := <-got
@@ -1389,4 +1375,18 @@ func TestWaitUnavailableButRefused(t *testing.T) {
 			p.Close()
 		}
 	})
+}
+
+// getAsync checks a connection out of p on a goroutine of its own; the
+// channel delivers it (nil after an error, which fails the test).
+func getAsync(t *testing.T, ctx context.Context, p *Pool[*fakeConn]) <-chan *fakeConn {
+	got := make(chan *fakeConn, 1)
+	go func() {
+		c, err := p.Get(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- c
+	}()
+	return got
 }
