@@ -91,6 +91,13 @@ type Config struct {
 	// SOReusePort opens the listener with SO_REUSEPORT, so that a new
 	// poolerd can bind the same address while the old one drains.
 	SOReusePort bool `mapstructure:"so_reuseport"`
+	// PeerID, when not 0, names this poolerd within a group of poolers
+	// that share a port (so_reuseport) and forward each other's cancel
+	// requests (PgBouncer's peer_id and [peers]): the pid of every
+	// BackendKeyData poolerd issues carries it, and a cancel request whose
+	// key names another peer of Peers is sent on to that peer.
+	PeerID int    `mapstructure:"peer_id"`
+	Peers  []Peer `mapstructure:"peers"`
 	// TCP options of client and server sockets (PgBouncer's tcp_*):
 	// TCPKeepalive false turns keepalive off; a TCPKeepIdle or
 	// TCPKeepInterval of 0 keeps poolerd's period (15 s to clients, 30 s
@@ -341,6 +348,26 @@ type Config struct {
 	// comboWarnings are what validation accepted but Warnings reports (a
 	// database's min_size above a user's max_size).
 	comboWarnings []string
+}
+
+// MaxPeerID is the largest peer_id: PgBouncer's, whose keys carry it in
+// 16 bits of the pid, of which it keeps the top ones clear.
+const MaxPeerID = 16383
+
+// Peer is another pooler of a peering group (PgBouncer's [peers] entry):
+// where cancel requests for the clients it issued keys to are sent.
+type Peer struct {
+	// ID is the peer's peer_id.
+	ID int `mapstructure:"id"`
+	// Host is a host name or address, or a directory (starting with /)
+	// holding the peer's Unix socket .s.PGSQL.<Port>.
+	Host string `mapstructure:"host"`
+	// Port is the peer's port (default 6432).
+	Port int `mapstructure:"port"`
+	// PoolSize bounds the cancel requests in flight to the peer at once;
+	// more wait their turn (0: the global max_size, as PgBouncer's
+	// default_pool_size).
+	PoolSize int `mapstructure:"pool_size"`
 }
 
 // Values of verify_handoff.

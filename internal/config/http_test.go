@@ -129,13 +129,19 @@ func TestListenersConfig(t *testing.T) {
 		t.Errorf("defaults: %q %v, want no Unix socket, mode 0777", d.UnixSocketPath(6432), d.UnixSocketPerm())
 	}
 	for yaml, want := range map[string]string{
-		up + "listen: 127.0.0.1:6432,6433\n":                        `listen address "6433" is not host:port`,
-		up + "listen: 127.0.0.1:6432,127.0.0.1:6432\n":              `listen names "127.0.0.1:6432" twice`,
-		up + "listen: ' , '\n":                                      "listen is empty",
-		up + "unix_socket_dir: /run/x\nunix_socket_mode: rw\n":      `unix_socket_mode "rw" is not an octal file mode`,
-		up + "unix_socket_dir: /run/x\nunix_socket_mode: '01777'\n": `unix_socket_mode "01777" is not an octal file mode`,
-		up + "unix_socket_dir: run/x\n":                             `unix_socket_dir "run/x" is not an absolute path`,
-		up + "unix_socket_group: staff\n":                           "unix_socket_group \"staff\" is set without unix_socket_dir",
+		up + "listen: 127.0.0.1:6432,6433\n":                             `listen address "6433" is not host:port`,
+		up + "listen: 127.0.0.1:6432,127.0.0.1:6432\n":                   `listen names "127.0.0.1:6432" twice`,
+		up + "listen: ' , '\n":                                           "listen is empty",
+		up + "unix_socket_dir: /run/x\nunix_socket_mode: rw\n":           `unix_socket_mode "rw" is not an octal file mode`,
+		up + "unix_socket_dir: /run/x\nunix_socket_mode: '01777'\n":      `unix_socket_mode "01777" is not an octal file mode`,
+		up + "unix_socket_dir: run/x\n":                                  `unix_socket_dir "run/x" is not an absolute path`,
+		up + "unix_socket_group: staff\n":                                "unix_socket_group \"staff\" is set without unix_socket_dir",
+		up + "peer_id: 16384\n":                                          "peer_id 16384 is out of range",
+		up + "peers: [{id: 2, host: h}]\n":                               "peers is set but peer_id is 0",
+		up + "peer_id: 1\npeers: [{id: 2, host: h}, {id: 2, host: g}]\n": "id 2 is listed twice",
+		up + "peer_id: 1\npeers: [{id: 0, host: h}]\n":                   "id 0 is out of range",
+		up + "peer_id: 1\npeers: [{id: 2}]\n":                            "host is empty",
+		up + "peer_id: 1\npeers: [{id: 2, host: h, port: 70000}]\n":      "port 70000 is not a TCP port",
 	} {
 		if _, err := load(t, yaml); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: got %v, want %q", yaml, err, want)

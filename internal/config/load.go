@@ -40,6 +40,7 @@ func Keys() []Key {
 		{Name: "unix_socket_mode", Help: "file mode of the Unix socket, octal"},
 		{Name: "unix_socket_group", Help: "group of the Unix socket; empty: the process's"},
 		{Name: "so_reuseport", Help: "open the listener with SO_REUSEPORT, so that a new poolerd can bind the same address while this one drains"},
+		{Name: "peer_id", Help: "this poolerd's id in a peering group (PgBouncer's peer_id), whose members forward cancel requests to the one that issued the key (peers); 0: no peering"},
 		{Name: "tcp_keepalive", Help: "TCP keepalive on client and server sockets"},
 		{Name: "tcp_keepidle", Help: "idle time before the first keepalive probe (0 = poolerd's: 15s to clients, 30s to servers)"},
 		{Name: "tcp_keepintvl", Help: "time between keepalive probes (0 = as tcp_keepidle's default)"},

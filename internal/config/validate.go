@@ -222,6 +222,7 @@ func (c *Config) validate(bad, tlsBad func(string, ...any)) {
 	if c.UnixSocketGroup != "" && c.UnixSocketDir == "" {
 		bad("unix_socket_group %q is set without unix_socket_dir: set the directory for the Unix socket, or drop the group", c.UnixSocketGroup)
 	}
+	c.validatePeers(bad)
 	if c.HTTPListen != "" {
 		if _, _, err := net.SplitHostPort(c.HTTPListen); err != nil {
 			bad("http_listen %q is not host:port (POOLERD_HTTP_LISTEN / --http-listen), e.g. 127.0.0.1:9930; empty disables HTTP", c.HTTPListen)
@@ -916,3 +917,37 @@ func (c *Config) validateHandoff(bad func(string, ...any)) {
 // maxServerTimeMillis bounds a server_time bucket's limit, which the proxy
 // counts in microseconds: about 292 years, far above any useful budget.
 const maxServerTimeMillis = math.MaxInt64 / 1000
+
+// validatePeers checks peer_id and the peers list.
+func (c *Config) validatePeers(bad func(string, ...any)) {
+	if c.PeerID < 0 || c.PeerID > MaxPeerID {
+		bad("peer_id %d is out of range (POOLERD_PEER_ID): give 1 to %d, unique in the peering group, or 0 for no peering", c.PeerID, MaxPeerID)
+	}
+	if len(c.Peers) > 0 && c.PeerID == 0 {
+		bad("peers is set but peer_id is 0: give this poolerd its own peer_id (1 to %d), or drop peers", MaxPeerID)
+	}
+	seen := map[int]bool{}
+	for i := range c.Peers {
+		p := &c.Peers[i]
+		where := fmt.Sprintf("peers[%d]", i)
+		switch {
+		case p.ID < 1 || p.ID > MaxPeerID:
+			bad("%s: id %d is out of range: give the peer's peer_id, 1 to %d", where, p.ID, MaxPeerID)
+		case seen[p.ID]:
+			bad("%s: id %d is listed twice: each peer once", where, p.ID)
+		}
+		seen[p.ID] = true
+		if p.Host == "" {
+			bad("%s (id %d): host is empty: give the peer's address, or the directory of its Unix socket", where, p.ID)
+		}
+		if p.Port == 0 {
+			p.Port = 6432
+		}
+		if p.Port < 0 || p.Port > 65535 {
+			bad("%s (id %d): port %d is not a TCP port", where, p.ID, p.Port)
+		}
+		if p.PoolSize < 0 {
+			bad("%s (id %d): pool_size %d is negative: use 0 for max_size", where, p.ID, p.PoolSize)
+		}
+	}
+}

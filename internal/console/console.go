@@ -58,6 +58,9 @@ type Snapshots interface {
 	DatabaseTotals() map[string]proxy.Totals
 	// RateLimits lists every bucket of every rate-limit rule.
 	RateLimits() []proxy.RateLimitInfo
+	// PeerPools lists the peers (peer_id) with the cancel requests being
+	// forwarded to each.
+	PeerPools() []proxy.PeerPoolStats
 }
 
 // Averager gives the last stats period's rates and mean times by database

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -118,9 +119,11 @@ type fakeProxy struct {
 	killed    []uint64
 	calls     []string
 	rates     []proxy.RateLimitInfo
+	peerPools []proxy.PeerPoolStats
 }
 
 func (f *fakeProxy) RateLimits() []proxy.RateLimitInfo { return f.rates }
+func (f *fakeProxy) PeerPools() []proxy.PeerPoolStats  { return f.peerPools }
 
 func (f *fakeProxy) Config() *config.Config                        { return f.cfg }
 func (f *fakeProxy) Version() string                               { return "test" }
@@ -441,8 +444,8 @@ func TestShowSockets(t *testing.T) {
 	if len(r.rows) != 7 {
 		t.Errorf("%d rows, want 7", len(r.rows))
 	}
-	// The lists PgBouncer has and poolerd has nothing for: PgBouncer's
-	// columns, no rows.
+	// The lists PgBouncer has and poolerd has nothing for (and the peers,
+	// without peer_id): PgBouncer's columns, no rows.
 	for sql, cols := range map[string]string{
 		"SHOW ACTIVE_SOCKETS": strings.Join(r.cols, ","), "SHOW PEERS": "peer_id,host,port,pool_size",
 		"SHOW PEER_POOLS": "peer_id,cl_active_cancel_req,cl_waiting_cancel_req,sv_active_cancel,sv_login",
@@ -452,6 +455,21 @@ func TestShowSockets(t *testing.T) {
 		if got := strings.Join(e.cols, ","); got != cols || len(e.rows) != 0 {
 			t.Errorf("%s: columns %s, %d rows; want %s, none", sql, got, len(e.rows), cols)
 		}
+	}
+	// With peer_id and peers: one row per other peer, pool_size 0 shown
+	// as the max_size it stands for.
+	f.cfg.PeerID = 1
+	f.cfg.Peers = []config.Peer{{ID: 1, Host: "/run/a", Port: 6432}, {ID: 2, Host: "/run/b", Port: 6433}, {ID: 3, Host: "10.0.0.3", Port: 6432, PoolSize: 4}}
+	f.peerPools = []proxy.PeerPoolStats{{ID: 2}, {ID: 3, Active: 4, Waiting: 1}}
+	p := run(t, testSession(f, false), "SHOW PEERS")
+	if len(p.rows) != 2 || p.val(t, 0, "peer_id") != "2" || p.val(t, 0, "host") != "/run/b" || p.val(t, 0, "port") != "6433" ||
+		p.val(t, 0, "pool_size") != strconv.Itoa(f.cfg.MaxSize) || p.val(t, 1, "pool_size") != "4" {
+		t.Errorf("SHOW PEERS: %v", p.rows)
+	}
+	pp := run(t, testSession(f, false), "SHOW PEER_POOLS")
+	if len(pp.rows) != 2 || pp.val(t, 1, "peer_id") != "3" || pp.val(t, 1, "cl_active_cancel_req") != "4" ||
+		pp.val(t, 1, "cl_waiting_cancel_req") != "1" || pp.val(t, 1, "sv_active_cancel") != "4" {
+		t.Errorf("SHOW PEER_POOLS: %v", pp.rows)
 	}
 	m := run(t, testSession(f, false), "SHOW MEM")
 	if strings.Join(m.cols, ",") != "name,size,used,free,memtotal" || len(m.rows) != 3 || m.val(t, 0, "name") != "heap" || m.val(t, 0, "used") == "0" {

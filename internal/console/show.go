@@ -453,16 +453,34 @@ func (c *Console) showMem() *resultSet {
 	return r
 }
 
-// showPeers and showPeerPools are PgBouncer's peering lists: poolerd has
-// no [peers] (a cancel request reaches the poolerd holding its session
-// through so_reuseport or a --takeover hand-over), so they have no rows.
+// showPeers lists the peers of peer_id's group (PgBouncer's [peers]),
+// this poolerd's own entry aside, with the bound on cancel requests in
+// flight to each; showPeerPools those requests (poolerd opens one
+// connection per request, so sv_active_cancel is cl_active_cancel_req and
+// sv_login 0).
 func (c *Console) showPeers() *resultSet {
-	return newResult(int4("peer_id"), text("host"), int4("port"), int4("pool_size"))
+	cfg := c.p.Config()
+	r := newResult(int4("peer_id"), text("host"), int4("port"), int4("pool_size"))
+	for _, p := range cfg.Peers {
+		if p.ID == cfg.PeerID {
+			continue
+		}
+		size := p.PoolSize
+		if size == 0 {
+			size = cfg.MaxSize
+		}
+		r.row(p.ID, p.Host, p.Port, size)
+	}
+	return r
 }
 
 func (c *Console) showPeerPools() *resultSet {
-	return newResult(int4("peer_id"), int4("cl_active_cancel_req"), int4("cl_waiting_cancel_req"),
+	r := newResult(int4("peer_id"), int4("cl_active_cancel_req"), int4("cl_waiting_cancel_req"),
 		int4("sv_active_cancel"), int4("sv_login"))
+	for _, p := range c.p.PeerPools() {
+		r.row(p.ID, p.Active, p.Waiting, p.Active, 0)
+	}
+	return r
 }
 
 // showDNSHosts and showDNSZones are PgBouncer's DNS cache: poolerd keeps

@@ -129,7 +129,7 @@ func Rules() []Rule {
 		{Section: "pgbouncer", Key: "sbuf_loopcnt", Note: "poolerd sizes its buffers itself: remove it"},
 		{Section: "pgbouncer", Key: "listen_backlog", Note: "poolerd uses the kernel's somaxconn: remove it"},
 		{Section: "pgbouncer", Key: "so_reuseport", To: "so_reuseport", kind: kindBool, ifKey: true, Note: "as in PgBouncer: a new poolerd binds the port while the old one drains (docs/operations.md)"},
-		{Section: "pgbouncer", Key: "peer_id", Note: "peering is not supported: a cancel request must reach the poolerd its client is connected to"},
+		{Section: "pgbouncer", Key: "peer_id", To: "peer_id", kind: kindInt, Note: "as in PgBouncer, with the [peers] section: the poolers of a group sharing a port (so_reuseport) pass each cancel request on to the one that issued its key, poolerd and PgBouncer alike (the same key layout)"},
 		// Timeouts.
 		{Section: "pgbouncer", Key: "query_timeout", To: "query_timeout", kind: kindSeconds},
 		{Section: "pgbouncer", Key: "query_wait_timeout", To: "checkout_timeout", kind: kindSeconds, Default: "120"},
@@ -219,7 +219,41 @@ func Rules() []Rule {
 		{Section: "users", Key: "client_idle_timeout", To: "client_idle_timeout", kind: kindSeconds},
 		{Section: "users", Key: "transaction_timeout", To: "transaction_timeout", kind: kindSeconds},
 		{Section: "users", Key: "query_wait_timeout", To: "checkout_timeout", kind: kindSeconds},
+
+		// [peers] entries: id = host=… port=… pool_size=….
+		{Section: "peers", Key: "host", To: "host", kind: kindString, Note: "an address, or the directory of the peer's Unix socket"},
+		{Section: "peers", Key: "port", To: "port", kind: kindInt, Note: "6432 if unset, as in PgBouncer"},
+		{Section: "peers", Key: "pool_size", To: "pool_size", kind: kindInt, Note: "the cancel requests in flight to the peer at once; unset: default_pool_size"},
 	}
+}
+
+// translatePeer turns a [peers] entry (id = connection string) into an
+// entry of poolerd's peers.
+func translatePeer(e entry, rules map[string]Rule, ignore func(string, entry, string)) (map[string]any, error) {
+	id, err := strconv.Atoi(strings.TrimSpace(e.key))
+	if err != nil || id < 1 || id > config.MaxPeerID {
+		return nil, fmt.Errorf("%s: [peers] %s: a peer's key is its peer_id, a number from 1 to %d", e.where(), e.key, config.MaxPeerID)
+	}
+	params, err := parseConnString(e.value)
+	if err != nil {
+		return nil, fmt.Errorf("%s: [peers] %s: %w", e.where(), e.key, err)
+	}
+	out := map[string]any{"id": id}
+	for _, p := range params {
+		r, ok := rules[p.key]
+		if !ok {
+			return nil, fmt.Errorf("%s: [peers] %s: unrecognized connection parameter %s: a peer takes host, port and pool_size", e.where(), e.key, p.key)
+		}
+		v, err := convert(r.kind, p.value, e.file)
+		if err != nil {
+			return nil, fmt.Errorf("%s: [peers] %s: %s: %w", e.where(), e.key, p.key, err)
+		}
+		out[r.To] = v
+	}
+	if _, ok := out["host"]; !ok {
+		return nil, fmt.Errorf("%s: [peers] %s: host was not provided for peer %d", e.where(), e.key, id)
+	}
+	return out, nil
 }
 
 // Ignored is a setting of the ini that poolerd does not honour. It names
@@ -298,7 +332,7 @@ func translate(path string, data []byte) (*Result, error) {
 	}
 	set := map[string]entry{} // [pgbouncer] keys, last one wins as in PgBouncer
 	var setOrder []string
-	var dbs, users []any
+	var dbs, users, peers []any
 	for _, e := range entries {
 		switch e.section {
 		case "pgbouncer":
@@ -319,7 +353,11 @@ func translate(path string, data []byte) (*Result, error) {
 			}
 			users = append(users, u)
 		case "peers":
-			ignore("[peers] "+e.key, e, "peering is not supported: a cancel request must reach the poolerd its client is connected to")
+			p, err := translatePeer(e, rules["peers"], ignore)
+			if err != nil {
+				return nil, err
+			}
+			peers = append(peers, p)
 		default:
 			ignore(fmt.Sprintf("[%s] %s", e.section, e.key), e, "unknown section: PgBouncer reads [databases], [users], [peers] and [pgbouncer]")
 		}
@@ -386,6 +424,9 @@ func translate(path string, data []byte) (*Result, error) {
 	}
 	if len(users) > 0 {
 		res.Tree["users"] = users
+	}
+	if len(peers) > 0 {
+		res.Tree["peers"] = peers
 	}
 	return res, nil
 }

@@ -82,8 +82,8 @@ func (res *Result) YAML() ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// orderEntries gives the maps of the databases and users lists a stable
-// order, name first.
+// orderEntries gives the maps of the databases, users and peers lists a
+// stable order, name (or a peer's id) first.
 func orderEntries(v any) any {
 	list, ok := v.([]any)
 	if !ok {
@@ -92,15 +92,17 @@ func orderEntries(v any) any {
 	var out []*yaml.Node
 	for _, item := range list {
 		m := item.(map[string]any)
-		keys := make([]string, 0, len(m))
+		var first, keys []string
 		for k := range m {
-			if k != "name" {
+			if k == "name" || k == "id" {
+				first = append(first, k)
+			} else {
 				keys = append(keys, k)
 			}
 		}
 		sort.Strings(keys)
 		n := &yaml.Node{Kind: yaml.MappingNode, Style: yaml.FlowStyle}
-		for _, k := range append([]string{"name"}, keys...) {
+		for _, k := range append(first, keys...) {
 			var val yaml.Node
 			_ = val.Encode(m[k])
 			n.Content = append(n.Content, &yaml.Node{Kind: yaml.ScalarNode, Value: k}, &val)
@@ -123,7 +125,7 @@ func MarkdownTable() string {
 		to := "not honoured"
 		if r.Honoured() {
 			to = "`" + r.To + "`"
-			if r.Section == "databases" || r.Section == "users" {
+			if r.Section == "databases" || r.Section == "users" || r.Section == "peers" {
 				to = "`" + r.Section + "[]." + r.To + "`"
 			}
 		}

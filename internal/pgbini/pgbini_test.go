@@ -311,6 +311,9 @@ func configDiff(a, b *config.Config) string {
 	if !reflect.DeepEqual(a.RateLimits, b.RateLimits) {
 		diff = append(diff, "rate_limits")
 	}
+	if !reflect.DeepEqual(a.Peers, b.Peers) {
+		diff = append(diff, fmt.Sprintf("peers: %+v vs %+v", a.Peers, b.Peers))
+	}
 	return strings.Join(diff, "; ")
 }
 
@@ -555,5 +558,62 @@ func TestServerCheck(t *testing.T) {
 	}
 	if kv, err := SetKeys("server_check_delay", "0"); err != nil || fmt.Sprint(kv) != "[{validation_interval 1ns}]" {
 		t.Errorf("SET server_check_delay = 0: %v %v", kv, err)
+	}
+}
+
+// TestPeers: peer_id and the [peers] section become poolerd's peer_id and
+// peers (port 6432 when unset, as in PgBouncer), and the conversion keeps
+// them; a peer without a host, with an id that is not one, or with an
+// unknown parameter is refused as PgBouncer refuses it.
+func TestPeers(t *testing.T) {
+	dir := t.TempDir()
+	ini := filepath.Join(dir, "p.ini")
+	writeFile(t, ini, "[databases]\nd = host=h\n[pgbouncer]\nlisten_addr = 127.0.0.1\nso_reuseport = 1\npeer_id = 2\n[peers]\n1 = host=/run/pgb-1\n2 = host=/run/pgb-2 port=6433\n3 = host=10.0.0.3 port=7000 pool_size=4\n")
+	res, err := Load(ini)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Ignored) > 0 {
+		t.Errorf("ignored: %v", res.Warning())
+	}
+	cfg, err := loadWith(t, ini)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []config.Peer{{ID: 1, Host: "/run/pgb-1", Port: 6432}, {ID: 2, Host: "/run/pgb-2", Port: 6433}, {ID: 3, Host: "10.0.0.3", Port: 7000, PoolSize: 4}}
+	if cfg.PeerID != 2 || !reflect.DeepEqual(cfg.Peers, want) {
+		t.Errorf("peer_id %d, peers %+v; want 2, %+v", cfg.PeerID, cfg.Peers, want)
+	}
+	out, err := res.YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(out), "peers:\n  - {id: 1, host: /run/pgb-1}") {
+		t.Errorf("converted:\n%s", out)
+	}
+	yml := filepath.Join(dir, "poolerd.yaml")
+	writeFile(t, yml, string(out))
+	l, err := config.NewLoader([]string{"--config", yml}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromYAML, err := l.Load()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if diff := configDiff(cfg, fromYAML); diff != "" {
+		t.Errorf("the YAML loads to another configuration: %s\n%s", diff, out)
+	}
+	for text, msg := range map[string]string{
+		"[peers]\n1 = port=6432\n":             "host was not provided for peer 1",
+		"[peers]\nx = host=h\n":                "a peer's key is its peer_id",
+		"[peers]\n0 = host=h\n":                "a peer's key is its peer_id",
+		"[peers]\n1 = host=h dbname=d\n":       "unrecognized connection parameter dbname",
+		"[peers]\n1 = host=h pool_size=many\n": "pool_size",
+	} {
+		writeFile(t, ini, "[databases]\nd = host=h\n[pgbouncer]\npeer_id = 2\n"+text)
+		if _, err := Load(ini); err == nil || !strings.Contains(err.Error(), msg) {
+			t.Errorf("%q: %v, want %q", text, err, msg)
+		}
 	}
 }

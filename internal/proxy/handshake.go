@@ -970,22 +970,39 @@ func (srv *Server) verifier(user string, secret auth.Secret, known bool) *auth.S
 // PostgreSQL does (it never answers a cancel request). A session-mode
 // client's pid is its backend's own, its key poolerd's (see
 // Server.register): its cancel requests come here too, and poolerd forwards
-// them with the backend's key.
+// them with the backend's key. With peer_id, a request for another peer's
+// client is passed on to that peer (peering.go).
 func (srv *Server) handleCancel(body []byte) {
 	if len(body) != 12 {
 		return
 	}
 	pid := binary.BigEndian.Uint32(body[4:])
 	key := binary.BigEndian.Uint32(body[8:])
+	cfg := srv.cfg()
+	if peer, ok := peerOf(cfg, pid); ok {
+		srv.forwardCancel(cfg, peer, pid, key)
+		return
+	}
+	if srv.cancelLocal(pid, key) {
+		return
+	}
+	// With peer_id, the keys poolerd issued have their time to live set
+	// (peering.go); one forwarded here by a peer has it lowered.
+	if cfg.PeerID == 0 || key|cancelTTLMask == key || !srv.cancelLocal(pid, key|cancelTTLMask) {
+		srv.log.Debug("cancel request for an unknown session")
+	}
+}
+
+// cancelLocal cancels what the session, replication connection or console
+// connection with the key pid, key runs, reporting whether there is one.
+func (srv *Server) cancelLocal(pid, key uint32) bool {
 	if s := srv.lookupSession(pid, key); s != nil {
 		s.cancel()
-		return
+		return true
 	}
 	if p := srv.lookupRepl(pid, key); p != nil {
 		p.cancel()
-		return
+		return true
 	}
-	if !srv.cancelConsole(pid, key) {
-		srv.log.Debug("cancel request for an unknown session")
-	}
+	return srv.cancelConsole(pid, key)
 }

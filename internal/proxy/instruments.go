@@ -174,7 +174,7 @@ func (m *metrics) forget(database, user string) {
 // pools created earlier have no histograms.
 func (srv *Server) Instrument(reg prometheus.Registerer) error {
 	m := newMetrics()
-	for _, c := range append([]prometheus.Collector{m.checkoutWait, m.queryDur, m.xactDur, m.handoffDirtyVec}, srv.rateMet.collectors()...) {
+	for _, c := range append([]prometheus.Collector{m.checkoutWait, m.queryDur, m.xactDur, m.handoffDirtyVec, srv.peering.forwarded}, srv.rateMet.collectors()...) {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

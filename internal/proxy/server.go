@@ -72,6 +72,7 @@ type Server struct {
 	// authDelays slows down repeated failed logins per address.
 	authDelays authDelays
 	rateMet    *rateMetrics
+	peering    *peering // cancel requests for other peers (peering.go)
 	metrics    *metrics // nil until Instrument
 	// ctx ends when the server is closed; checkouts and cancel requests
 	// give up with it.
@@ -175,6 +176,7 @@ func New(cfg *config.Config, log *zap.Logger) *Server {
 		dbs:          map[string]*dbState{},
 		shutdownReq:  make(chan string, 1),
 		rateMet:      newRateMetrics(),
+		peering:      newPeering(),
 		limits:       newConnLimits(),
 	}
 	srv.parker = newParker(srv)
@@ -707,7 +709,9 @@ func (srv *Server) closePools() {
 // connections of one pid.
 func (srv *Server) register(s *session, held *serverConn) {
 	srv.registerWith(s, func() {
-		if held != nil {
+		// With peer_id, the pid carries the peer id (peering.go): a
+		// session-mode client gets one of poolerd's too.
+		if held != nil && srv.cfg().PeerID == 0 {
 			s.pid, s.key = held.PID, srv.newKeyForLocked(held.PID)
 		} else {
 			s.pid, s.key = srv.newKeyLocked()
@@ -744,16 +748,18 @@ func (srv *Server) registerWith(s *session, setKey func()) {
 const minIssuedPID = 1 << 22
 
 // newKeyLocked returns a random BackendKeyData whose pid no session or
-// console connection has (srv.mu held).
+// console connection has (srv.mu held), in the peering layout when peer_id
+// is set (peering.go).
 func (srv *Server) newKeyLocked() (pid, key uint32) {
 	var b [8]byte
+	cfg := srv.cfg()
 	for {
 		_, _ = rand.Read(b[:])
-		pid = binary.BigEndian.Uint32(b[:4]) & 0x7fffffff
+		pid, key = issueKey(cfg, binary.BigEndian.Uint32(b[:4])&0x7fffffff, binary.BigEndian.Uint32(b[4:]))
 		_, session := srv.keys[pid]
 		_, console := srv.consoles[pid]
 		if pid >= minIssuedPID && !session && !console && !srv.replPIDLocked(pid) {
-			return pid, binary.BigEndian.Uint32(b[4:])
+			return pid, key
 		}
 	}
 }
