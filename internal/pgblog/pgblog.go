@@ -21,6 +21,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap/buffer"
@@ -234,8 +235,14 @@ func (l *line) translate(msg string) (string, bool) {
 		}
 		return fmt.Sprintf("auth_query for user %s failed: %s", l.or("user", ""), err), true
 	case "configuration reload failed; keeping the running configuration":
-		// PgBouncer logs the reason as it found it, unquoted.
-		return msg + ": " + strings.Join(strings.Fields(l.or("error", "")), " "), true
+		// PgBouncer logs the reason as it found it, unquoted; a TLS file
+		// that does not load as its TLS setup failing, with the C
+		// library's words for the system's error.
+		reason := strings.Join(strings.Fields(l.or("error", "")), " ")
+		if strings.Contains(reason, "client_tls_") || strings.Contains(reason, "server_tls_") {
+			return "TLS setup failed: " + strerror(reason) + " (" + msg + ")", true
+		}
+		return msg + ": " + reason, true
 	case "replication server login failed":
 		return "closing because: login failed (age=0s) " + l.or("error", ""), true
 	case "idle pool removed":
@@ -246,6 +253,22 @@ func (l *line) translate(msg string) (string, bool) {
 		return "registered new auto-database: " + l.or("database", ""), true
 	}
 	return "", false
+}
+
+// strerror gives the system errors in text Go's way ("no such file or
+// directory") the C library's capital ("No such file or directory"), as
+// PgBouncer's lines quote strerror.
+func strerror(text string) string {
+	for n := syscall.Errno(1); n < 256; n++ {
+		e := n.Error()
+		if e == "" || strings.HasPrefix(e, "errno ") {
+			continue
+		}
+		if i := strings.Index(text, ": "+e); i >= 0 && (len(text) == i+2+len(e) || strings.ContainsAny(text[i+2+len(e):i+3+len(e)], ";,) \n")) {
+			text = text[:i+2] + strings.ToUpper(e[:1]) + e[1:] + text[i+2+len(e):]
+		}
+	}
+	return text
 }
 
 // authUserLogin starts the error of an auth_query whose login as

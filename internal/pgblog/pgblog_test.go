@@ -88,6 +88,9 @@ func TestLines(t *testing.T) {
 		{"reload failed", func(l *zap.Logger) {
 			l.Error("configuration reload failed; keeping the running configuration", zap.Error(errors.New("config x.ini: auth_dbname \"pgbouncer\": cannot use the reserved \"pgbouncer\" database\n  as an auth_dbname")))
 		}, "ERROR configuration reload failed; keeping the running configuration: config x.ini: auth_dbname \"pgbouncer\": cannot use the reserved \"pgbouncer\" database as an auth_dbname\n"},
+		{"reload failed on a TLS file", func(l *zap.Logger) {
+			l.Error("configuration reload failed; keeping the running configuration", zap.Error(errors.New("config x.ini: client_tls_cert_file / client_tls_key_file: open /c/dummy.crt: no such file or directory")))
+		}, "ERROR TLS setup failed: config x.ini: client_tls_cert_file / client_tls_key_file: open /c/dummy.crt: No such file or directory (configuration reload failed; keeping the running configuration)\n"},
 		{"DNS failed", func(l *zap.Logger) {
 			l.Info("server of the entry failed; trying its next", zap.String("host", "nohost:5432"),
 				zap.Error(errors.New("dial tcp: lookup nohost on 127.0.0.53:53: no such host")))
