@@ -62,6 +62,8 @@ func startDocsDaemon(t *testing.T) *docsDaemon {
 	}
 	host, port, _ := net.SplitHostPort(pg.Addr())
 	d := &docsDaemon{addr: docsFreeAddr(t), http: docsFreeAddr(t), logs: &bytes.Buffer{}}
+	// Peer 2 is a port nothing listens on: a cancel request for it fails.
+	_, deadPort, _ := net.SplitHostPort(docsFreeAddr(t))
 	conf := fmt.Sprintf(`listen: %s
 http_listen: %s
 upstream: %s
@@ -71,6 +73,11 @@ users:
     password: %s
 max_size: 5
 log_level: info
+peer_id: 1
+peers:
+  - id: 2
+    host: 127.0.0.1
+    port: %s
 databases:
   - name: limited
     host: %s
@@ -91,7 +98,7 @@ rate_limits:
     match: {application_name: docs-measured}
     rows: {limit: 1, per: 1h}
     mode: reject
-`, d.addr, d.http, pg.DSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp), pgtest.RoleApp, pgtest.Password, host, port, pgtest.DBApp)
+`, d.addr, d.http, pg.DSN(pgtest.RoleApp, pgtest.Password, pgtest.DBApp), pgtest.RoleApp, pgtest.Password, deadPort, host, port, pgtest.DBApp)
 	file := filepath.Join(dir, "poolerd.yaml")
 	if err := os.WriteFile(file, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
@@ -242,6 +249,9 @@ func (d *docsDaemon) makeEvents(t *testing.T) {
 		t.Fatalf("replication connection: %v", err)
 	}
 	t.Cleanup(func() { _ = repl.Close(context.Background()) })
+	// A cancel request for a client of peer 2 (its id in the pid's second
+	// and third bytes), which nobody serves: it cannot be passed on.
+	sendCancel(t, d.addr, 0x7f000000|2<<16, []byte{0, 0, 0, 3})
 	// An eviction: RECONNECT closes the idle server connections.
 	adm := d.connect(t, "pgbouncer")
 	if _, err := docsExec(ctx, adm, "RECONNECT"); err != nil {
