@@ -151,6 +151,11 @@ type Config struct {
 	// ApplicationNameAddHost appends " - host:port" of the client to the
 	// application_name it logs in with (PgBouncer's key), "app" if none.
 	ApplicationNameAddHost bool `mapstructure:"application_name_add_host"`
+	// IgnoreStartupParameters are startup parameters dropped instead of
+	// applied (PgBouncer's ignore_startup_parameters; txstate.Ignored says
+	// which). Empty, the default: every parameter a client sends is
+	// applied.
+	IgnoreStartupParameters []string `mapstructure:"ignore_startup_parameters"`
 	// ServerFastClose ends a client that holds a server connection
 	// (session mode, or pinned) as soon as it is idle outside a
 	// transaction once RECONNECT or a reload asked for that connection

@@ -121,7 +121,7 @@ func Rules() []Rule {
 		{Section: "pgbouncer", Key: "autodb_idle_timeout", Note: "pools of the `*` entry are kept; idle_timeout closes their connections"},
 		{Section: "pgbouncer", Key: "suspend_timeout", Note: "SUSPEND and online restart (-R) are not supported"},
 		{Section: "pgbouncer", Key: "track_extra_parameters", Note: "poolerd tracks every parameter the server reports: nothing to set"},
-		{Section: "pgbouncer", Key: "ignore_startup_parameters", Note: "poolerd accepts and applies every startup parameter (extra_float_digits, search_path, options…): nothing to set"},
+		{Section: "pgbouncer", Key: "ignore_startup_parameters", To: "ignore_startup_parameters", kind: kindList, Note: "the listed parameters are dropped, as PgBouncer drops them; without it poolerd applies every parameter a client sends"},
 		{Section: "pgbouncer", Key: "disable_pqexec", To: "disable_pqexec", kind: kindBool},
 		{Section: "pgbouncer", Key: "application_name_add_host", To: "application_name_add_host", kind: kindBool},
 		{Section: "pgbouncer", Key: "max_packet_size", To: "max_packet_size", kind: kindSpecial, Note: "capped at PostgreSQL's own limit, 1073741823"},

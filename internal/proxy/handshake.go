@@ -408,7 +408,7 @@ func (s *session) startup(cfg *config.Config, body []byte) bool {
 	case s.login.repl != replNone:
 		params = replicationParams(raw)
 	default:
-		params, err = txstate.StartupParams(raw)
+		params, err = txstate.StartupParams(raw, cfg.IgnoreStartupParameters)
 	}
 	if err == nil && s.login.repl == replNone && cfg.ApplicationNameAddHost && !IsConsoleDatabase(s.database) {
 		// As PgBouncer: at login only; a later SET is the client's.

@@ -39,8 +39,9 @@ func CanonicalParam(name string) string {
 
 // StartupParams turns a client's startup packet parameters into the session
 // parameters to apply: user, database and protocol options are removed and
-// options=-c name=value is expanded, as PostgreSQL does.
-func StartupParams(raw map[string]string) (map[string]string, error) {
+// options=-c name=value is expanded, as PostgreSQL does. The parameters
+// ignore names (ignore_startup_parameters) are dropped (Ignored).
+func StartupParams(raw map[string]string, ignore []string) (map[string]string, error) {
 	out := make(map[string]string, len(raw))
 	for k, v := range raw {
 		switch {
@@ -49,17 +50,46 @@ func StartupParams(raw map[string]string) (map[string]string, error) {
 		case k == "options":
 			opts, err := ParseOptions(v)
 			if err != nil {
+				if Ignored(ignore, k, false) {
+					continue // PgBouncer drops an options it cannot read, when listed
+				}
 				return nil, &wire.Error{Severity: "FATAL", Code: "08P01", Message: err.Error(),
 					Hint: "poolerd accepts -c name=value and --name=value in options"}
 			}
 			for name, value := range opts {
-				out[CanonicalParam(name)] = value
+				if !Ignored(ignore, name, true) {
+					out[CanonicalParam(name)] = value
+				}
 			}
+		case Ignored(ignore, k, false):
 		default:
 			out[CanonicalParam(k)] = v
 		}
 	}
 	return out, nil
+}
+
+// Ignored reports whether a startup parameter (fromOptions: a setting in
+// the options parameter) is dropped by ignore_startup_parameters, as
+// PgBouncer drops it: a parameter the list names, and with options listed
+// every setting in options, except the parameters PgBouncer always applies
+// (client_encoding, DateStyle, TimeZone, standard_conforming_strings,
+// application_name, and IntervalStyle, its default track_extra_parameters).
+// Names compare without regard to case.
+func Ignored(ignore []string, name string, fromOptions bool) bool {
+	if len(ignore) == 0 {
+		return false
+	}
+	switch CanonicalParam(name) {
+	case "client_encoding", "DateStyle", "TimeZone", "standard_conforming_strings", "application_name", "IntervalStyle":
+		return false
+	}
+	for _, n := range ignore {
+		if strings.EqualFold(n, name) || fromOptions && strings.EqualFold(n, "options") {
+			return true
+		}
+	}
+	return false
 }
 
 // ParseOptions splits a startup "options" value like PostgreSQL's

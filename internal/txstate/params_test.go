@@ -1,6 +1,7 @@
 package txstate
 
 import (
+	"maps"
 	"reflect"
 	"strings"
 	"testing"
@@ -37,13 +38,54 @@ func TestStartupParams(t *testing.T) {
 	got, werr := StartupParams(map[string]string{
 		"user": "u", "database": "d", "_pq_.x": "1", "DATESTYLE": "ISO", "application_name": "a",
 		"options": "-c TimeZone=UTC", "replication": "false",
-	})
+	}, nil)
 	if werr != nil {
 		t.Fatal(werr)
 	}
 	want := map[string]string{"DateStyle": "ISO", "application_name": "a", "TimeZone": "UTC"}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("got %v want %v", got, want)
+	}
+}
+
+// TestStartupParamsIgnored: ignore_startup_parameters drops the parameters
+// it lists, in the startup packet and in options, and with options listed
+// every setting in options; never the ones PgBouncer always applies.
+func TestStartupParamsIgnored(t *testing.T) {
+	raw := map[string]string{
+		"user": "u", "extra_float_digits": "3", "search_path": "s", "TimeZone": "UTC",
+		"options": "-c Work_Mem=2MB -c enable_seqscan=off -c datestyle=German --intervalstyle=iso_8601",
+	}
+	all := map[string]string{"extra_float_digits": "3", "search_path": "s", "TimeZone": "UTC",
+		"work_mem": "2MB", "enable_seqscan": "off", "DateStyle": "German", "IntervalStyle": "iso_8601"}
+	without := func(names ...string) map[string]string {
+		m := maps.Clone(all)
+		for _, n := range names {
+			delete(m, n)
+		}
+		return m
+	}
+	for _, tc := range []struct {
+		ignore []string
+		want   map[string]string
+	}{
+		{nil, all},
+		{[]string{"EXTRA_FLOAT_DIGITS", "work_mem"}, without("extra_float_digits", "work_mem")},
+		{[]string{"options"}, without("work_mem", "enable_seqscan")},
+		{[]string{"search_path", "timezone", "DateStyle", "application_name"}, without("search_path")},
+	} {
+		got, err := StartupParams(raw, tc.ignore)
+		if err != nil || !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("ignore %q:\n got %v %v\nwant %v", tc.ignore, got, err, tc.want)
+		}
+	}
+	// An options poolerd cannot read is refused, unless options is listed.
+	bad := map[string]string{"options": "-d 5", "extra_float_digits": "3"}
+	if _, err := StartupParams(bad, nil); err == nil {
+		t.Error("options -d 5 accepted")
+	}
+	if got, err := StartupParams(bad, []string{"options"}); err != nil || !reflect.DeepEqual(got, map[string]string{"extra_float_digits": "3"}) {
+		t.Errorf("options -d 5 with options ignored: %v %v", got, err)
 	}
 }
 

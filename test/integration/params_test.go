@@ -437,6 +437,53 @@ func TestParamsPQExecAndAppNameHost(t *testing.T) {
 	}
 }
 
+// TestParamsIgnoreStartupParameters: ignore_startup_parameters drops the
+// parameters it lists, sent on their own or in options, and with options
+// listed every setting in options, as PgBouncer does: the session has the
+// server's defaults for them. The others, and those PgBouncer always
+// applies (TimeZone here), are applied; a value PostgreSQL would refuse
+// does not matter when it is dropped.
+func TestParamsIgnoreStartupParameters(t *testing.T) {
+	t.Parallel()
+	show := func(c *pgx.Conn, names ...string) map[string]string {
+		t.Helper()
+		got := map[string]string{}
+		for _, n := range names {
+			var v string
+			if err := c.QueryRow(ctxTimeout(t, 10*time.Second), "SELECT current_setting($1)", n).Scan(&v); err != nil {
+				t.Fatal(err)
+			}
+			got[n] = v
+		}
+		return got
+	}
+	for _, mode := range []string{config.PoolTransaction, config.PoolSession} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			p := startPoolerd(t, func(c *config.Config) {
+				c.PoolMode = mode
+				c.IgnoreStartupParameters = []string{"Extra_Float_Digits", "search_path", "TimeZone"}
+			})
+			c := connectParams(t, p, "extra_float_digits="+strings.Repeat("1", 5000), "search_path=nowhere",
+				"TimeZone=Asia/Tokyo", "options=-c work_mem=7MB -c extra_float_digits=3")
+			want := map[string]string{"extra_float_digits": "1", "search_path": `"$user", public`,
+				"TimeZone": "Asia/Tokyo", "work_mem": "7MB"}
+			if got := show(c, "extra_float_digits", "search_path", "TimeZone", "work_mem"); !maps.Equal(got, want) {
+				t.Errorf("got %v, want %v", got, want)
+			}
+			p2 := startPoolerd(t, func(c *config.Config) {
+				c.PoolMode = mode
+				c.IgnoreStartupParameters = []string{"options"}
+			})
+			c2 := connectParams(t, p2, "extra_float_digits=2", "options=-c work_mem=7MB -c DateStyle=German")
+			want = map[string]string{"extra_float_digits": "2", "work_mem": "4MB", "DateStyle": "German, DMY"}
+			if got := show(c2, "extra_float_digits", "work_mem", "DateStyle"); !maps.Equal(got, want) {
+				t.Errorf("options ignored: got %v, want %v", got, want)
+			}
+		})
+	}
+}
+
 // TestParamsLoginBurstAsksOnce: logins that arrive together with
 // parameters the pool has not seen ask the server one at a time, so the
 // question takes one server connection, not one per login; the others
