@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -705,6 +706,13 @@ func (d *dbPool) prepareLogin(ctx context.Context, startup map[string]string, ke
 				out[name] = value // stored as given; no need to ask the server
 				continue
 			}
+			if v, ok := d.defaults[name]; ok && v == value {
+				// The server's own report of its default: setting it
+				// gives the same report back (a server that runs no SQL,
+				// a PgBouncer console, is never asked for it).
+				out[name] = value
+				continue
+			}
 			r, ok := d.learned[txstate.Param{Name: name, Value: value}]
 			switch {
 			case !ok:
@@ -755,6 +763,14 @@ func (d *dbPool) prepareLogin(ctx context.Context, startup map[string]string, ke
 		d.checkin(sc)
 		return nil
 	}
+	// The first login of a pool learns the defaults with its checkout.
+	unknown = slices.DeleteFunc(unknown, func(k txstate.Param) bool {
+		if v, ok := sc.params[k.Name]; ok && v == k.Value {
+			out[k.Name] = v
+			return true
+		}
+		return false
+	})
 	if len(unknown) == 0 {
 		return out, done(), nil
 	}

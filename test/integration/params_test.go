@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -445,18 +447,6 @@ func TestParamsPQExecAndAppNameHost(t *testing.T) {
 // does not matter when it is dropped.
 func TestParamsIgnoreStartupParameters(t *testing.T) {
 	t.Parallel()
-	show := func(c *pgx.Conn, names ...string) map[string]string {
-		t.Helper()
-		got := map[string]string{}
-		for _, n := range names {
-			var v string
-			if err := c.QueryRow(ctxTimeout(t, 10*time.Second), "SELECT current_setting($1)", n).Scan(&v); err != nil {
-				t.Fatal(err)
-			}
-			got[n] = v
-		}
-		return got
-	}
 	for _, mode := range []string{config.PoolTransaction, config.PoolSession} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
@@ -468,7 +458,7 @@ func TestParamsIgnoreStartupParameters(t *testing.T) {
 				"TimeZone=Asia/Tokyo", "options=-c work_mem=7MB -c extra_float_digits=3")
 			want := map[string]string{"extra_float_digits": "1", "search_path": `"$user", public`,
 				"TimeZone": "Asia/Tokyo", "work_mem": "7MB"}
-			if got := show(c, "extra_float_digits", "search_path", "TimeZone", "work_mem"); !maps.Equal(got, want) {
+			if got := showAll(t, c, "extra_float_digits", "search_path", "TimeZone", "work_mem"); !maps.Equal(got, want) {
 				t.Errorf("got %v, want %v", got, want)
 			}
 			p2 := startPoolerd(t, func(c *config.Config) {
@@ -477,8 +467,44 @@ func TestParamsIgnoreStartupParameters(t *testing.T) {
 			})
 			c2 := connectParams(t, p2, "extra_float_digits=2", "options=-c work_mem=7MB -c DateStyle=German")
 			want = map[string]string{"extra_float_digits": "2", "work_mem": "4MB", "DateStyle": "German, DMY"}
-			if got := show(c2, "extra_float_digits", "work_mem", "DateStyle"); !maps.Equal(got, want) {
+			if got := showAll(t, c2, "extra_float_digits", "work_mem", "DateStyle"); !maps.Equal(got, want) {
 				t.Errorf("options ignored: got %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+// TestParamsDefaultsNotAsked: a startup parameter whose value is the one
+// the server reports as its default needs no question to the server at
+// login: setting a parameter to its own report gives that report back.
+// Shown with a server that runs no SQL at all: a database entry pointing
+// at another poolerd's admin console, which a client then reads through
+// this one (PgBouncer allows the same).
+func TestParamsDefaultsNotAsked(t *testing.T) {
+	t.Parallel()
+	a := startPoolerd(t, func(c *config.Config) {
+		c.AdminUsers = []string{pgtest.RoleApp}
+	})
+	host, port, _ := net.SplitHostPort(a.addr)
+	portN, _ := strconv.Atoi(port)
+	for _, mode := range []string{config.PoolTransaction, config.PoolSession} {
+		t.Run(mode, func(t *testing.T) {
+			b := startPoolerd(t, func(c *config.Config) {
+				c.PoolMode = mode
+				c.VerifyHandoff = "off" // the console answers no fingerprint query
+				c.Databases = []config.Database{{Name: "acons", Host: host, Port: portN, DBName: "pgbouncer"}}
+			})
+			// What the console reports: client_encoding UTF8, DateStyle ISO,
+			// TimeZone GMT.
+			cfg := paramConfig(t, b.dsn(pgtest.RoleApp, pgtest.Password, "acons"), "client_encoding=UTF8", "DateStyle=ISO", "TimeZone=GMT")
+			c, err := pgx.ConnectConfig(ctxTimeout(t, 15*time.Second), cfg)
+			if err != nil {
+				t.Fatalf("login through a database that is another poolerd's console: %v", err)
+			}
+			defer c.Close(context.Background())
+			var version string
+			if err := c.QueryRow(ctxTimeout(t, 10*time.Second), "SHOW VERSION").Scan(&version); err != nil || !strings.Contains(version, "poolerd") {
+				t.Errorf("SHOW VERSION through it: %q %v", version, err)
 			}
 		})
 	}
