@@ -22,11 +22,9 @@ func errInvalidCommand(sql string) *wire.Error {
 }
 
 // notInPoolerd says why poolerd does not have one of PgBouncer's console
-// commands (SUSPEND, SHOW FDS) and what to use instead; "" for any other.
+// commands (SHOW FDS) and what to use instead; "" for any other.
 func notInPoolerd(what string) string {
 	switch what {
-	case "SUSPEND":
-		return "SUSPEND prepares PgBouncer's online restart by socket passing: poolerd's is --takeover with takeover_socket, or so_reuseport (docs/operations.md)"
 	case "FDS":
 		return "SHOW FDS lists the sockets PgBouncer passes in an online restart: poolerd's restart (--takeover) passes the listener and each client's state itself"
 	}
@@ -102,7 +100,9 @@ func (s *session) command(sql string) (out []byte, quit bool, werr *wire.Error) 
 		}
 	case "PAUSE", "RESUME", "DISABLE", "ENABLE", "RECONNECT", "KILL", "KILL_CLIENT", "WAIT_CLOSE":
 	case "SUSPEND":
-		return nil, false, errNotInPoolerd("SUSPEND", "SUSPEND")
+		if arg != "" {
+			return nil, false, errInvalidCommand(sql)
+		}
 	default:
 		return nil, false, errInvalidCommand(sql)
 	}

@@ -78,6 +78,7 @@ type Controls interface {
 	DatabaseKnown(database string) bool
 	Pause(ctx context.Context, database string) error
 	CancelPause(database string)
+	Suspend() error
 	Resume(database string) error
 	SetDisabled(database string, disabled bool)
 	Reconnect(database string)

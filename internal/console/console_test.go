@@ -153,6 +153,10 @@ func (f *fakeProxy) Pause(ctx context.Context, database string) error {
 	return f.pauseErr
 }
 func (f *fakeProxy) CancelPause(database string) { _ = f.call("CANCEL_PAUSE", database) }
+func (f *fakeProxy) Suspend() error {
+	_ = f.call("SUSPEND", "")
+	return f.pauseErr
+}
 func (f *fakeProxy) Resume(database string) error {
 	_ = f.call("RESUME", database)
 	return f.resumeErr
@@ -335,13 +339,19 @@ func TestShowRateLimits(t *testing.T) {
 func TestShowState(t *testing.T) {
 	f := newFake(t)
 	s := testSession(f, false)
-	for _, paused := range []bool{false, true} {
-		f.pause.Paused = paused
+	for _, tc := range []struct {
+		st   proxy.PauseState
+		want []string
+	}{
+		{proxy.PauseState{}, []string{"yes", "no", "no"}},
+		{proxy.PauseState{Paused: true}, []string{"no", "yes", "no"}},
+		{proxy.PauseState{Suspended: true}, []string{"no", "no", "yes"}},
+	} {
+		f.pause = tc.st
 		r := run(t, s, "SHOW STATE")
 		got := []string{r.val(t, 0, "value"), r.val(t, 1, "value"), r.val(t, 2, "value")}
-		want := []string{yesNo(!paused), yesNo(paused), "no"}
-		if !slices.Equal(got, want) {
-			t.Errorf("paused %v: %v, want %v", paused, got, want)
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%+v: %v, want %v", tc.st, got, tc.want)
 		}
 	}
 }
@@ -544,7 +554,8 @@ func TestCommandErrors(t *testing.T) {
 		{admin, "KILL nodb", "no such database: nodb"},
 		{admin, "SET listen = ':1'", "SET failed: listen can only change with a restart"},
 		{admin, "SET max_size = x", "SET failed"},
-		{admin, "SUSPEND", "SUSPEND is not supported by poolerd"},
+		{admin, "SUSPEND now", "invalid command 'SUSPEND now', use SHOW HELP;"},
+		{stats, "SUSPEND", "admin access needed"},
 		{stats, "show fds", "SHOW FDS is not supported by poolerd"},
 		{stats, "SHOW NOTHING", "invalid command 'SHOW NOTHING', use SHOW HELP;"},
 	} {
@@ -568,6 +579,7 @@ func TestControl(t *testing.T) {
 	for _, tc := range []struct{ sql, tag, call string }{
 		{"RELOAD", "RELOAD", "RELOAD "},
 		{"PAUSE app", "PAUSE", "PAUSE app"},
+		{"SUSPEND", "SUSPEND", "SUSPEND "},
 		{"RESUME", "RESUME", "RESUME "},
 		{"DISABLE app", "DISABLE", "DISABLE app true"},
 		{"enable app", "ENABLE", "DISABLE app false"},
@@ -604,6 +616,11 @@ func TestControlRefusals(t *testing.T) {
 	f.pauseErr = proxy.ErrPaused
 	run(t, s, "PAUSE").wantError(t, "08P01", "already suspended/paused")
 	run(t, s, "KILL").wantError(t, "08P01", "already suspended/paused")
+	run(t, s, "SUSPEND").wantError(t, "08P01", "already suspended/paused")
+	f.pauseErr = proxy.ErrShutdownInProgress
+	run(t, s, "SUSPEND").wantError(t, "08P01", "pooler is shutting down")
+	f.pauseErr = proxy.ErrDatabasesPaused
+	run(t, s, "SUSPEND").wantError(t, "08P01", "cannot suspend with paused databases")
 	for _, tc := range []struct {
 		err      error
 		sql, msg string

@@ -33,6 +33,17 @@ func (s *session) control(cmd, arg string) ([]byte, bool, *wire.Error) {
 			return nil, true, nil // like PgBouncer: no reply, the process exits
 		}
 		return tag()
+	case "SUSPEND":
+		switch err := p.Suspend(); {
+		case errors.Is(err, proxy.ErrPaused):
+			return nil, false, errAlreadyPaused()
+		case errors.Is(err, proxy.ErrDatabasesPaused):
+			return nil, false, adminError("cannot suspend with paused databases")
+		case err != nil:
+			return nil, false, resumeError(err, "")
+		}
+		s.log.Info("admin console command", zap.String("command", cmd), zap.String("target", arg))
+		return tag()
 	case "KILL_CLIENT":
 		id, err := strconv.ParseUint(arg, 10, 64)
 		if err != nil || arg == "" {

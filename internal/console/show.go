@@ -31,6 +31,7 @@ const adminHelp = "\n\tSHOW HELP|CONFIG|DATABASES|POOLS|CLIENTS|SERVERS|USERS|VE
 	"\n\tRECONNECT [<db>]" +
 	"\n\tKILL [<db>]" +
 	"\n\tKILL_CLIENT <client_id>" +
+	"\n\tSUSPEND" +
 	"\n\tSHUTDOWN" +
 	"\n\tSHUTDOWN WAIT_FOR_SERVERS|WAIT_FOR_CLIENTS" +
 	"\n\tWAIT_CLOSE [<db>]"
@@ -68,11 +69,11 @@ func (c *Console) showVersion() *resultSet {
 
 // showState: PgBouncer's 3 rows.
 func (c *Console) showState() *resultSet {
-	paused := c.p.PauseState().Paused
+	st := c.p.PauseState()
 	r := newResult(text("key"), text("value"))
-	r.row("active", yesNo(!paused))
-	r.row("paused", yesNo(paused))
-	r.row("suspended", "no")
+	r.row("active", yesNo(!st.Paused && !st.Suspended))
+	r.row("paused", yesNo(st.Paused))
+	r.row("suspended", yesNo(st.Suspended))
 	return r
 }
 

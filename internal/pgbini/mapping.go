@@ -119,7 +119,7 @@ func Rules() []Rule {
 		{Section: "pgbouncer", Key: "server_connect_timeout", To: "server_connect_timeout", kind: kindSeconds},
 		{Section: "pgbouncer", Key: "server_login_retry", To: "reconnect_backoff_max", kind: kindSpecial, Note: "poolerd backs off exponentially from reconnect_backoff_base (1s) up to this"},
 		{Section: "pgbouncer", Key: "autodb_idle_timeout", Note: "pools of the `*` entry are kept; idle_timeout closes their connections"},
-		{Section: "pgbouncer", Key: "suspend_timeout", Note: "SUSPEND and online restart (-R) are not supported"},
+		{Section: "pgbouncer", Key: "suspend_timeout", Note: "not needed: poolerd's SUSPEND flushes no buffers (it answers at once), and its online restart (--takeover for -R) passes no sockets that would need flushing"},
 		{Section: "pgbouncer", Key: "track_extra_parameters", Note: "poolerd tracks every parameter the server reports: nothing to set"},
 		{Section: "pgbouncer", Key: "ignore_startup_parameters", To: "ignore_startup_parameters", kind: kindList, Note: "the listed parameters are dropped, as PgBouncer drops them; without it poolerd applies every parameter a client sends"},
 		{Section: "pgbouncer", Key: "disable_pqexec", To: "disable_pqexec", kind: kindBool},

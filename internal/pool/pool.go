@@ -261,6 +261,8 @@ type Config[C Conn] struct {
 	Validate func(ctx context.Context, c C) error
 	// Paused starts the pool paused (see Pause).
 	Paused bool
+	// Suspended starts the pool suspended (see Suspend).
+	Suspended bool
 	// Admit, when set, is asked before opening a connection (a limit
 	// shared with other pools); false waits for Nudge. Release gives the
 	// slot back when a connection closes or a connect fails; it runs in its
@@ -302,6 +304,8 @@ type Stats struct {
 	State State
 	// Paused is set between Pause and Resume.
 	Paused bool
+	// Suspended is set between Suspend and Unsuspend.
+	Suspended bool
 	// OldestWait is how long the first queued checkout has waited.
 	OldestWait       time.Duration
 	MaxSize, MinSize int
@@ -392,18 +396,21 @@ type Pool[C Conn] struct {
 
 	settings atomic.Pointer[Settings]
 
-	mu      sync.Mutex
-	idle    []C // most recently used last
-	conns   []C // every open connection, idle or active
-	gen     uint64
-	paused  bool
-	total   int
-	active  int
-	opening int
-	lent    int          // places held by TakeSlot, counted in total
-	waiters []*waiter[C] // FIFO
-	closed  bool
-	stats   Stats
+	mu     sync.Mutex
+	idle   []C // most recently used last
+	conns  []C // every open connection, idle or active
+	gen    uint64
+	paused bool
+	// suspended: Suspend hands out nothing and opens nothing, but keeps
+	// its connections (holdsBack says whether either holds).
+	suspended bool
+	total     int
+	active    int
+	opening   int
+	lent      int          // places held by TakeSlot, counted in total
+	waiters   []*waiter[C] // FIFO
+	closed    bool
+	stats     Stats
 
 	failures    int // connect failures in a row
 	backoffN    int // failures counted for the backoff; a probe resets it
@@ -455,7 +462,7 @@ func New[C Conn](cfg Config[C], ids *atomic.Uint64) *Pool[C] {
 	}
 	set := cfg.Settings
 	p.settings.Store(&set)
-	p.paused = cfg.Paused
+	p.paused, p.suspended = cfg.Paused, cfg.Suspended
 	p.stats.MaxSize, p.stats.MinSize = cfg.MaxSize, cfg.MinSize
 	p.stats.Created = cfg.Now()
 	p.stats.State = Initializing
@@ -550,7 +557,7 @@ func (p *Pool[C]) TryGetNear(share int32) (C, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	n := len(p.idle)
-	if p.closed || p.paused || n == 0 || len(p.waiters) > 0 {
+	if p.closed || p.holdsBack() || n == 0 || len(p.waiters) > 0 {
 		return zero, false
 	}
 	i := p.nearIdleLocked(share)
@@ -740,7 +747,7 @@ func (p *Pool[C]) Enqueue(w *Waiter[C], timeout time.Duration, ready func()) (c 
 		return zero, false, ErrClosed
 	}
 	ww := &w.w
-	if len(p.idle) > 0 && len(p.waiters) == 0 && !p.paused {
+	if len(p.idle) > 0 && len(p.waiters) == 0 && !p.holdsBack() {
 		i := p.nearIdleLocked(ww.share)
 		c := p.idle[i]
 		p.takeIdleLocked(i)
@@ -752,7 +759,7 @@ func (p *Pool[C]) Enqueue(w *Waiter[C], timeout time.Duration, ready func()) (c 
 	}
 	ww.since, ww.ready, ww.deadline = start, ready, time.Time{}
 	p.waiters = append(p.waiters, ww)
-	if p.total < p.set().MaxSize && !p.paused {
+	if p.total < p.set().MaxSize && !p.holdsBack() {
 		p.startConnectLocked()
 	}
 	if p.set().reserve() && len(p.waiters) == 1 && p.total >= p.set().MaxSize {
@@ -840,7 +847,7 @@ func (p *Pool[C]) wait(w *waiter[C], done <-chan struct{}, expired <-chan time.T
 		p.mu.Unlock()
 		return zero, false, ErrClosed
 	}
-	if len(p.idle) > 0 && len(p.waiters) == 0 && !p.paused {
+	if len(p.idle) > 0 && len(p.waiters) == 0 && !p.holdsBack() {
 		// A connection of the preferred share even if it must be
 		// validated first (TryGetNear declines one that must): the
 		// others' connections would otherwise serve this share for as
@@ -858,7 +865,7 @@ func (p *Pool[C]) wait(w *waiter[C], done <-chan struct{}, expired <-chan time.T
 	}
 	w.since, w.ready, w.deadline = start, nil, time.Time{}
 	p.waiters = append(p.waiters, w)
-	if p.total < p.set().MaxSize && !p.paused {
+	if p.total < p.set().MaxSize && !p.holdsBack() {
 		p.startConnectLocked()
 	}
 	reserveWatch := p.set().reserve() && len(p.waiters) == 1 && p.total >= p.set().MaxSize
@@ -903,7 +910,7 @@ func (p *Pool[C]) wait(w *waiter[C], done <-chan struct{}, expired <-chan time.T
 // connects are failing (in backoff) and no usable connection is open or
 // opening.
 func (p *Pool[C]) unavailableLocked(now time.Time) *UnavailableError {
-	if p.failures == 0 || p.usableLocked() > 0 || p.paused || !now.Before(p.nextAttempt) || p.waitsLocked(p.lastErr) {
+	if p.failures == 0 || p.usableLocked() > 0 || p.holdsBack() || !now.Before(p.nextAttempt) || p.waitsLocked(p.lastErr) {
 		return nil
 	}
 	return &UnavailableError{RetryIn: p.nextAttempt.Sub(now), Attempts: p.failures, Err: p.lastErr}
@@ -1067,6 +1074,36 @@ func (p *Pool[C]) Pause() {
 	p.mu.Unlock()
 }
 
+// Suspend stops handing out connections (SUSPEND): new checkouts wait
+// (within their deadline) and no connection is opened, but the open ones
+// stay, idle or checked out, and those that come back are kept for
+// Unsuspend.
+func (p *Pool[C]) Suspend() {
+	p.mu.Lock()
+	p.suspended = true
+	p.broadcastLocked()
+	p.mu.Unlock()
+}
+
+// Unsuspend ends a Suspend: the idle connections go to the waiting
+// checkouts in their order, and connects start for the rest.
+func (p *Pool[C]) Unsuspend() {
+	p.mu.Lock()
+	p.suspended = false
+	for len(p.idle) > 0 && len(p.waiters) > 0 && !p.paused {
+		c := p.idle[len(p.idle)-1]
+		p.removeIdleLocked(c)
+		p.handOffLocked(c, false)
+	}
+	p.broadcastLocked()
+	p.mu.Unlock()
+	p.nudge()
+}
+
+// holdsBack reports whether the pool hands out and opens nothing (Pause,
+// Suspend). Call with p.mu held.
+func (p *Pool[C]) holdsBack() bool { return p.paused || p.suspended }
+
 // Resume ends a pause: waiting checkouts are served again.
 func (p *Pool[C]) Resume() {
 	p.mu.Lock()
@@ -1206,7 +1243,7 @@ func (p *Pool[C]) handOffLocked(c C, fresh bool) {
 		p.closeLocked(c)
 		return
 	}
-	if len(p.waiters) > 0 {
+	if len(p.waiters) > 0 && !p.suspended {
 		w := p.waiters[0]
 		p.removeWaiterLocked(w)
 		p.checkoutLocked(c, fresh)
@@ -1290,7 +1327,7 @@ func (p *Pool[C]) TakeSlot(ctx context.Context) (release func(), err error) {
 	case p.closed:
 		p.mu.Unlock()
 		return nil, ErrClosed
-	case len(p.waiters) > 0 || p.paused:
+	case len(p.waiters) > 0 || p.holdsBack():
 		// Behind the queue (or the pause), as any checkout.
 	case p.total < p.set().MaxSize && (p.cfg.Admit == nil || p.cfg.Admit()):
 		p.total++
@@ -1349,7 +1386,7 @@ func (p *Pool[C]) slotRelease() func() {
 func (p *Pool[C]) statsLocked() Stats {
 	s := p.stats
 	s.Total, s.Idle, s.Active, s.Opening, s.Waiting, s.Lent = p.total, len(p.idle), p.active, p.opening, len(p.waiters), p.lent
-	s.Paused = p.paused
+	s.Paused, s.Suspended = p.paused, p.suspended
 	s.EffectiveMinSize = p.warmTarget()
 	if len(p.waiters) > 0 {
 		s.OldestWait = p.cfg.Now().Sub(p.waiters[0].since)
@@ -1726,7 +1763,7 @@ func (p *Pool[C]) probeIfDown(now time.Time) {
 // while warming up or failing after it had connections) and the waiters
 // not yet covered by a connect in progress.
 func (p *Pool[C]) fillLocked(now time.Time) {
-	if p.closed || p.paused {
+	if p.closed || p.holdsBack() {
 		return
 	}
 	target := p.warmTarget()
@@ -1752,7 +1789,7 @@ func (p *Pool[C]) fillLocked(now time.Time) {
 // covers, up to ReserveSize.
 func (p *Pool[C]) fillReserveLocked(now time.Time) {
 	set := p.set()
-	if !set.reserve() || p.closed || p.paused || p.total < set.MaxSize {
+	if !set.reserve() || p.closed || p.holdsBack() || p.total < set.MaxSize {
 		return
 	}
 	due := 0

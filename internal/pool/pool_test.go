@@ -1390,3 +1390,59 @@ func getAsync(t *testing.T, ctx context.Context, p *Pool[*fakeConn]) <-chan *fak
 	}()
 	return got
 }
+
+// TestSuspend: while suspended the pool hands out nothing and opens
+// nothing, but keeps its connections, idle and returned ones alike (a
+// pause closes them); Unsuspend gives them to the waiting checkouts in
+// their order, without a new connect. A checkout that waits past its
+// deadline says the pool was suspended.
+func TestSuspend(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &dialer{}
+		p := newPool(d, 3, 0) // room for a third: still no connect
+		defer p.Close()
+		ctx := context.Background()
+		a, err := p.Get(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := p.Get(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Put(b) // idle
+		p.Suspend()
+		short, cancel := context.WithTimeout(ctx, time.Second)
+		_, err = p.Get(short)
+		cancel()
+		var te *CheckoutTimeoutError
+		if !errors.As(err, &te) || !te.Stats.Suspended {
+			t.Fatalf("checkout while suspended: %v, want a timeout that says suspended", err)
+		}
+		first := getAsync(t, ctx, p)
+		synctest.Wait()
+		second := getAsync(t, ctx, p)
+		synctest.Wait()
+		p.Put(a) // returned while suspended: kept, not handed out
+		synctest.Wait()
+		if st := p.Stats(); st.Total != 2 || st.Idle != 2 || st.Waiting != 2 || !st.Suspended || a.closed.Load() || b.closed.Load() {
+			t.Fatalf("suspended: %+v", st)
+		}
+		p.Unsuspend()
+		got := []*fakeConn{<-first, <-second}
+		if !(got[0] == a && got[1] == b || got[0] == b && got[1] == a) {
+			t.Fatalf("after Unsuspend the waiters got %p %p, want the two kept connections", got[0], got[1])
+		}
+		d.mu.Lock()
+		dials := d.n
+		d.mu.Unlock()
+		if dials != 2 {
+			t.Errorf("%d connects, want 2 (none while suspended or after)", dials)
+		}
+		if st := p.Stats(); st.Suspended || st.Active != 2 || st.Waiting != 0 {
+			t.Fatalf("after Unsuspend: %+v", st)
+		}
+		p.Put(got[0])
+		p.Put(got[1])
+	})
+}

@@ -10,16 +10,20 @@ import (
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
-// The control side of the admin console: what PAUSE, RESUME, DISABLE,
-// ENABLE, RECONNECT, KILL, KILL_CLIENT, WAIT_CLOSE and SHUTDOWN do to the
+// The control side of the admin console: what PAUSE, SUSPEND, RESUME,
+// DISABLE, ENABLE, RECONNECT, KILL, KILL_CLIENT, WAIT_CLOSE and SHUTDOWN do to the
 // proxy. internal/console parses the commands and words the replies; these
 // methods only act, and report what stopped them with the errors below.
 
 var (
-	// ErrPaused: PAUSE or KILL while the whole pooler is paused.
+	// ErrPaused: PAUSE, SUSPEND or KILL while the whole pooler is paused
+	// or suspended.
 	ErrPaused = errors.New("already paused")
 	// ErrNotPaused: RESUME of a pooler or database that is not paused.
 	ErrNotPaused = errors.New("not paused")
+	// ErrDatabasesPaused: SUSPEND while a database is paused (PAUSE db,
+	// KILL db), as PgBouncer refuses it.
+	ErrDatabasesPaused = errors.New("databases paused")
 	// ErrShutdownInProgress: RESUME while the pooler shuts down.
 	ErrShutdownInProgress = errors.New("shutdown in progress")
 )
@@ -69,7 +73,7 @@ func (srv *Server) dbFlags(database string) (paused, disabled bool) {
 // CancelPause.
 func (srv *Server) Pause(ctx context.Context, database string) error {
 	srv.mu.Lock()
-	if srv.paused {
+	if srv.paused || srv.suspended {
 		srv.mu.Unlock()
 		return ErrPaused
 	}
@@ -91,6 +95,50 @@ func (srv *Server) Pause(ctx context.Context, database string) error {
 	}
 	srv.log.Info("paused", zap.String("database", database))
 	return nil
+}
+
+// Suspend stops all new work until Resume (SUSPEND): no pool hands out a
+// server connection or opens one, so every request that needs one waits
+// (within checkout_timeout), a login that must ask its server included;
+// the server connections stay open, idle or held, and a client holding
+// one (in a transaction, in session mode) goes on with it. It returns
+// ErrPaused if the pooler is paused or suspended already,
+// ErrDatabasesPaused while a database is, and ErrShutdownInProgress
+// during a shutdown (which ends a suspension: stopAccepting).
+func (srv *Server) Suspend() error {
+	srv.mu.Lock()
+	switch {
+	case srv.paused || srv.suspended:
+		srv.mu.Unlock()
+		return ErrPaused
+	case srv.shutting.Load() || srv.draining:
+		srv.mu.Unlock()
+		return ErrShutdownInProgress
+	}
+	for _, st := range srv.dbs {
+		if st.paused {
+			srv.mu.Unlock()
+			return ErrDatabasesPaused
+		}
+	}
+	srv.suspended = true
+	pools := srv.poolListLocked()
+	srv.mu.Unlock()
+	for _, p := range pools {
+		p.pool.Suspend()
+	}
+	srv.log.Info("suspended: no server connection is handed out until RESUME")
+	return nil
+}
+
+// unsuspendLocked ends a suspension and returns the pools to take up
+// (Pool.Unsuspend, called without srv.mu).
+func (srv *Server) unsuspendLocked() []*dbPool {
+	if !srv.suspended {
+		return nil
+	}
+	srv.suspended = false
+	return srv.poolListLocked()
 }
 
 // CancelPause ends a pause that Pause was interrupted in: the global pause
@@ -119,6 +167,14 @@ func (srv *Server) Resume(database string) error {
 		if srv.shutting.Load() || srv.draining {
 			srv.mu.Unlock()
 			return ErrShutdownInProgress
+		}
+		if pools := srv.unsuspendLocked(); pools != nil {
+			srv.mu.Unlock()
+			for _, p := range pools {
+				p.pool.Unsuspend()
+			}
+			srv.log.Info("resumed", zap.String("database", database))
+			return nil
 		}
 		if !srv.paused {
 			srv.mu.Unlock()
@@ -178,7 +234,7 @@ func (srv *Server) WaitClose(ctx context.Context, database string) error {
 // pooler is paused.
 func (srv *Server) Kill(database string) error {
 	srv.mu.Lock()
-	if srv.paused {
+	if srv.paused || srv.suspended {
 		srv.mu.Unlock()
 		return ErrPaused
 	}

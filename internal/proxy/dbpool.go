@@ -176,7 +176,7 @@ func poolSettings(cfg *config.Config, route *config.Route) pool.Settings {
 	}
 }
 
-func newDBPool(srv *Server, key poolKey, route config.Route, warm, paused bool) *dbPool {
+func newDBPool(srv *Server, key poolKey, route config.Route, warm, paused, suspended bool) *dbPool {
 	d := &dbPool{
 		srv: srv,
 		key: key,
@@ -198,6 +198,7 @@ func newDBPool(srv *Server, key poolKey, route config.Route, warm, paused bool) 
 		Probe:       d.probe,
 		Validate:    d.validate,
 		Paused:      paused,
+		Suspended:   suspended,
 		CheckedOut: func(sc *serverConn, fresh bool) {
 			if sc.hostSt == nil {
 				return
@@ -579,6 +580,11 @@ func (d *dbPool) checkoutError(err error) *wire.Error {
 			Message: fmt.Sprintf("no server connection available within checkout_timeout (%s): the database is paused", d.route().Settings.CheckoutTimeout),
 			Detail:  "an administrator ran PAUSE (or KILL) on the admin console; requests wait until RESUME",
 			Hint:    "retry after the maintenance; RESUME on the admin console ends the pause"}
+	case errors.As(err, &te) && te.Stats.Suspended:
+		return &wire.Error{Severity: "ERROR", Code: "53300",
+			Message: fmt.Sprintf("no server connection available within checkout_timeout (%s): the pooler is suspended", d.route().Settings.CheckoutTimeout),
+			Detail:  "an administrator ran SUSPEND on the admin console; requests wait until RESUME",
+			Hint:    "retry after the maintenance; RESUME on the admin console ends the suspension"}
 	case errors.As(err, &te) && te.Stats.Total < te.Stats.MaxSize && d.limitHit.Load() != nil:
 		return d.errLimitCheckout(te.Stats, d.limitHit.Load())
 	case errors.As(err, &te) && te.Stats.Total == te.Stats.Opening && te.Stats.Failures > 0:

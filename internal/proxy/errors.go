@@ -239,6 +239,9 @@ func errLeaseCheckout(limit time.Duration, d *dbPool, st pool.Stats) *wire.Error
 	if st.Paused {
 		detail += "; the database is paused (PAUSE on the admin console; RESUME ends it)"
 	}
+	if st.Suspended {
+		detail += "; the pooler is suspended (SUSPEND on the admin console; RESUME ends it)"
+	}
 	return &wire.Error{Severity: "ERROR", Code: "53300",
 		Message: fmt.Sprintf("checkout timed out: no server connection available within lease_timeout (%s)", limit),
 		Detail:  detail,

@@ -136,6 +136,7 @@ type Server struct {
 	warm      []*dbPool             // pools named by the configuration
 	dbs       map[string]*dbState   // PAUSE/DISABLE state by database name
 	paused    bool                  // global PAUSE
+	suspended bool                  // SUSPEND until RESUME (control.go)
 	draining  bool                  // SHUTDOWN WAIT_FOR_CLIENTS
 	reapArmed bool                  // the idle-pool reaper's next round is due (poolreap.go)
 	// oldRates are rate limits replaced by a reload whose Redis client is
@@ -296,6 +297,8 @@ func (srv *Server) Ready() (bool, string) {
 		return false, "starting: not listening yet"
 	case srv.paused:
 		return false, "paused (PAUSE on the admin console; RESUME ends it)"
+	case srv.suspended:
+		return false, "suspended (SUSPEND on the admin console; RESUME ends it)"
 	}
 	for _, p := range srv.warm {
 		st := p.pool.Stats()
@@ -613,7 +616,6 @@ const firstRequestGrace = time.Second
 // logged in at that moment.
 func (srv *Server) stopAccepting(cutLogins, keepUnix bool) []*session {
 	srv.mu.Lock()
-	defer srv.mu.Unlock()
 	srv.shutting.Store(true)
 	srv.closeListenersLocked(keepUnix)
 	for nc := range srv.logins {
@@ -624,7 +626,15 @@ func (srv *Server) stopAccepting(cutLogins, keepUnix bool) []*session {
 		// (loginFailed); one doing other work gets it when done.
 		_ = nc.SetReadDeadline(time.Now())
 	}
-	return srv.sessionListLocked()
+	sessions := srv.sessionListLocked()
+	// A shutdown or hand-over ends a suspension (SUSPEND): what waits
+	// for a server connection is served, as in any shutdown.
+	resume := srv.unsuspendLocked()
+	srv.mu.Unlock()
+	for _, p := range resume {
+		p.pool.Unsuspend()
+	}
+	return sessions
 }
 
 // closeListenersLocked closes the listeners. With keepUnix the Unix sockets
@@ -853,7 +863,7 @@ func (srv *Server) getPoolWarm(database, user string, warm, join bool) (*dbPool,
 	defer srv.mu.Unlock()
 	p, ok := srv.pools[key]
 	if !ok {
-		p = newDBPool(srv, key, route, warm, srv.dbPaused(database))
+		p = newDBPool(srv, key, route, warm, srv.dbPaused(database), srv.suspended)
 		p.activeAt = time.Now()
 		if srv.cfg().AutoDatabase(database) && !srv.hasPoolLocked(database) {
 			srv.log.Info("registered new auto-database", zap.String("database", database))
@@ -896,6 +906,11 @@ func (srv *Server) dbPaused(database string) bool {
 func (srv *Server) poolList() []*dbPool {
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
+	return srv.poolListLocked()
+}
+
+// poolListLocked is poolList with srv.mu held.
+func (srv *Server) poolListLocked() []*dbPool {
 	out := make([]*dbPool, 0, len(srv.pools))
 	for _, p := range srv.pools {
 		out = append(out, p)

@@ -83,6 +83,7 @@ type DatabaseState struct {
 // killed or disabled.
 type PauseState struct {
 	Paused    bool
+	Suspended bool // SUSPEND until RESUME
 	Databases map[string]DatabaseState
 }
 
@@ -164,7 +165,7 @@ func (srv *Server) Servers() []ServerInfo {
 func (srv *Server) PauseState() PauseState {
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
-	ps := PauseState{Paused: srv.paused, Databases: make(map[string]DatabaseState, len(srv.dbs))}
+	ps := PauseState{Paused: srv.paused, Suspended: srv.suspended, Databases: make(map[string]DatabaseState, len(srv.dbs))}
 	for name, st := range srv.dbs {
 		ps.Databases[name] = DatabaseState{Paused: st.paused, Disabled: st.disabled}
 	}

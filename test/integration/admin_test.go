@@ -1171,6 +1171,97 @@ func TestAdminParser(t *testing.T) {
 // ---------------------------------------------------------------------------
 // PAUSE and RESUME.
 
+// TestAdminSuspendResume: SUSPEND stops all new work at once, without
+// waiting for transactions and without closing server connections: a
+// request that needs a server connection waits (a login too, when it
+// must ask its server), a client in a transaction goes on with its own,
+// and after RESUME every waiting request is served on the connections
+// that stayed open (the same backends). A shutdown ends a suspension.
+func TestAdminSuspendResume(t *testing.T) {
+	t.Parallel()
+	p := obStart(t, obOpts{mutate: func(c *config.Config) { c.MinSize = 1 }})
+	adm := obAdmin(t, p.instance, pgtest.RoleApp)
+	a := obConn(t, p.instance, pgtest.DBApp, "obA")
+	b := obConn(t, p.instance, pgtest.DBApp, "obB")
+	pidB := obBackendPID(t, b)
+	eventually(t, 5*time.Second, "ready", func() bool { ok, _ := p.srv.Ready(); return ok })
+
+	obCmd(t, adm, "PAUSE app", "PAUSE")
+	obErr(t, adm, "SUSPEND", "08P01", "cannot suspend with paused databases")
+	obCmd(t, adm, "RESUME app", "RESUME")
+	pidB = obBackendPID(t, b) // the pause closed the connections
+	obBegin(t, a)             // holds a server connection through the suspension
+	obCmd(t, adm, "SUSPEND", "SUSPEND")
+	if got := obShow(t, adm, "SHOW STATE").column("value"); !slices.Equal(got, []string{"no", "no", "yes"}) {
+		t.Errorf("SHOW STATE while suspended: %v, want active=no paused=no suspended=yes", got)
+	}
+	if ok, reason := p.srv.Ready(); ok || !strings.Contains(reason, "suspended") {
+		t.Errorf("Ready() = %v, %q while suspended", ok, reason)
+	}
+	obErr(t, adm, "SUSPEND", "08P01", "already suspended/paused")
+	obErr(t, adm, "PAUSE", "08P01", "already suspended/paused")
+	obErr(t, adm, "KILL", "08P01", "already suspended/paused")
+
+	ctx := ctxTimeout(t, 30*time.Second)
+	bDone := obAsync(func() error { _, err := b.Exec(ctx, "SELECT 1"); return err })
+	obPending(t, bDone, 300*time.Millisecond, "B's query while suspended")
+	obExec(t, a, "SELECT 1") // its transaction's connection is its own
+	obExec(t, a, "COMMIT")
+	// A's connection came back: kept, not handed out, not closed.
+	obPending(t, bDone, 300*time.Millisecond, "B's query after A's commit while suspended")
+	if st := p.poolStats(t, pgtest.DBApp, pgtest.RoleApp); st.Total == 0 || st.Waiting != 1 {
+		t.Errorf("while suspended: %d server connections open, %d waiting; want them open and B waiting", st.Total, st.Waiting)
+	}
+	clients := obShow(t, adm, "SHOW CLIENTS")
+	if st := clients.val(clients.must(t, "SHOW CLIENTS", "application_name", "obB"), "state"); st != "waiting" {
+		t.Errorf("B is %q while suspended, want waiting", st)
+	}
+	// A login with parameters its pool has not seen must ask the server:
+	// it waits too.
+	lateDone := obAsync(func() error {
+		c, err := pgx.Connect(ctx, p.dsn(pgtest.RoleApp, pgtest.Password, pgtest.DBApp, txExecMode, "application_name=oblate", "DateStyle=German"))
+		if err != nil {
+			return err
+		}
+		defer c.Close(context.Background())
+		_, err = c.Exec(ctx, "SELECT 1")
+		return err
+	})
+	obPending(t, lateDone, 300*time.Millisecond, "a new client while suspended")
+
+	obCmd(t, adm, "RESUME", "RESUME")
+	if err := obDone(t, bDone, 5*time.Second, "B's query after RESUME"); err != nil {
+		t.Fatalf("B's query after RESUME: %v", err)
+	}
+	if err := obDone(t, lateDone, 5*time.Second, "the new client after RESUME"); err != nil {
+		t.Fatalf("the client that logged in while suspended: %v", err)
+	}
+	if got := obShow(t, adm, "SHOW STATE").column("value"); !slices.Equal(got, []string{"yes", "no", "no"}) {
+		t.Errorf("SHOW STATE after RESUME: %v", got)
+	}
+	obErr(t, adm, "RESUME", "08P01", "pooler is not paused/suspended")
+	// The connections stayed open: B's backend is among them (a PAUSE
+	// would have closed every one).
+	pids := map[int]bool{}
+	for range 3 {
+		pids[obBackendPID(t, b)] = true
+		pids[obBackendPID(t, a)] = true
+	}
+	if !pids[pidB] {
+		t.Errorf("backends after RESUME %v, want B's %d among them (kept through the suspension)", pids, pidB)
+	}
+
+	// A shutdown ends a suspension: the queued request is served.
+	obCmd(t, adm, "SUSPEND", "SUSPEND")
+	bDone = obAsync(func() error { _, err := b.Exec(ctx, "SELECT 1"); return err })
+	obPending(t, bDone, 300*time.Millisecond, "B's query while suspended again")
+	shut := obAsync(func() error { return p.srv.Shutdown(ctxTimeout(t, 10*time.Second)) })
+	if err := obDone(t, bDone, 5*time.Second, "B's query once the shutdown began"); err != nil {
+		t.Errorf("B's query queued while suspended, in a shutdown: %v", err)
+	}
+	_ = obDone(t, shut, 10*time.Second, "the shutdown")
+}
+
 func TestAdminPauseResume(t *testing.T) {
 	t.Parallel()
 	p := obStart(t, obOpts{mutate: func(c *config.Config) { c.MinSize = 1 }})
