@@ -857,6 +857,10 @@ func (s *session) endFrame(r *readPass) (quit bool) {
 			return true
 		}
 		s.abortTx(sc)
+		if isFatal(werr) {
+			s.fail(werr)
+			return true
+		}
 		s.refuse(werr)
 		return false
 	}

@@ -814,9 +814,12 @@ func (s *session) stateEffects(eff sqlscan.Effects, canRefuse bool) error {
 		return nil
 	}
 	if eff.BeginTx && s.mode == config.PoolStatement && canRefuse {
-		return &wire.Error{Severity: "ERROR", Code: "25001",
-			Message: "transaction blocks are not allowed in statement pool mode",
-			Detail:  "in statement mode every statement may run on a different server connection",
+		// The session ends, as PgBouncer ends it: a client that went on
+		// after an error (psql without ON_ERROR_STOP) would run the
+		// statements it meant for the block one by one, each committed.
+		return &wire.Error{Severity: "FATAL", Code: "08P01",
+			Message: "transaction blocks not allowed in statement pooling mode",
+			Detail:  "in statement mode every statement may run on a different server connection, so a transaction block cannot be kept; the session ends so that none of the statements meant for it runs on its own",
 			Hint:    "send the transaction as one query string, or use pool_mode transaction or session for this database or user"}
 	}
 	if eff.Pin != "" || !eff.Undo.Empty() {
