@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -263,6 +265,9 @@ func (srv *Server) Kill(database string) error {
 		s.setDropReason(evictKilled)
 		s.terminate(killed)
 	}
+	// As PgBouncer's: KILL answers once its clients are gone, so that a
+	// SHOW CLIENTS after it no longer lists them.
+	srv.waitForgotten(victims, killWait)
 	srv.endReplication(database, killed)
 	for _, p := range pools {
 		p.pool.Close()
@@ -273,6 +278,39 @@ func (srv *Server) Kill(database string) error {
 	srv.Warm()
 	srv.log.Warn("killed", zap.String("database", database), zap.Int("clients", len(victims)), zap.Int("pools", len(pools)))
 	return nil
+}
+
+// killWait bounds how long KILL and KILL_CLIENT wait for their clients to
+// end: a client whose final message cannot be written (one that does not
+// read) takes finalWriteTimeout.
+const killWait = finalWriteTimeout + time.Second
+
+// waitForgotten waits until none of victims is registered any more (each
+// ends on its own goroutine or loop), or d has passed.
+func (srv *Server) waitForgotten(victims []*session, d time.Duration) {
+	if len(victims) == 0 {
+		return
+	}
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	for {
+		srv.mu.Lock()
+		left := slices.ContainsFunc(victims, func(s *session) bool { return srv.sessions[s.id] == s })
+		if !left {
+			srv.mu.Unlock()
+			return
+		}
+		if srv.forgot == nil {
+			srv.forgot = make(chan struct{})
+		}
+		ch := srv.forgot
+		srv.mu.Unlock()
+		select {
+		case <-ch:
+		case <-deadline.C:
+			return
+		}
+	}
 }
 
 func removePools(list, gone []*dbPool) []*dbPool {
@@ -312,6 +350,7 @@ func (srv *Server) KillClient(id uint64) bool {
 	switch {
 	case victim != nil:
 		victim.terminate(errKilled())
+		srv.waitForgotten([]*session{victim}, killWait)
 	case console != nil:
 		console.Terminate(errKilled())
 	case repl != nil:

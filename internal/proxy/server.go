@@ -137,8 +137,11 @@ type Server struct {
 	dbs       map[string]*dbState   // PAUSE/DISABLE state by database name
 	paused    bool                  // global PAUSE
 	suspended bool                  // SUSPEND until RESUME (control.go)
-	draining  bool                  // SHUTDOWN WAIT_FOR_CLIENTS
-	reapArmed bool                  // the idle-pool reaper's next round is due (poolreap.go)
+	// forgot is closed at the next forget, made by a caller waiting for
+	// sessions to end (waitForgotten); nil while nobody waits.
+	forgot    chan struct{}
+	draining  bool // SHUTDOWN WAIT_FOR_CLIENTS
+	reapArmed bool // the idle-pool reaper's next round is due (poolreap.go)
 	// oldRates are rate limits replaced by a reload whose Redis client is
 	// not closed yet.
 	oldRates []*rateLimits
@@ -798,6 +801,10 @@ func (srv *Server) forget(s *session) {
 		return // never registered
 	}
 	delete(srv.sessions, s.id)
+	if srv.forgot != nil {
+		close(srv.forgot)
+		srv.forgot = nil
+	}
 	same := slices.DeleteFunc(srv.keys[s.pid], func(o *session) bool { return o == s })
 	if len(same) == 0 {
 		delete(srv.keys, s.pid)
