@@ -156,6 +156,9 @@ type Config struct {
 	// which). Empty, the default: every parameter a client sends is
 	// applied.
 	IgnoreStartupParameters []string `mapstructure:"ignore_startup_parameters"`
+	// ServerRoundRobin hands out the idle server connection unused longest
+	// instead of the one used last (PgBouncer's server_round_robin).
+	ServerRoundRobin bool `mapstructure:"server_round_robin"`
 	// ServerFastClose ends a client that holds a server connection
 	// (session mode, or pinned) as soon as it is idle outside a
 	// transaction once RECONNECT or a reload asked for that connection

@@ -136,6 +136,7 @@ func Keys() []Key {
 		{Name: "log_file", Help: "file that gets a copy of the log (appended; opened again on SIGHUP); empty: stderr only"},
 		{Name: "disable_pqexec", Help: "refuse the simple query protocol: a client's Query message ends its session (only extended-protocol statements run)"},
 		{Name: "application_name_add_host", Help: "append ' - host:port' of the client to the application_name it logs in with"},
+		{Name: "server_round_robin", Help: "hand out the idle server connection unused longest instead of the one used last, as PgBouncer's key: uniform load over servers behind a round-robin address"},
 		{Name: "ignore_startup_parameters", Help: "startup parameters dropped instead of applied, as PgBouncer's key; options: every setting in options (comma-separated in the environment)"},
 		{Name: "query_wait_notify", Help: "send a client whose request has waited this long for a server connection one NOTICE saying so (0: never)"},
 		{Name: "login_notify_message", Help: "a NOTICE sent to every client when it has logged in to a database (before its first ReadyForQuery); empty: none"},

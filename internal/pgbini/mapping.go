@@ -113,7 +113,7 @@ func Rules() []Rule {
 		{Section: "pgbouncer", Key: "server_fast_close", To: "server_fast_close", kind: kindBool},
 		{Section: "pgbouncer", Key: "login_notify_message", To: "login_notify_message", kind: kindString},
 		{Section: "pgbouncer", Key: "query_wait_notify", To: "query_wait_notify", kind: kindSeconds},
-		{Section: "pgbouncer", Key: "server_round_robin", Note: "no equivalent: nothing to set"},
+		{Section: "pgbouncer", Key: "server_round_robin", To: "server_round_robin", kind: kindBool},
 		{Section: "pgbouncer", Key: "server_lifetime", To: "max_lifetime", kind: kindSpecial, Note: "poolerd adds ±10 % jitter per connection; 0 (PgBouncer: each connection is used once) becomes `max_uses: 1`"},
 		{Section: "pgbouncer", Key: "server_idle_timeout", To: "idle_timeout", kind: kindSeconds, Default: "600"},
 		{Section: "pgbouncer", Key: "server_connect_timeout", To: "server_connect_timeout", kind: kindSeconds},

@@ -213,6 +213,11 @@ type Settings struct {
 	// a ReserveTimeout of 0, disables it.
 	ReserveSize    int
 	ReserveTimeout time.Duration
+	// RoundRobin hands out the idle connection unused longest instead of
+	// the one used last (PgBouncer's server_round_robin): every connection
+	// gets its share, for servers behind a round-robin address, where
+	// the default keeps the load on the fewest connections.
+	RoundRobin bool
 }
 
 // reserve reports whether the reserve pool is on.
@@ -571,9 +576,20 @@ func (p *Pool[C]) TryGetNear(share int32) (C, bool) {
 
 // nearIdleLocked is the index in idle (not empty) of the most recently used
 // connection of share among the nearScan most recently used, else of the
-// most recently used; a negative share has no preference.
+// most recently used; a negative share has no preference. With RoundRobin
+// the same from the other end: the least recently used.
 func (p *Pool[C]) nearIdleLocked(share int32) int {
 	n := len(p.idle)
+	if p.set().RoundRobin {
+		if share >= 0 {
+			for j := range min(n, nearScan) {
+				if p.idle[j].PoolEntry().share.Load() == share {
+					return j
+				}
+			}
+		}
+		return 0
+	}
 	if share >= 0 {
 		for j := n - 1; j >= max(0, n-nearScan); j-- {
 			if p.idle[j].PoolEntry().share.Load() == share {

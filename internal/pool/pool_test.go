@@ -1446,3 +1446,46 @@ func TestSuspend(t *testing.T) {
 		p.Put(got[1])
 	})
 }
+
+// TestRoundRobin: by default the idle connection used last is handed out
+// again (the others idle out); with RoundRobin the one unused longest, so
+// that every connection gets its share. A Reconfigure switches it.
+func TestRoundRobin(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := newPool(&dialer{}, 3, 0)
+		defer p.Close()
+		ctx := context.Background()
+		var conns []*fakeConn
+		for range 3 {
+			c, err := p.Get(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			conns = append(conns, c)
+		}
+		for _, c := range conns {
+			p.Put(c) // conns[0] unused longest, conns[2] used last
+		}
+		take := func() *fakeConn {
+			t.Helper()
+			c, err := p.Get(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.Put(c)
+			return c
+		}
+		if c := take(); c != conns[2] {
+			t.Errorf("default: got connection %d, want the one used last", slices.Index(conns, c))
+		}
+		set := *p.set()
+		set.RoundRobin = true
+		p.Reconfigure(set)
+		// Idle now: 0, 1, 2 (2 used last again). Round robin: 0, 1, 2, 0.
+		for i, want := range []int{0, 1, 2, 0} {
+			if c := take(); c != conns[want] {
+				t.Errorf("round robin, checkout %d: got connection %d, want %d", i, slices.Index(conns, c), want)
+			}
+		}
+	})
+}

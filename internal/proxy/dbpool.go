@@ -173,6 +173,7 @@ func poolSettings(cfg *config.Config, route *config.Route) pool.Settings {
 		WaitWarning:        set.WaitWarning,
 		ReserveSize:        set.ReservePoolSize,
 		ReserveTimeout:     set.ReservePoolTimeout,
+		RoundRobin:         cfg.ServerRoundRobin,
 	}
 }
 
