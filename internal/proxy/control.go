@@ -13,9 +13,10 @@ import (
 )
 
 // The control side of the admin console: what PAUSE, SUSPEND, RESUME,
-// DISABLE, ENABLE, RECONNECT, KILL, KILL_CLIENT, WAIT_CLOSE and SHUTDOWN do to the
-// proxy. internal/console parses the commands and words the replies; these
-// methods only act, and report what stopped them with the errors below.
+// DISABLE, ENABLE, RECONNECT, KILL, KILL_CLIENT, WAIT_CLOSE and SHUTDOWN
+// do to the proxy. internal/console parses the commands and words the
+// replies; these methods only act, and report what stopped them with the
+// errors below.
 
 var (
 	// ErrPaused: PAUSE, SUSPEND or KILL while the whole pooler is paused
@@ -230,10 +231,11 @@ func (srv *Server) WaitClose(ctx context.Context, database string) error {
 	return nil
 }
 
-// Kill ends every client of database ("" for all) with an error, closes
-// its server connections and removes its pools; the database stays paused
-// until Resume(database), so new clients wait. It returns ErrPaused if the
-// pooler is paused.
+// Kill ends every client of database ("" for all) with an error, waits
+// (killWait at most) until they are gone, closes its server connections
+// and removes its pools; the database stays paused until
+// Resume(database), so new clients wait. It returns ErrPaused if the
+// pooler is paused or suspended.
 func (srv *Server) Kill(database string) error {
 	srv.mu.Lock()
 	if srv.paused || srv.suspended {
