@@ -496,6 +496,20 @@ func obAsync(f func() error) <-chan error {
 	return ch
 }
 
+// obAsyncLogin logs in to database app as app (with startup parameters
+// extra) and runs SELECT 1, on a goroutine; the channel gets the outcome.
+func obAsyncLogin(ctx context.Context, p *instance, extra ...string) <-chan error {
+	return obAsync(func() error {
+		c, err := pgx.Connect(ctx, p.dsn(pgtest.RoleApp, pgtest.Password, pgtest.DBApp, append([]string{txExecMode}, extra...)...))
+		if err != nil {
+			return err
+		}
+		defer c.Close(context.Background())
+		_, err = c.Exec(ctx, "SELECT 1")
+		return err
+	})
+}
+
 // obPending checks that ch has not delivered within d.
 func obPending(t *testing.T, ch <-chan error, d time.Duration, what string) {
 	t.Helper()
@@ -1218,15 +1232,7 @@ func TestAdminSuspendResume(t *testing.T) {
 	}
 	// A login with parameters its pool has not seen must ask the server:
 	// it waits too.
-	lateDone := obAsync(func() error {
-		c, err := pgx.Connect(ctx, p.dsn(pgtest.RoleApp, pgtest.Password, pgtest.DBApp, txExecMode, "application_name=oblate", "DateStyle=German"))
-		if err != nil {
-			return err
-		}
-		defer c.Close(context.Background())
-		_, err = c.Exec(ctx, "SELECT 1")
-		return err
-	})
+	lateDone := obAsyncLogin(ctx, p.instance, "application_name=oblate", "DateStyle=German")
 	obPending(t, lateDone, 300*time.Millisecond, "a new client while suspended")
 
 	obCmd(t, adm, "RESUME", "RESUME")
@@ -1319,15 +1325,7 @@ func TestAdminPauseResume(t *testing.T) {
 	}
 
 	// A client logging in now waits as well, and gets in after RESUME.
-	lateDone := obAsync(func() error {
-		c, err := pgx.Connect(ctx, p.dsn(pgtest.RoleApp, pgtest.Password, pgtest.DBApp, txExecMode, "application_name=oblate"))
-		if err != nil {
-			return err
-		}
-		defer c.Close(context.Background())
-		_, err = c.Exec(ctx, "SELECT 1")
-		return err
-	})
+	lateDone := obAsyncLogin(ctx, p.instance, "application_name=oblate")
 	obPending(t, lateDone, 300*time.Millisecond, "a new client while paused")
 	obCmd(t, adm, "RESUME", "RESUME")
 	if err := obDone(t, bDone, 5*time.Second, "B's query after RESUME"); err != nil {

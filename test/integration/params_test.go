@@ -452,6 +452,7 @@ func TestParamsIgnoreStartupParameters(t *testing.T) {
 			t.Parallel()
 			p := startPoolerd(t, func(c *config.Config) {
 				c.PoolMode = mode
+				c.AdminUsers = []string{pgtest.RoleApp}
 				c.IgnoreStartupParameters = []string{"Extra_Float_Digits", "search_path", "TimeZone"}
 			})
 			c := connectParams(t, p, "extra_float_digits="+strings.Repeat("1", 5000), "search_path=nowhere",
@@ -461,11 +462,13 @@ func TestParamsIgnoreStartupParameters(t *testing.T) {
 			if got := showAll(t, c, "extra_float_digits", "search_path", "TimeZone", "work_mem"); !maps.Equal(got, want) {
 				t.Errorf("got %v, want %v", got, want)
 			}
-			p2 := startPoolerd(t, func(c *config.Config) {
-				c.PoolMode = mode
-				c.IgnoreStartupParameters = []string{"options"}
-			})
-			c2 := connectParams(t, p2, "extra_float_digits=2", "options=-c work_mem=7MB -c DateStyle=German")
+			// The console's SET, as PgBouncer's suite sets it: for the
+			// logins after it.
+			adm := connectDSN(t, p.dsn(pgtest.RoleApp, pgtest.Password, "pgbouncer"))
+			if _, err := adm.Exec(ctxTimeout(t, 10*time.Second), "set ignore_startup_parameters = options", pgx.QueryExecModeSimpleProtocol); err != nil {
+				t.Fatalf("SET ignore_startup_parameters on the console: %v", err)
+			}
+			c2 := connectParams(t, p, "extra_float_digits=2", "options=-c work_mem=7MB -c DateStyle=German")
 			want = map[string]string{"extra_float_digits": "2", "work_mem": "4MB", "DateStyle": "German, DMY"}
 			if got := showAll(t, c2, "extra_float_digits", "work_mem", "DateStyle"); !maps.Equal(got, want) {
 				t.Errorf("options ignored: got %v, want %v", got, want)
