@@ -484,7 +484,13 @@ func (srv *Server) drain(ctx context.Context, tick func()) error {
 	// A hand-over leaves the Unix socket to the new poolerd: this one
 	// must not take its logins.
 	srv.closeListenersLocked(tick == nil)
+	// What waits in a suspension (SUSPEND) is served: its clients reach
+	// an idle point, where they leave or are handed over.
+	resume := srv.unsuspendLocked()
 	srv.mu.Unlock()
+	for _, p := range resume {
+		p.pool.Unsuspend()
+	}
 	srv.idleEnd.Store(true)
 	if tick != nil {
 		// A hand-over: the new poolerd serves the port, and a

@@ -1268,6 +1268,31 @@ func TestAdminSuspendResume(t *testing.T) {
 	_ = obDone(t, shut, 10*time.Second, "the shutdown")
 }
 
+// TestAdminSuspendDrain: a drain (SHUTDOWN WAIT_FOR_CLIENTS, and the
+// hand-over of --takeover, which drains) ends a suspension, so that a
+// request waiting in it is served and its client can reach the idle point
+// where it leaves or is handed over.
+func TestAdminSuspendDrain(t *testing.T) {
+	t.Parallel()
+	p := obStart(t, obOpts{})
+	adm := obAdmin(t, p.instance, pgtest.RoleApp)
+	b := obConn(t, p.instance, pgtest.DBApp, "obB")
+	obExec(t, b, "SELECT 1")
+	obCmd(t, adm, "SUSPEND", "SUSPEND")
+	ctx := ctxTimeout(t, 30*time.Second)
+	bDone := obAsync(func() error { _, err := b.Exec(ctx, "SELECT 1"); return err })
+	obPending(t, bDone, 300*time.Millisecond, "B's query while suspended")
+	drained := obAsync(func() error { return p.srv.Drain(ctxTimeout(t, 10*time.Second)) })
+	if err := obDone(t, bDone, 5*time.Second, "B's query once the drain began"); err != nil {
+		t.Fatalf("B's query queued while suspended, in a drain: %v", err)
+	}
+	_ = b.Close(ctx)
+	_ = adm.Close(ctx)
+	if err := obDone(t, drained, 10*time.Second, "the drain"); err != nil {
+		t.Errorf("drain: %v", err)
+	}
+}
+
 func TestAdminPauseResume(t *testing.T) {
 	t.Parallel()
 	p := obStart(t, obOpts{mutate: func(c *config.Config) { c.MinSize = 1 }})
