@@ -2,9 +2,6 @@ package docscheck
 
 import (
 	"go/ast"
-	"go/parser"
-	"go/token"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -30,72 +27,59 @@ func readGoNames(t *testing.T) goNames {
 		}
 		m[k][v] = true
 	}
-	fset := token.NewFileSet()
-	for _, dir := range []string{"cmd", "internal"} {
-		err := filepath.WalkDir(filepath.Join(root, dir), func(path string, d fs.DirEntry, err error) error {
-			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-				return err
-			}
-			n.files[filepath.Base(path)] = true
-			f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
-			if err != nil {
-				return err
-			}
-			pkg := filepath.Base(filepath.Dir(path))
-			for _, decl := range f.Decls {
-				switch d := decl.(type) {
-				case *ast.FuncDecl:
-					if d.Recv == nil {
-						add(n.pkgs, pkg, d.Name.Name)
-						continue
-					}
-					typ := d.Recv.List[0].Type
-					if st, ok := typ.(*ast.StarExpr); ok {
-						typ = st.X
-					}
-					if ix, ok := typ.(*ast.IndexExpr); ok { // generic: Pool[C]
-						typ = ix.X
-					}
-					if id, ok := typ.(*ast.Ident); ok {
-						add(n.methods, id.Name, d.Name.Name)
-					}
-					add(n.pkgs, pkg, d.Name.Name) // pool.Enqueue: the package's Pool.Enqueue
-				case *ast.GenDecl:
-					for _, spec := range d.Specs {
-						switch s := spec.(type) {
-						case *ast.TypeSpec:
-							add(n.pkgs, pkg, s.Name.Name)
-							if _, ok := n.methods[s.Name.Name]; !ok {
-								n.methods[s.Name.Name] = map[string]bool{}
-							}
-							// Fields and interface methods count as
-							// names of the type too.
-							switch tt := s.Type.(type) {
-							case *ast.StructType:
-								for _, f := range tt.Fields.List {
-									for _, fn := range f.Names {
-										add(n.methods, s.Name.Name, fn.Name)
-									}
-								}
-							case *ast.InterfaceType:
-								for _, m := range tt.Methods.List {
-									for _, mn := range m.Names {
-										add(n.methods, s.Name.Name, mn.Name)
-									}
+	for _, cf := range codeFiles(t) {
+		n.files[filepath.Base(cf.path)] = true
+		f := cf.f
+		pkg := filepath.Base(filepath.Dir(cf.path))
+		for _, decl := range f.Decls {
+			switch d := decl.(type) {
+			case *ast.FuncDecl:
+				if d.Recv == nil {
+					add(n.pkgs, pkg, d.Name.Name)
+					continue
+				}
+				typ := d.Recv.List[0].Type
+				if st, ok := typ.(*ast.StarExpr); ok {
+					typ = st.X
+				}
+				if ix, ok := typ.(*ast.IndexExpr); ok { // generic: Pool[C]
+					typ = ix.X
+				}
+				if id, ok := typ.(*ast.Ident); ok {
+					add(n.methods, id.Name, d.Name.Name)
+				}
+				add(n.pkgs, pkg, d.Name.Name) // pool.Enqueue: the package's Pool.Enqueue
+			case *ast.GenDecl:
+				for _, spec := range d.Specs {
+					switch s := spec.(type) {
+					case *ast.TypeSpec:
+						add(n.pkgs, pkg, s.Name.Name)
+						if _, ok := n.methods[s.Name.Name]; !ok {
+							n.methods[s.Name.Name] = map[string]bool{}
+						}
+						// Fields and interface methods count as
+						// names of the type too.
+						switch tt := s.Type.(type) {
+						case *ast.StructType:
+							for _, f := range tt.Fields.List {
+								for _, fn := range f.Names {
+									add(n.methods, s.Name.Name, fn.Name)
 								}
 							}
-						case *ast.ValueSpec:
-							for _, vn := range s.Names {
-								add(n.pkgs, pkg, vn.Name)
+						case *ast.InterfaceType:
+							for _, m := range tt.Methods.List {
+								for _, mn := range m.Names {
+									add(n.methods, s.Name.Name, mn.Name)
+								}
 							}
+						}
+					case *ast.ValueSpec:
+						for _, vn := range s.Names {
+							add(n.pkgs, pkg, vn.Name)
 						}
 					}
 				}
 			}
-			return nil
-		})
-		if err != nil {
-			t.Fatal(err)
 		}
 	}
 	return n

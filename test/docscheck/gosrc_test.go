@@ -15,6 +15,36 @@ import (
 // root is the repository root, from this package's directory.
 const root = "../.."
 
+// codeFile is one parsed non-test Go file of poolerd.
+type codeFile struct {
+	path string // as walked from this directory: ../../internal/proxy/session.go
+	f    *ast.File
+}
+
+// codeFiles parses every non-test Go file under cmd/ and internal/.
+func codeFiles(t *testing.T) []codeFile {
+	t.Helper()
+	fset := token.NewFileSet()
+	var out []codeFile
+	for _, dir := range []string{"cmd", "internal"} {
+		err := filepath.WalkDir(filepath.Join(root, dir), func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+				return err
+			}
+			f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+			if err != nil {
+				return err
+			}
+			out = append(out, codeFile{path, f})
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
 // codeStrings returns every string poolerd's non-test code can print, as
 // patterns: each string literal, and each concatenation of literals with
 // other expressions (those become wildcards), from the Go files under cmd/
@@ -34,23 +64,9 @@ func codeStrings(t *testing.T) []pattern {
 			out = append(out, p)
 		}
 	}
-	fset := token.NewFileSet()
 	var files []*ast.File
-	for _, dir := range []string{"cmd", "internal"} {
-		err := filepath.WalkDir(filepath.Join(root, dir), func(path string, d fs.DirEntry, err error) error {
-			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-				return err
-			}
-			f, err := parser.ParseFile(fset, path, nil, 0)
-			if err != nil {
-				return err
-			}
-			files = append(files, f)
-			return nil
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, cf := range codeFiles(t) {
+		files = append(files, cf.f)
 	}
 	// String constants, by name, so that pre + name + post is read with
 	// the constants' text; a name declared twice with different values
