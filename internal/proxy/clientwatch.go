@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/poolerd/poolerd/internal/reactor"
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
@@ -69,7 +70,7 @@ type waitOwner interface {
 // watch implements limiter.WaitOptions.Watch.
 func (w *clientWatch) watch(ctx context.Context) (context.Context, func()) {
 	sc, ok := w.conn.(syscall.Conn)
-	if !ok || !canWatch {
+	if !ok || !reactor.CanWatch {
 		return ctx, func() {}
 	}
 	rc, err := sc.SyscallConn()
@@ -84,7 +85,7 @@ func (w *clientWatch) watch(ctx context.Context) (context.Context, func()) {
 		for {
 			left := false
 			err := rc.Read(func(fd uintptr) bool {
-				left = peerGone(fd)
+				left = reactor.PeerGone(fd)
 				return left
 			})
 			switch {

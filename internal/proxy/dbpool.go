@@ -18,6 +18,7 @@ import (
 	"github.com/poolerd/poolerd/internal/backend"
 	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/internal/pool"
+	"github.com/poolerd/poolerd/internal/reactor"
 	"github.com/poolerd/poolerd/internal/txstate"
 	"github.com/poolerd/poolerd/internal/wire"
 )
@@ -369,7 +370,7 @@ func (d *dbPool) target() backend.Target {
 // reads both sides of the transaction, no hand-off between loops). A
 // connection that could not be moved (shutdown) is discarded. One that
 // comes through the queue is not moved: the asker has handed its loop over
-// to wait (queued) and goes on on a goroutine of its own (loopDetach). The
+// to wait (queued) and goes on on a goroutine of its own (LoopDetach). The
 // queue's checkout still prefers an idle connection of the loop's share
 // (pool.Waiter.Prefer): one idle past validation_interval, which TryGetNear
 // declines, is validated and used rather than another loop's.
@@ -377,15 +378,15 @@ func (d *dbPool) target() backend.Target {
 // lease is the asker's lease_timeout and what is left of it (zero: none):
 // the wait gets the shorter of that and checkout_timeout, and a wait that
 // used up the lease is refused naming lease_timeout.
-func (d *dbPool) checkout(q queuer, done <-chan struct{}, near *loopItem, lease leaseLeft) (*serverConn, error) {
-	if sc, ok := d.pool.TryGetNear(near.share()); ok {
+func (d *dbPool) checkout(q queuer, done <-chan struct{}, near *reactor.Item, lease leaseLeft) (*serverConn, error) {
+	if sc, ok := d.pool.TryGetNear(near.Share()); ok {
 		d.met.checkoutWait.Observe(0)
 		return d.nearLoop(sc, near)
 	}
 	start := time.Now()
 	limit, byLease := d.waitLimit(lease)
 	w := q.queued()
-	w.Prefer(near.share())
+	w.Prefer(near.Share())
 	note := q.waitNotice()
 	sc, err := d.pool.GetWith(w, limit, done)
 	note.stop() // a notice being written is out before sc is used
@@ -434,10 +435,10 @@ type loopCheckout struct {
 // loop (it): it does not block the loop. An idle connection is taken at
 // once; otherwise the session's waiter joins the queue (the same queue, in
 // the same order, as checkout's) and waiting is true: the session's loop
-// takes the session up when the outcome is in (loopItem.wakeUp, then
+// takes the session up when the outcome is in (reactor.Item.wakeUp, then
 // checkedOut). The connection is moved to the session's loop.
-func (d *dbPool) checkoutOnLoop(s *session, it *loopItem, c *loopCheckout, lease leaseLeft) (sc *serverConn, waiting bool, err error) {
-	if sc, ok := d.pool.TryGetNear(it.share()); ok {
+func (d *dbPool) checkoutOnLoop(s *session, it *reactor.Item, c *loopCheckout, lease leaseLeft) (sc *serverConn, waiting bool, err error) {
+	if sc, ok := d.pool.TryGetNear(it.Share()); ok {
 		d.met.checkoutWait.Observe(0)
 		sc, err := d.nearLoop(sc, it)
 		return sc, false, err
@@ -445,10 +446,10 @@ func (d *dbPool) checkoutOnLoop(s *session, it *loopItem, c *loopCheckout, lease
 	limit, byLease := d.waitLimit(lease)
 	*c = loopCheckout{start: time.Now(), lease: lease, byLease: byLease}
 	w := s.queue()
-	w.Prefer(it.share())
-	sc, ok, err := d.pool.Enqueue(w, limit, it.suspend())
+	w.Prefer(it.Share())
+	sc, ok, err := d.pool.Enqueue(w, limit, it.Suspend())
 	if ok || err != nil {
-		it.unsuspend()
+		it.Unsuspend()
 		s.dequeued()
 		d.met.checkoutWait.Observe(0)
 		if err != nil {
@@ -471,16 +472,16 @@ func (d *dbPool) checkoutOnLoop(s *session, it *loopItem, c *loopCheckout, lease
 
 // checkedOut ends a checkout that waited on the session's loop
 // (checkoutOnLoop), on the loop.
-func (d *dbPool) checkedOut(s *session, it *loopItem, c *loopCheckout) (*serverConn, error) {
+func (d *dbPool) checkedOut(s *session, it *reactor.Item, c *loopCheckout) (*serverConn, error) {
 	// Suspended again first: a wake-up that was not the pool's (a rate
 	// wait's timer that fired late) finds nothing to collect, and the
 	// pool's ready, still to come, then wakes it.
-	it.suspend()
+	it.Suspend()
 	sc, fresh, ok, err := d.pool.Collect(s.waiter)
 	if !ok {
 		return nil, errWaitOnLoop
 	}
-	it.unsuspend()
+	it.Unsuspend()
 	c.note.stop() // a notice being written is out before sc is used
 	s.dequeued()
 	d.met.checkoutWait.Observe(time.Since(c.start).Seconds())
@@ -495,7 +496,7 @@ func (d *dbPool) checkedOut(s *session, it *loopItem, c *loopCheckout) (*serverC
 // session first), and moves it to the session's loop. One that fails is
 // closed, and the session waits for a second, off the loop, as checkout
 // does; if that one fails too, the client is told (08006, validation).
-func (d *dbPool) validated(s *session, it *loopItem, sc *serverConn, fresh bool, c *loopCheckout) (*serverConn, error) {
+func (d *dbPool) validated(s *session, it *reactor.Item, sc *serverConn, fresh bool, c *loopCheckout) (*serverConn, error) {
 	if !d.pool.Due(sc, fresh) {
 		return d.nearLoop(sc, it)
 	}
@@ -506,7 +507,7 @@ func (d *dbPool) validated(s *session, it *loopItem, sc *serverConn, fresh bool,
 	}
 	limit, _ := d.waitLimit(c.lease)
 	w := s.queued()
-	w.Prefer(it.share())
+	w.Prefer(it.Share())
 	sc, err := d.pool.GetAfterFailed(w, limit, s.srv.ctx.Done(), failed)
 	s.dequeued()
 	if err != nil {
@@ -521,7 +522,7 @@ type leaseLeft struct{ limit, left time.Duration }
 
 // nearLoop moves a connection just checked out to the asker's loop
 // (serverConn.nearLoop), or discards it if it cannot be read by any.
-func (d *dbPool) nearLoop(sc *serverConn, near *loopItem) (*serverConn, error) {
+func (d *dbPool) nearLoop(sc *serverConn, near *reactor.Item) (*serverConn, error) {
 	if !sc.nearLoop(near) {
 		d.pool.Discard(sc, evictBroken)
 		return nil, errShuttingDown()

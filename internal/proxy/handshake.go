@@ -104,7 +104,7 @@ func (s *session) useRoute(dbp *dbPool, route config.Route, cfg *config.Config) 
 	s.mode = route.Settings.PoolMode
 	s.stateful = s.mode != config.PoolSession
 	s.maxPrepared.Store(int64(route.Settings.MaxPreparedStatements))
-	s.maxPacket = cfg.MaxPacketSize
+	s.maxPacket = int32(cfg.MaxPacketSize) // validated: below 2^30
 	s.tracked = s.stateful && route.Settings.MaxPreparedStatements > 0
 	s.refuseState = route.Settings.SessionState == config.SessionStateRefuse
 	s.timeoutsP.Store(s.srv.timeoutsFor(route.Settings)) // the client's own: per-user overrides apply

@@ -72,30 +72,30 @@ func TestLoopSessionsMovePaths(t *testing.T) {
 	const n = 24
 	clients := dialBenches(t, rl.addr, n, simpleRequest)
 	e := rl.srv.engine
-	detaches0 := e.detaches.Load()
+	detaches0 := e.Stats().Detaches
 	for round := range 2 {
-		parks, detaches := e.parks.Load(), e.detaches.Load()
+		parks, detaches := e.Stats().Parks, e.Stats().Detaches
 		for _, c := range clients {
 			_ = c.conn.SetDeadline(time.Now().Add(20 * time.Second))
 		}
 		if err := roundTripsAtOnce(clients, 100); err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
-		if e.parks.Load() == parks {
+		if e.Stats().Parks == parks {
 			t.Fatalf("round %d: %d clients on a pool of 2 never waited on their loop", round, n)
 		}
 		// A handler the monitor finds running for a whole tick (a slow
 		// machine, -race) still leaves; waiting for a connection does
 		// not.
-		p, d := e.parks.Load()-parks, e.detaches.Load()-detaches
+		p, d := e.Stats().Parks-parks, e.Stats().Detaches-detaches
 		t.Logf("round %d: %d waits on the loop, %d handlers left it", round, p, d)
 		if d*10 > p {
 			t.Fatalf("round %d: %d of %d waits left the loop for a goroutine", round, d, p)
 		}
 		// One that left comes back between two requests or when idle
 		// (the parker's sweep): not yet, perhaps, right after its last.
-		if got := e.clientCount(); uint64(n-got) > e.detaches.Load()-detaches0 {
-			t.Fatalf("round %d: %d of %d clients on a loop, %d left it", round, got, n, e.detaches.Load()-detaches0)
+		if got := e.ClientCount(); uint64(n-got) > e.Stats().Detaches-detaches0 {
+			t.Fatalf("round %d: %d of %d clients on a loop, %d left it", round, got, n, e.Stats().Detaches-detaches0)
 		}
 	}
 	if err := fb.Err(); err != nil {
@@ -127,7 +127,7 @@ func rateRelay(t *testing.T, fb *fakeBackend, rule config.RateLimitRule, n int) 
 // TestLoopRateCheckStaysOnLoop: a wait-mode rate limit that has room
 // costs a request no hand-over of its loop (an in-memory decision does not
 // block), so the sessions stay on their loop; before, each one's first
-// request gave its loop away and it went on on a goroutine (loopDetach).
+// request gave its loop away and it went on on a goroutine (LoopDetach).
 func TestLoopRateCheckStaysOnLoop(t *testing.T) {
 	fb := startFakeBackend(t, 64)
 	rule := config.RateLimitRule{Name: "roomy", KeyBy: []string{"client"},
@@ -135,13 +135,13 @@ func TestLoopRateCheckStaysOnLoop(t *testing.T) {
 	const n, rounds = 8, 50
 	rl, clients := rateRelay(t, fb, rule, n)
 	e := rl.srv.engine
-	takeOvers, detaches := e.takeOvers.Load(), e.detaches.Load()
+	takeOvers, detaches := e.Stats().TakeOvers, e.Stats().Detaches
 	if err := roundTripsAtOnce(clients, rounds); err != nil {
 		t.Fatal(err)
 	}
 	// The monitor hands over a loop whose handler runs a whole tick (a
 	// slow machine, -race): that may take one or two off, not all.
-	tk, d, on := e.takeOvers.Load()-takeOvers, e.detaches.Load()-detaches, e.clientCount()
+	tk, d, on := e.Stats().TakeOvers-takeOvers, e.Stats().Detaches-detaches, e.ClientCount()
 	t.Logf("%d requests under a rate limit: %d hand-overs of the loop, %d sessions left it, %d of %d on it", n*rounds, tk, d, on, n)
 	if on < n/2 || tk*10 > n*rounds {
 		t.Fatalf("rate-checked requests left their loop: %d hand-overs, %d of %d sessions on the loop", tk, on, n)
@@ -166,13 +166,13 @@ func TestLoopRateWaitsOnLoop(t *testing.T) {
 	const n, rounds = 3, 4
 	rl, clients := rateRelay(t, fb, rule, n)
 	e := rl.srv.engine
-	parks, takeOvers, detaches := e.parks.Load(), e.takeOvers.Load(), e.detaches.Load()
+	parks, takeOvers, detaches := e.Stats().Parks, e.Stats().TakeOvers, e.Stats().Detaches
 	start := time.Now()
 	if err := roundTripsAtOnce(clients, rounds); err != nil {
 		t.Fatal(err)
 	}
 	took := time.Since(start)
-	p, tk, d := e.parks.Load()-parks, e.takeOvers.Load()-takeOvers, e.detaches.Load()-detaches
+	p, tk, d := e.Stats().Parks-parks, e.Stats().TakeOvers-takeOvers, e.Stats().Detaches-detaches
 	t.Logf("%d requests, one per %v: %v, %d waits on the loop, %d hand-overs, %d left it", n*rounds, per, took, p, tk, d)
 	// One budget for all: the first goes at once and each other waits
 	// its turn, so the run takes about n*rounds-1 periods (at least
@@ -183,8 +183,8 @@ func TestLoopRateWaitsOnLoop(t *testing.T) {
 	// The monitor may hand over a handler that runs a whole tick (a slow
 	// machine, -race), which takes its session off the loop: one, not
 	// one per session (before, each session's first wait left).
-	if p < uint64(n*rounds/2) || d > 1 || tk > 2 || e.clientCount() < n-int(d) {
-		t.Fatalf("rate-limit waits left the loop: %d waits on it, %d hand-overs, %d sessions left, %d of %d on it", p, tk, d, e.clientCount(), n)
+	if p < uint64(n*rounds/2) || d > 1 || tk > 2 || e.ClientCount() < n-int(d) {
+		t.Fatalf("rate-limit waits left the loop: %d waits on it, %d hand-overs, %d sessions left, %d of %d on it", p, tk, d, e.ClientCount(), n)
 	}
 
 	if err := fb.Err(); err != nil {
@@ -204,16 +204,16 @@ func TestLoopRateWaitsOnLoop(t *testing.T) {
 	// wait first: it then watches for the hang-up alone).
 	for _, terminate := range []bool{false, true} {
 		leaver := dialBench(t, rl2.addr, simpleRequest)
-		before := rl2.srv.engine.parks.Load()
+		before := rl2.srv.engine.Stats().Parks
 		if _, err := leaver.conn.Write(simpleRequest); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, time.Second, "the request to wait on the loop", func() bool { return rl2.srv.engine.parks.Load() > before })
+		waitFor(t, time.Second, "the request to wait on the loop", func() bool { return rl2.srv.engine.Stats().Parks > before })
 		if terminate {
 			if _, err := leaver.conn.Write(wire.AppendTerminate(nil)); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, time.Second, "the Terminate to wake the wait", func() bool { return rl2.srv.engine.parks.Load() > before+1 })
+			waitFor(t, time.Second, "the Terminate to wake the wait", func() bool { return rl2.srv.engine.Stats().Parks > before+1 })
 		}
 		_ = leaver.conn.Close()
 		left := time.Now()
@@ -230,7 +230,7 @@ func TestLoopEndWithoutHandOver(t *testing.T) {
 	rl := startRelay(t, fb, 4, func(c *config.Config) { c.EventLoops = "1" })
 	e := rl.srv.engine
 	const n = 20
-	before := e.takeOvers.Load()
+	before := e.Stats().TakeOvers
 	for range n {
 		c := dialBench(t, rl.addr, simpleRequest)
 		_ = c.conn.SetDeadline(time.Now().Add(10 * time.Second))
@@ -242,7 +242,7 @@ func TestLoopEndWithoutHandOver(t *testing.T) {
 	waitFor(t, 5*time.Second, "every session to end", func() bool { return rl.srv.ClientCount() == 0 })
 	// The monitor may still hand over a handler that runs a whole tick
 	// (a slow machine, -race): a few, not one per client.
-	if got := e.takeOvers.Load() - before; got*4 > n {
+	if got := e.Stats().TakeOvers - before; got*4 > n {
 		t.Fatalf("%d clients that left between transactions handed their loop over %d times", n, got)
 	}
 	if err := fb.Err(); err != nil {
@@ -283,7 +283,7 @@ func TestLoopHandOverClaimLeavesCheckout(t *testing.T) {
 	var ws *session
 	waitFor(t, 2*time.Second, "the request to wait on its loop", func() bool {
 		for _, s := range rl.srv.sessionList() {
-			if s.item.Load().waitingOnLoop() {
+			if s.item.Load().WaitingOnLoop() {
 				ws = s
 				return true
 			}
@@ -336,7 +336,7 @@ func TestLoopSessionsBackWhileBusy(t *testing.T) {
 	if err := roundTripsAtOnce(clients, 10); err != nil {
 		t.Fatal(err)
 	}
-	if e.detaches.Load() == 0 {
+	if e.Stats().Detaches == 0 {
 		t.Fatalf("%d clients whose handler waited never left their loop", n)
 	}
 	// Now one at a time, round robin, without pause: nobody waits, and
@@ -361,10 +361,10 @@ func TestLoopSessionsBackWhileBusy(t *testing.T) {
 	}()
 	limit := 3 * parkSweep
 	deadline := time.Now().Add(limit)
-	for e.clientCount() != n && time.Now().Before(deadline) {
+	for e.ClientCount() != n && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
-	back := e.clientCount()
+	back := e.ClientCount()
 	close(stop)
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -445,7 +445,7 @@ func TestLoopManySessions(t *testing.T) {
 	close(next)
 	wg.Wait()
 	e := rl.srv.engine
-	waitFor(t, 30*time.Second, "every session on the loop", func() bool { return e.clientCount() == n })
+	waitFor(t, 30*time.Second, "every session on the loop", func() bool { return e.ClientCount() == n })
 	runtime.GC()
 	runtime.ReadMemStats(&ms1)
 	if g := runtime.NumGoroutine() - g0; g > 50 {
@@ -462,7 +462,7 @@ func TestLoopManySessions(t *testing.T) {
 	for _, c := range conns {
 		_ = c.Close()
 	}
-	waitFor(t, 30*time.Second, "the sessions to end", func() bool { return e.clientCount() == 0 })
+	waitFor(t, 30*time.Second, "the sessions to end", func() bool { return e.ClientCount() == 0 })
 }
 
 // TestLoopAffinity: with two loops, a client's request runs on a server
@@ -479,7 +479,7 @@ func TestLoopAffinity(t *testing.T) {
 			fb := startFakeBackend(t, 64)
 			rl := startRelay(t, fb, tc.pool, func(c *config.Config) { c.EventLoops = "2" })
 			checkAffinity(t, rl, 10)
-			if m := rl.srv.engine.moves.Load(); m < tc.min || m > tc.max {
+			if m := rl.srv.engine.Stats().Moves; m < tc.min || m > tc.max {
 				t.Fatalf("%d moves between loops, want %d to %d", m, tc.min, tc.max)
 			}
 			if err := fb.Err(); err != nil {
@@ -496,20 +496,20 @@ func checkAffinity(t *testing.T, rl *relay, rounds int) {
 	const n = 8 // round robin: about half on each loop
 	all := dialBenches(t, rl.addr, n, simpleRequest)
 	e := rl.srv.engine
-	waitFor(t, 5*time.Second, "every client on a loop", func() bool { return e.clientCount() == n })
-	loopOf := map[string]*loop{}
+	waitFor(t, 5*time.Second, "every client on a loop", func() bool { return e.ClientCount() == n })
+	loopOf := map[string]int32{}
 	for _, s := range rl.srv.sessionList() {
 		if it := s.item.Load(); it != nil {
-			loopOf[s.conn.RemoteAddr().String()] = it.l
+			loopOf[s.conn.RemoteAddr().String()] = it.Share()
 		}
 	}
 	var on [2][]*benchClient
 	for _, c := range all {
-		l := loopOf[c.conn.LocalAddr().String()]
-		if l == nil {
+		l, ok := loopOf[c.conn.LocalAddr().String()]
+		if !ok {
 			t.Fatal("a client's session is not on a loop")
 		}
-		on[l.idx] = append(on[l.idx], c)
+		on[l] = append(on[l], c)
 	}
 	var clients []*benchClient // alternating
 	for i := range min(3, len(on[0]), len(on[1])) {
@@ -541,20 +541,20 @@ func checkAffinity(t *testing.T, rl *relay, rounds int) {
 					return false
 				}
 				sc = idle[len(idle)-1]
-				return sc.item.Load().state.Load() == itemArmed
+				return sc.item.Load().Armed()
 			})
 			want := loopOf[c.conn.LocalAddr().String()]
-			if got := sc.item.Load().l; got != want {
+			if got := sc.item.Load().Share(); got != want {
 				// A connection its loop is still handling (an event that
 				// came with its answer) cannot move: the request runs on
 				// the other loop, correctly but crossing loops. Rare,
 				// except on a loaded machine.
 				misses++
-				t.Logf("round %d, client %d (loop %d): its request ran on a server connection of loop %d", round, i, want.idx, got.idx)
+				t.Logf("round %d, client %d (loop %d): its request ran on a server connection of loop %d", round, i, want, got)
 				continue
 			}
-			if sc.Entry.Share() != want.idx {
-				t.Fatalf("round %d, client %d: the connection is in loop %d but counts in the pool as loop %d's", round, i, want.idx, sc.Entry.Share())
+			if sc.Entry.Share() != want {
+				t.Fatalf("round %d, client %d: the connection is in loop %d but counts in the pool as loop %d's", round, i, want, sc.Entry.Share())
 			}
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/poolerd/poolerd/internal/reactor"
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
@@ -38,7 +39,7 @@ func (s *session) startRelay() {
 
 // joinLoop puts the session on an event loop; false if it cannot go there.
 func (s *session) joinLoop() bool {
-	if s.tls || !s.srv.engine.enabled() {
+	if s.tls || !s.srv.engine.Enabled() {
 		return false
 	}
 	sc, ok := s.conn.(syscall.Conn)
@@ -66,12 +67,12 @@ func (s *session) joinLoop() bool {
 	s.wmu.Lock()
 	s.cio = rd
 	s.wmu.Unlock()
-	if !s.srv.engine.add(rc.Control, s, true, s.item.Store) {
+	if !s.srv.engine.Add(rc.Control, s, true, s.item.Store) {
 		return false
 	}
 	// Ended before it joined (a shutdown): its wake-up may have found no
 	// item; end it now (wake ends it once, whoever calls it).
-	if s.loopStale() {
+	if s.LoopStale() {
 		s.wakeLoop()
 	}
 	return true
@@ -79,13 +80,13 @@ func (s *session) joinLoop() bool {
 
 // yieldLoop is called before the session's client side waits: if an event
 // loop is running its handler, the loop goes on without it.
-func (s *session) yieldLoop() { s.item.Load().yield() }
+func (s *session) yieldLoop() { s.item.Load().Yield() }
 
-// loopReady is relay's loop body for a session on an event loop: one read
+// LoopReady is relay's loop body for a session on an event loop: one read
 // of the client, handled.
-func (s *session) loopReady(it *loopItem) bool {
+func (s *session) LoopReady(it *reactor.Item) bool {
 	bp := s.srv.bufs.Get()
-	n, err := readItem(it, (*bp)[wire.Headroom:])
+	n, err := it.Read((*bp)[wire.Headroom:])
 	if n == 0 {
 		s.srv.bufs.Put(bp)
 		if err == nil {
@@ -104,10 +105,10 @@ func (s *session) loopReady(it *loopItem) bool {
 	return true
 }
 
-// loopResume takes up a read that waited on the loop for a server
+// LoopResume takes up a read that waited on the loop for a server
 // connection (fromClient), once the checkout is over.
-func (s *session) loopResume(it *loopItem) bool {
-	r := &it.aw.pend
+func (s *session) LoopResume(it *reactor.Item) bool {
+	r := &s.lw.pend
 	quit, waiting := s.readFrames(r, true)
 	if waiting {
 		return true
@@ -121,17 +122,22 @@ func (s *session) loopResume(it *loopItem) bool {
 	return true
 }
 
-// itemWait is what a loop item's wait needs beyond its state
-// (loopItem.wait), made at the item's first wait (loopItem.waits) and
-// owned by whoever runs its handler: ready (wakeUp) and withdraw, made
-// once; the timer of a timed wait (loopItem.sleep); a client session's
-// read in progress (pend) and its rate-limit wait (rate).
-type itemWait struct {
-	ready    func()
-	withdraw func(error)
-	timer    *time.Timer
-	pend     readPass
-	rate     rateLoopWait
+// loopWait is what a session's wait on its loop keeps beyond the loop's
+// own part (the reactor's): the read in progress (pend) and its rate-limit
+// wait (rate). Made at the session's first wait on a loop (waits), so that
+// a session that never waits does not carry it; owned by whoever runs the
+// session's handler.
+type loopWait struct {
+	pend readPass
+	rate rateLoopWait
+}
+
+// waits returns the session's loop wait state, made on its first wait.
+func (s *session) waits() *loopWait {
+	if s.lw == nil {
+		s.lw = new(loopWait)
+	}
+	return s.lw
 }
 
 // endOnLoop ends the session from its loop handler. Ending waits only for
@@ -148,19 +154,19 @@ func (s *session) endOnLoop(err error) {
 	s.srv.sessWG.Done()
 }
 
-// loopStale reports whether the session was ended by another goroutine
+// LoopStale reports whether the session was ended by another goroutine
 // (finishLocked) while on its loop.
-func (s *session) loopStale() bool { return s.endErr.Load() != nil }
+func (s *session) LoopStale() bool { return s.endErr.Load() != nil }
 
-// loopDetach moves a session whose handler waited (a checkout queue, a rate
+// LoopDetach moves a session whose handler waited (a checkout queue, a rate
 // limit, a client that does not read) to a goroutine of its own: a session
 // that waited once is likely to wait again soon (a saturated pool), and a
 // goroutine waits for less than a hand-over of the loop each time. It comes
 // back to a loop between two requests once it has not waited for
 // rejoinAfter (rejoinable), or where it would otherwise park
 // (session.tryPark).
-func (s *session) loopDetach() bool {
-	if s.loopStale() {
+func (s *session) LoopDetach() bool {
+	if s.LoopStale() {
 		return false // ended meanwhile: rearm wakes it on the loop path
 	}
 	s.waitedAt = s.srv.nanotime()
@@ -186,8 +192,8 @@ func (s *session) rejoinable() bool {
 	return s.srv.nanotime()-s.waitedAt > int64(rejoinAfter) && s.endErr.Load() == nil && !s.closed.Load()
 }
 
-// loopEnd ends a session woken on its loop by finishLocked.
-func (s *session) loopEnd() {
+// LoopEnd ends a session woken on its loop by finishLocked.
+func (s *session) LoopEnd() {
 	if !s.handOverNow() {
 		s.end(nil)
 	}
@@ -199,7 +205,7 @@ func (s *session) loopEnd() {
 // a goroutine: the caller holds finalMu), and the read taken up ends.
 func (s *session) wakeLoop() {
 	it := s.item.Load()
-	if it.waitingOnLoop() {
+	if it.WaitingOnLoop() {
 		// An end withdraws the wait; a hand-over claim leaves it (the
 		// attach after it takes the claim back: waitEnded).
 		if s.waitEnded() != nil {
@@ -207,7 +213,7 @@ func (s *session) wakeLoop() {
 		}
 		return
 	}
-	s.srv.engine.wake(it)
+	s.srv.engine.Wake(it)
 }
 
 // closeConn closes the client connection. On a loop the socket is shut down
@@ -216,7 +222,7 @@ func (s *session) closeConn() {
 	if s.item.Load() != nil {
 		if sc, ok := s.conn.(syscall.Conn); ok {
 			if rc, err := sc.SyscallConn(); err == nil {
-				shutdownSocket(rc.Control)
+				reactor.ShutdownSocket(rc.Control)
 			}
 		}
 	}

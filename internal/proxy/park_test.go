@@ -147,7 +147,7 @@ func TestIdleClientsOnLoops(t *testing.T) {
 		clients[i] = dialBench(t, rl.addr, simpleRequest)
 	}
 	e := rl.srv.engine
-	waitFor(t, 5*time.Second, "all clients on the loops after login", func() bool { return e.clientCount() == n })
+	waitFor(t, 5*time.Second, "all clients on the loops after login", func() bool { return e.ClientCount() == n })
 	for round := range 3 {
 		for i, c := range clients {
 			if err := c.roundTrip(); err != nil {
@@ -157,7 +157,7 @@ func TestIdleClientsOnLoops(t *testing.T) {
 	}
 	// A handler that waited (a loaded machine: the monitor hands over a
 	// slow one) leaves its session on a goroutine until it is idle.
-	waitFor(t, 3*parkSweep+time.Second, "every idle client back on the loops", func() bool { return e.clientCount() == n })
+	waitFor(t, 3*parkSweep+time.Second, "every idle client back on the loops", func() bool { return e.ClientCount() == n })
 	if g := runtime.NumGoroutine() - before; g > n/4 {
 		t.Fatalf("%d clients that each ran 3 queries hold %d goroutines", n, g)
 	}
@@ -165,7 +165,7 @@ func TestIdleClientsOnLoops(t *testing.T) {
 		c.close()
 	}
 	waitFor(t, 5*time.Second, "sessions of the clients that left to end", func() bool {
-		return rl.srv.clientSessions() == n/2 && e.clientCount() == n/2
+		return rl.srv.clientSessions() == n/2 && e.ClientCount() == n/2
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -173,7 +173,7 @@ func TestIdleClientsOnLoops(t *testing.T) {
 		t.Fatalf("shutdown with clients on the loops: %v", err)
 	}
 	expectShutdownError(t, "client on a loop", clients[:n/2])
-	if k, c := e.counts(); k != 0 || c != 0 {
+	if k, c := e.Counts(); k != 0 || c != 0 {
 		t.Fatalf("loops still hold %d sockets (%d clients) after shutdown", k, c)
 	}
 }

@@ -417,7 +417,7 @@ func inDebt(rules []*rateRule, ds []limiter.Decision) []debtSeen {
 var errRateWaitOnLoop = errors.New("rate-limit wait on the event loop")
 
 // rateLoopWait is a rate-limit wait of a session on its event loop: where
-// limiter.WaitAll sleeps, the session parks (loopItem.sleep) and checkRate
+// limiter.WaitAll sleeps, the session parks (reactor.Item.Sleep) and checkRate
 // runs again when it wakes, with the time waited since the first denial
 // counted against each rule's max_wait as WaitAll counts it.
 type rateLoopWait struct {

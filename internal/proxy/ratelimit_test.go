@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/internal/reactor"
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
@@ -146,7 +147,7 @@ func watchPair(t *testing.T) (client, server net.Conn) {
 // another read deadline (the parker's); afterwards the connection's read
 // deadline is as before.
 func TestRateWaitWatchesClient(t *testing.T) {
-	if !canWatch {
+	if !reactor.CanWatch {
 		t.Skip("a rate-limit wait watches its client on Linux only")
 	}
 	const per = 10 * time.Second

@@ -36,6 +36,7 @@ import (
 	"github.com/poolerd/poolerd/internal/backend"
 	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/internal/pamauth"
+	"github.com/poolerd/poolerd/internal/reactor"
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
@@ -66,7 +67,7 @@ type Server struct {
 	parker    *parker // idle client sessions without a goroutine
 	// handOver, set by HandOver, passes idle clients to a new poolerd.
 	handOver atomic.Pointer[handOverFunc]
-	engine   *engine // event loops (event_loops; loops_linux.go)
+	engine   *reactor.Engine // event loops (event_loops; internal/reactor)
 	limits   *connLimits
 	fleet    *fleetBudget // fleet_max_server_connections (fleet.go)
 	// authDelays slows down repeated failed logins per address.
@@ -185,7 +186,10 @@ func New(cfg *config.Config, log *zap.Logger) *Server {
 	}
 	srv.parker = newParker(srv)
 	loops, _ := cfg.EventLoopCount(runtime.GOMAXPROCS(0)) // validated
-	srv.engine = newEngine(srv, loops)
+	var engErr error
+	if srv.engine, engErr = reactor.New(loops); engErr != nil {
+		srv.log.Warn("event loop unavailable; the connections it would have read get a reader goroutine each", zap.Error(engErr))
+	}
 	srv.fleet = &fleetBudget{srv: srv}
 	srv.fleet.configure(cfg)
 	_, _ = rand.Read(srv.mockKey[:])
@@ -693,7 +697,7 @@ func (srv *Server) closePools() {
 	for _, p := range srv.poolList() {
 		p.pool.Close()
 	}
-	srv.engine.close()
+	srv.engine.Close()
 	if rl := srv.rates.Swap(nil); rl != nil {
 		rl.close()
 	}

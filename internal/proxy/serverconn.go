@@ -18,6 +18,7 @@ import (
 	"github.com/poolerd/poolerd/internal/backend"
 	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/internal/pool"
+	"github.com/poolerd/poolerd/internal/reactor"
 	"github.com/poolerd/poolerd/internal/txstate"
 	"github.com/poolerd/poolerd/internal/wire"
 )
@@ -260,7 +261,7 @@ type serverConn struct {
 	// is its place in a loop, changed by the holder when it moves the
 	// connection to its own loop (nearLoop); yieldFn is yieldLoop, set
 	// once. closing is set by Close before it shuts the socket down.
-	item    atomic.Pointer[loopItem]
+	item    atomic.Pointer[reactor.Item]
 	yieldFn func()
 	closing atomic.Bool
 
@@ -321,7 +322,7 @@ func (sc *serverConn) Close() error {
 		// reader goroutine, which then finds the connection gone.
 		_ = sc.Conn.Conn.SetDeadline(time.Now().Add(finalWriteTimeout))
 		_, _ = sc.Conn.Write(wire.AppendTerminate(nil))
-		if sc.io != nil && sc.io.Raw() && sc.dbp.srv.engine.enabled() {
+		if sc.io != nil && sc.io.Raw() && sc.dbp.srv.engine.Enabled() {
 			// A loop reads through its own descriptor, which keeps the
 			// socket open: shutting it down ends the stream there, and
 			// closing tells the loop to stop reading (a server still
@@ -330,7 +331,7 @@ func (sc *serverConn) Close() error {
 			// descriptor right now, and a duplicate of a shut-down socket
 			// is found ended by its loop at once.
 			sc.closing.Store(true)
-			shutdownSocket(sc.io.Control)
+			reactor.ShutdownSocket(sc.io.Control)
 		}
 		err = sc.Conn.Close()
 		sc.logClosed()
@@ -376,8 +377,8 @@ func newServerConn(dbp *dbPool, c *backend.Conn) *serverConn {
 func (sc *serverConn) startReading() {
 	if sc.io != nil && sc.io.Raw() {
 		sc.yieldFn = sc.yieldLoop
-		if sc.dbp.srv.engine.add(sc.io.Control, sc, false, sc.item.Store) {
-			sc.Entry.SetShare(sc.item.Load().share())
+		if sc.dbp.srv.engine.Add(sc.io.Control, sc, false, sc.item.Store) {
+			sc.Entry.SetShare(sc.item.Load().Share())
 			return
 		}
 		sc.yieldFn = nil
@@ -387,16 +388,16 @@ func (sc *serverConn) startReading() {
 
 // yieldLoop is called by the connection's handler before it waits (a
 // client that does not read): its loop goes on without it.
-func (sc *serverConn) yieldLoop() { sc.item.Load().yield() }
+func (sc *serverConn) yieldLoop() { sc.item.Load().Yield() }
 
 // nearLoop moves the connection, just checked out, to the event loop of its
 // new holder's handler (it, nil when the holder is not on a loop), so that
 // one loop reads both the client and the server of a transaction, and
 // marks it as that loop's in the pool (pool.TryGetNear). false: the
 // connection could be put in no loop (shutdown) and is broken.
-func (sc *serverConn) nearLoop(it *loopItem) bool {
+func (sc *serverConn) nearLoop(it *reactor.Item) bool {
 	cur := sc.item.Load()
-	if it == nil || cur == nil || !cur.moveNear(it, sc.item.Store) {
+	if it == nil || cur == nil || !cur.MoveNear(it, sc.item.Store) {
 		return true
 	}
 	moved := sc.item.Load()
@@ -406,36 +407,36 @@ func (sc *serverConn) nearLoop(it *loopItem) bool {
 		sc.mu.Unlock()
 		return false
 	}
-	sc.Entry.SetShare(moved.share())
+	sc.Entry.SetShare(moved.Share())
 	return true
 }
 
-// loopStale: a server connection ends through its stream (Close shuts it
+// LoopStale: a server connection ends through its stream (Close shuts it
 // down), never by a wake-up.
-func (sc *serverConn) loopStale() bool { return false }
+func (sc *serverConn) LoopStale() bool { return false }
 
-func (sc *serverConn) loopEnd() {}
+func (sc *serverConn) LoopEnd() {}
 
-// loopDetach: a server connection whose handler waited (for a client that
+// LoopDetach: a server connection whose handler waited (for a client that
 // did not read) goes back in its loop.
-func (sc *serverConn) loopDetach() bool { return false }
+func (sc *serverConn) LoopDetach() bool { return false }
 
-// loopReady is the event loop's readLoop: one read, handled (loops_linux.go).
-// loopResume: a server connection never waits on its loop (it never
-// suspends); if it were taken up, it would read as loopReady does.
-func (sc *serverConn) loopResume(it *loopItem) bool { return sc.loopReady(it) }
+// LoopReady is the event loop's readLoop: one read, handled (loops_linux.go).
+// LoopResume: a server connection never waits on its loop (it never
+// suspends); if it were taken up, it would read as LoopReady does.
+func (sc *serverConn) LoopResume(it *reactor.Item) bool { return sc.LoopReady(it) }
 
-func (sc *serverConn) loopReady(it *loopItem) bool {
+func (sc *serverConn) LoopReady(it *reactor.Item) bool {
 	if sc.closing.Load() {
 		// Closed by poolerd: what the server still sends is not read.
 		// Closing the loop's descriptor (on return) resets the socket, so
 		// a backend blocked sending a large result ends at once.
-		it.yield()
+		it.Yield()
 		sc.gone(net.ErrClosed)
 		return false
 	}
 	buf := sc.readBuf
-	n, err := readItem(it, buf[wire.Headroom:])
+	n, err := it.Read(buf[wire.Headroom:])
 	if n > 0 {
 		if herr := sc.handle(buf, wire.Headroom, wire.Headroom+n); herr != nil {
 			err = herr
@@ -447,7 +448,7 @@ func (sc *serverConn) loopReady(it *loopItem) bool {
 		return true // nothing to read after all
 	}
 	// gone may write to a client: not on the loop's goroutine.
-	it.yield()
+	it.Yield()
 	sc.gone(err)
 	return false
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/poolerd/poolerd/internal/backend"
 	"github.com/poolerd/poolerd/internal/config"
 	"github.com/poolerd/poolerd/internal/pool"
+	"github.com/poolerd/poolerd/internal/reactor"
 	"github.com/poolerd/poolerd/internal/sqlscan"
 	"github.com/poolerd/poolerd/internal/txstate"
 	"github.com/poolerd/poolerd/internal/wire"
@@ -55,7 +56,7 @@ type session struct {
 	tracked        bool   // ... and named prepared statements are mapped
 	refuseState    bool   // session_state: refuse
 	tls            bool   // the client connection is TLS (conn is a *tls.Conn): never parked
-	maxPacket      int    // max_packet_size at login (0: only the protocol's limit)
+	maxPacket      int32  // max_packet_size at login (0: only the protocol's limit; at most 2^30-1)
 
 	// Owned by the client goroutine (run, fromClient and what they call;
 	// the goroutine may change between parks, never run two at once).
@@ -295,8 +296,11 @@ type session struct {
 	// item is the session's place on an event loop (nil: it runs on its
 	// own goroutine); set when it joins one, cleared when it leaves
 	// (loopsession.go). yieldFn is yieldLoop, set at creation.
-	item    atomic.Pointer[loopItem]
+	item    atomic.Pointer[reactor.Item]
 	yieldFn func()
+	// lw is a wait on the loop's state (loopsession.go), made at the
+	// session's first wait there; owned by whoever runs its handler.
+	lw *loopWait
 
 	// handedOver: the session went to a new poolerd (handover.go); its
 	// end closes this process's descriptor only.
@@ -385,7 +389,7 @@ func (s *session) relay(fresh bool) (parked bool) {
 	// A session that left its event loop to wait goes back between two
 	// requests once it no longer waits (rejoinable).
 	var idle func() bool
-	if s.srv.engine.enabled() && !s.tls {
+	if s.srv.engine.Enabled() && !s.tls {
 		idle = s.rejoinable
 	}
 	for {
@@ -431,7 +435,7 @@ func (s *session) relay(fresh bool) (parked bool) {
 }
 
 // clientRead handles one read of the client (n bytes in bp, which it gives
-// back), for relay and for an event loop (loopReady). It returns true when
+// back), for relay and for an event loop (LoopReady). It returns true when
 // the session must end.
 func (s *session) clientRead(bp *[]byte, n int) (quit bool) {
 	if !s.active.Load() { // a load is cheaper than a store per read
@@ -446,12 +450,12 @@ func (s *session) clientRead(bp *[]byte, n int) (quit bool) {
 	s.inRead.Store(true)
 	quit, waiting := s.fromClient(bp, wire.Headroom, wire.Headroom+n)
 	if waiting {
-		return false // on its loop, for a server connection (loopResume)
+		return false // on its loop, for a server connection (LoopResume)
 	}
 	return s.readDone(bp, quit)
 }
 
-// readDone ends the handling of a read (clientRead, loopResume).
+// readDone ends the handling of a read (clientRead, LoopResume).
 func (s *session) readDone(bp *[]byte, quit bool) bool {
 	s.inRead.Store(false)
 	s.srv.bufs.Put(bp)
@@ -510,7 +514,7 @@ type batch struct {
 // readPass is fromClient's way through one read from the client. It lives
 // on fromClient's stack, and is kept on the session's loop item
 // (itemWait.pend) while the read waits there for a server connection
-// (attachOrRefuse), to be taken up where it stopped (loopResume).
+// (attachOrRefuse), to be taken up where it stopped (LoopResume).
 type readPass struct {
 	bp                   *[]byte // the read's buffer, given back when the read is done
 	buf                  []byte
@@ -556,7 +560,7 @@ func (s *session) answered(r *readPass, sc *serverConn, at int) bool {
 // fromClient handles one read from the client, in (*bp)[start:end]. It
 // returns true when the session must end (Terminate, protocol violation,
 // fatal refusal); waiting when the read waits on the session's event loop
-// for a server connection: loopResume takes it up, and the buffer is not
+// for a server connection: LoopResume takes it up, and the buffer is not
 // the caller's to give back.
 func (s *session) fromClient(bp *[]byte, start, end int) (quit, waiting bool) {
 	buf := *bp
@@ -604,8 +608,7 @@ func (s *session) readFrames(r *readPass, resumed bool) (quit, waiting bool) {
 			quit, waiting := s.headerFrame(r, again)
 			if waiting {
 				r.n = n
-				it := s.item.Load()
-				if p := &it.waits().pend; p != r {
+				if p := &s.waits().pend; p != r {
 					*p = *r
 				}
 				return false, true
@@ -656,11 +659,11 @@ func (s *session) checkFrame(r *readPass, t byte) (quit bool) {
 		s.fail(errProtocol("invalid message format: " + quoteByte(t) + " with a body of " + strconv.Itoa(s.cur.Len) + " bytes"))
 		return true
 	}
-	if s.maxPacket > 0 && s.cur.Len+4 > s.maxPacket {
+	if s.maxPacket > 0 && s.cur.Len+4 > int(s.maxPacket) {
 		// Refused before any of it is forwarded; what came before
 		// goes out first.
 		s.flush(s.passData(r), r.b)
-		s.fail(errPacketTooLarge(t, s.cur.Len+4, s.maxPacket))
+		s.fail(errPacketTooLarge(t, s.cur.Len+4, int(s.maxPacket)))
 		return true
 	}
 	if t == 'X' {
@@ -1083,8 +1086,8 @@ func (s *session) rateCheck(t byte, r *readPass) error {
 		}
 	}
 	var lw *rateLoopWait
-	if it.onLoop() {
-		lw = &it.waits().rate
+	if it.OnLoop() {
+		lw = &s.waits().rate
 	}
 	startsTx := s.txStatus() == wire.TxIdle
 	if sc := s.server.Load(); sc != nil {
@@ -1099,7 +1102,7 @@ func (s *session) rateCheck(t byte, r *readPass) error {
 	}
 	if lw != nil && !lw.start.IsZero() {
 		*lw = rateLoopWait{}
-		it.sleepDone()
+		it.SleepDone()
 	}
 	return err
 }
@@ -1108,22 +1111,22 @@ func (s *session) rateCheck(t byte, r *readPass) error {
 // (rateCheck) and returns errRateWaitOnLoop: the session's end withdraws
 // it (wakeLoop, withdrawWait). An end that came before the wait could be
 // withdrawn is returned instead.
-func (s *session) rateSleep(r *readPass, it *loopItem) error {
+func (s *session) rateSleep(r *readPass, it *reactor.Item) error {
 	r.rateWait = true
 	s.waitMu.Lock()
-	s.waitCancel = it.withdrawFunc()
+	s.waitCancel = it.WithdrawFunc()
 	s.waitMu.Unlock()
-	it.sleep(time.Until(it.aw.rate.until), true)
+	it.Sleep(time.Until(s.lw.rate.until), true)
 	// After the suspend: an end from here on finds the item waiting
 	// (waitingOnLoop) and withdraws the wait; one before is seen here.
 	if werr := s.waitEnded(); werr != nil {
-		it.unsuspend()
-		it.sleepDone()
+		it.Unsuspend()
+		it.SleepDone()
 		r.rateWait = false
 		s.waitMu.Lock()
 		s.waitCancel = nil
 		s.waitMu.Unlock()
-		it.aw.rate = rateLoopWait{}
+		s.lw.rate = rateLoopWait{}
 		return werr
 	}
 	return errRateWaitOnLoop
@@ -1133,21 +1136,21 @@ func (s *session) rateSleep(r *readPass, it *loopItem) error {
 // the session's end, or errClientGone, when the wait must end there, and
 // errRateWaitOnLoop, the read parked again, when it woke before its time
 // (an event on the client's socket that is not its leaving).
-func (s *session) rateWoken(r *readPass, it *loopItem) error {
+func (s *session) rateWoken(r *readPass, it *reactor.Item) error {
 	r.rateWait = false
 	s.waitMu.Lock()
 	s.waitCancel = nil
 	s.waitMu.Unlock()
 	werr := s.waitEnded()
-	if werr == nil && it.peerGone() {
+	if werr == nil && it.PeerGone() {
 		werr = errClientGone()
 	}
 	if werr != nil {
-		it.aw.rate = rateLoopWait{}
-		it.sleepDone()
+		s.lw.rate = rateLoopWait{}
+		it.SleepDone()
 		return werr
 	}
-	if time.Now().Before(it.aw.rate.until) {
+	if time.Now().Before(s.lw.rate.until) {
 		return s.rateSleep(r, it)
 	}
 	return nil
@@ -1474,7 +1477,7 @@ func (s *session) attachFrom(held *serverConn, r *readPass, leaseAt int64, attem
 				left = leaseLeft{limit: lease, left: max(lease-time.Duration(s.srv.nanotime()-leaseAt), time.Nanosecond)}
 			}
 			it := s.item.Load()
-			if r != nil && it.onLoop() {
+			if r != nil && it.OnLoop() {
 				var waiting bool
 				sc, waiting, werr = s.dbp.checkoutOnLoop(s, it, &r.wait, left)
 				if waiting {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/poolerd/poolerd/internal/backend"
 	"github.com/poolerd/poolerd/internal/pool"
+	"github.com/poolerd/poolerd/internal/reactor"
 )
 
 // ClientInfo describes one logged-in client: a pool's client or an admin
@@ -352,7 +353,14 @@ func (srv *Server) ClientCount() int {
 // ParkedClients returns the number of idle client sessions held without a
 // goroutine: parked, or on an event loop holding no server connection.
 func (srv *Server) ParkedClients() int {
-	return srv.parker.parkedCount() + srv.engine.idleClients()
+	return srv.parker.parkedCount() + srv.engine.CountIdle(idleSession)
+}
+
+// idleSession says whether a client socket on a loop is a session that
+// holds no server connection (ParkedClients).
+func idleSession(h reactor.Handler) bool {
+	s, ok := h.(*session)
+	return ok && s.server.Load() == nil
 }
 
 // LoginTimeouts counts clients dropped by client_login_timeout.

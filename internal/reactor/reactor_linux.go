@@ -1,9 +1,11 @@
 //go:build linux
 
-package proxy
+package reactor
 
 import (
+	"container/heap"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"sync"
@@ -17,49 +19,27 @@ import (
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
-// The event loops (event_loops) read the server connections without a
-// goroutine each. A loop owns an epoll instance whose descriptor is
-// non-blocking and watched by the runtime's own poller: the loop's goroutine
-// asks epoll, with a zero timeout, what is ready, handles every ready socket
-// with raw non-blocking reads, and when nothing is ready parks in the
-// runtime poller like any goroutine waiting for a socket. One wake-up of the
-// loop so handles every server that answered meanwhile, where a goroutine
-// per connection costs a wake-up (and often a thread hand-off) each.
-//
-// A handler may block (a client that does not read, a lock held by a slow
-// holder): then the goroutine running it gives the loop to a new goroutine
-// and finishes the handler on its own, with the socket it was handling taken
-// out of the loop, so nothing of that socket is read until the handler is
-// done (no reordering), and nothing else waits for it. Handlers say when they
-// are about to block (loopItem.yield: a write that would wait); a monitor
-// hands over a loop whose handler has run for a whole tick without saying so.
-//
-// The loop reads through its own duplicate of the socket's descriptor, so
-// the socket stays open, and its registration valid, until the loop lets it
-// go: whoever closes such a connection shuts the socket down first
-// (serverConn.Close), which the loop sees as the end of the stream.
-
 // loopTick is how often the monitor looks for a loop whose handler blocks.
 const loopTick = 5 * time.Millisecond
 
 // loopBatch is how many ready sockets one epoll_wait returns at most.
 const loopBatch = 128
 
-// Item states (loopItem.state).
+// Item states (Item.state).
 const (
 	itemOff      int32 = iota // not (or no longer) in the loop
 	itemArmed                 // registered; no handler running
 	itemHandling              // a handler is running
-	itemWaiting               // out of epoll, waiting on the loop (suspend)
+	itemWaiting               // out of epoll, waiting on the loop (Suspend)
 )
 
-// An item's part in a wait on its loop (loopItem.wait): a handler that must
+// An item's part in a wait on its loop (Item.wait): a handler that must
 // wait for something another goroutine delivers (a pooled server
-// connection) says so (suspend) and returns; the loop takes the socket out
-// of epoll (park), and the delivery (wakeUp) posts the item to the loop's
+// connection) says so (Suspend) and returns; the loop takes the socket out
+// of epoll (park), and the delivery (WakeUp) posts the item to the loop's
 // mailbox, whose handling runs the item's resume step on the loop. The
 // delivery may come before the handler has returned: whichever of park and
-// wakeUp comes second posts.
+// WakeUp comes second posts.
 const (
 	waitNone       int32 = iota
 	waitSuspending       // suspend called; the handler has not returned
@@ -67,31 +47,10 @@ const (
 	waitParked           // parked; not delivered yet
 )
 
-// loopHandler is what a loop runs for a socket.
-type loopHandler interface {
-	// loopReady handles a readable socket: it reads it.fd (the loop's
-	// duplicate) and reports whether the socket stays in the loop. A
-	// handler that returns false has ended the connection.
-	loopReady(it *loopItem) (keep bool)
-	// loopResume takes up a handler that suspended (loopItem.suspend)
-	// once its wait is over, on the loop, with loopReady's result.
-	loopResume(it *loopItem) (keep bool)
-	// loopStale reports whether the connection was ended by another
-	// goroutine meanwhile (its wake-up may have found the handler
-	// running); loopEnd then ends it, on a goroutine of its own.
-	loopStale() bool
-	loopEnd()
-	// loopDetach is called when a handler that waited (yield) is done and
-	// kept the connection: true if the connection goes on on a goroutine
-	// of its own from now on (it was taken out of the loop), false if it
-	// goes back in.
-	loopDetach() bool
-}
-
-// loopItem is a socket in a loop.
-type loopItem struct {
+// Item is a socket in a loop.
+type Item struct {
 	l      *loop
-	h      loopHandler
+	h      Handler
 	fd     int          // the loop's duplicate descriptor; closed by remove
 	client bool         // a client session's socket (else a server's)
 	state  atomic.Int32 // itemOff, itemArmed, itemHandling, itemWaiting
@@ -105,7 +64,7 @@ type loopItem struct {
 	// out: a waiting item is out of epoll (taken out when an event for
 	// it came, or by takeOver): its resume puts it back. Owned by the
 	// loop's goroutine while the item waits, by its handler otherwise.
-	// byEvent, set by the handler before it waits (sleep) and read by
+	// byEvent, set by the handler before it waits (Sleep) and read by
 	// the loop once the item is parked, says that an event on its socket
 	// wakes it. hangupOnly: the socket is in epoll for EPOLLRDHUP alone (a
 	// sleep taken up again after an event that was data: the client's
@@ -113,20 +72,37 @@ type loopItem struct {
 	out, byEvent, hangupOnly bool
 }
 
+// itemWait is what an item's wait needs beyond its state (Item.wait), made
+// at the item's first wait and owned by whoever runs its handler: ready
+// (WakeUp) and withdraw, made once, and the timer of a timed wait (Sleep).
+type itemWait struct {
+	ready    func()
+	withdraw func(error)
+	// when is the deadline of a timed wait (Sleep) in its loop's clock
+	// (loop.now), hidx its place in the loop's timer heap (-1: not in
+	// it); both under the loop's tmu. timer is a runtime timer, used
+	// instead once the engine is closed (the loop no longer runs).
+	when  int64
+	hidx  int
+	timer *time.Timer
+}
+
 // waits returns the item's wait state, made on its first wait.
-func (it *loopItem) waits() *itemWait {
+func (it *Item) waits() *itemWait {
 	if it.aw == nil {
-		it.aw = new(itemWait)
+		it.aw = &itemWait{hidx: -1}
 	}
 	return it.aw
 }
 
-// sleep is suspend for a wait that ends after d (its timer), or before,
-// when byEvent, at an event on its socket: the handler's loopResume runs
-// then, and tells which by the time. A stale firing of an earlier sleep's
-// timer wakes it early too.
-func (it *loopItem) sleep(d time.Duration, byEvent bool) {
-	ready := it.suspend()
+// Sleep is Suspend for a wait that ends after d (its timer, one of its
+// loop's: loop.schedule), or before, when byEvent, at an event on its
+// socket: the handler's LoopResume runs then, and tells which by the time.
+// A Sleep before the last one's timer fired moves that timer; a timer left
+// set (no SleepDone) wakes a later wait early, so each resume checks why it
+// woke.
+func (it *Item) Sleep(d time.Duration, byEvent bool) {
+	ready := it.Suspend()
 	it.byEvent = byEvent
 	if byEvent && it.out {
 		// Woken by data it does not read yet: the socket goes back in
@@ -137,76 +113,72 @@ func (it *loopItem) sleep(d time.Duration, byEvent bool) {
 			it.out, it.hangupOnly = false, true
 		}
 	}
-	if w := it.waits(); w.timer == nil {
-		w.timer = time.AfterFunc(d, ready)
-	} else {
-		w.timer.Reset(d)
-	}
+	it.l.schedule(it, d, ready)
 }
 
-// withdrawFunc returns a function that wakes the item's wait early (its
+// WithdrawFunc returns a function that wakes the item's wait early (its
 // resume then finds why), for whoever ends a session.
-func (it *loopItem) withdrawFunc() func(error) {
+func (it *Item) WithdrawFunc() func(error) {
 	w := it.waits()
 	if w.withdraw == nil {
-		w.withdraw = func(error) { it.wakeUp() }
+		w.withdraw = func(error) { it.WakeUp() }
 	}
 	return w.withdraw
 }
 
-// sleepDone stops the timer of a sleep that is over (a late firing would
-// only wake a later wait needlessly: each resume checks why it woke).
-func (it *loopItem) sleepDone() {
-	if it.aw != nil && it.aw.timer != nil {
-		it.aw.timer.Stop()
+// SleepDone stops the timer of a sleep that is over (a late firing would
+// wake a later wait needlessly).
+func (it *Item) SleepDone() {
+	if it.aw != nil {
+		it.l.unschedule(it)
 	}
 }
 
-// peerGone reports whether the peer of the item's socket has left (on a
+// PeerGone reports whether the peer of the item's socket has left (on a
 // resume after an event: the handler has not read it yet).
-func (it *loopItem) peerGone() bool { return peerGone(uintptr(it.fd)) }
+func (it *Item) PeerGone() bool { return PeerGone(uintptr(it.fd)) }
 
-// suspend is called by a handler running on its loop's goroutine before it
+// Suspend is called by a handler running on its loop's goroutine before it
 // starts a wait whose end another goroutine delivers: it returns the
 // function that delivery calls (wakeUp; it must not block). The handler's
-// loopResume runs on the loop once the wait is over. A handler that called
-// suspend and then finds it need not wait after all calls unsuspend; one
+// LoopResume runs on the loop once the wait is over. A handler that called
+// Suspend and then finds it need not wait after all calls unsuspend; one
 // that waits returns true at once.
-func (it *loopItem) suspend() (ready func()) {
+func (it *Item) Suspend() (ready func()) {
 	w := it.waits()
 	if w.ready == nil {
-		w.ready = it.wakeUp
+		w.ready = it.WakeUp
 	}
 	it.byEvent = false
 	it.wait.Store(waitSuspending)
 	return w.ready
 }
 
-// unsuspend withdraws suspend when the handler does not wait after all
+// Unsuspend withdraws suspend when the handler does not wait after all
 // (nothing will be delivered).
-func (it *loopItem) unsuspend() { it.wait.Store(waitNone) }
+func (it *Item) Unsuspend() { it.wait.Store(waitNone) }
 
-// suspended reports whether the handler that just returned waits on the
+// Suspended reports whether the handler that just returned waits on the
 // loop.
-func (it *loopItem) suspended() bool {
+func (it *Item) Suspended() bool {
 	w := it.wait.Load()
 	return w == waitSuspending || w == waitReady
 }
 
-// waitingOnLoop reports whether the item's handler waits on the loop (any
+// WaitingOnLoop reports whether the item's handler waits on the loop (any
 // goroutine).
-func (it *loopItem) waitingOnLoop() bool {
+func (it *Item) WaitingOnLoop() bool {
 	return it != nil && (it.wait.Load() != waitNone || it.state.Load() == itemWaiting)
 }
 
-// onLoop reports whether the caller is the handler the loop's goroutine is
+// OnLoop reports whether the caller is the handler the loop's goroutine is
 // running for it (not handed over): only such a handler may suspend.
-func (it *loopItem) onLoop() bool { return it != nil && it.l.cur.Load() == it }
+func (it *Item) OnLoop() bool { return it != nil && it.l.cur.Load() == it }
 
-// wakeUp is the delivery of an item's wait (any goroutine, maybe under the
+// WakeUp is the delivery of an item's wait (any goroutine, maybe under the
 // deliverer's lock: it never blocks): the item is posted to its loop, or,
 // if its handler has not returned yet, park posts it.
-func (it *loopItem) wakeUp() {
+func (it *Item) WakeUp() {
 	for {
 		switch it.wait.Load() {
 		case waitSuspending:
@@ -224,27 +196,26 @@ func (it *loopItem) wakeUp() {
 	}
 }
 
-// yield is called by a handler about to block (from any goroutine: a yield
+// Yield is called by a handler about to block (from any goroutine: a yield
 // by another than the loop's goroutine only costs a needless hand-over).
 // If the loop is running it's handler, the loop goes on on a new goroutine
 // without it, and the current one finishes the handler.
-func (it *loopItem) yield() {
+func (it *Item) Yield() {
 	if it == nil {
 		return
 	}
 	it.l.takeOver(it)
 }
 
-// engine is the set of loops.
-type engine struct {
-	srv   *Server
+// Engine is the set of loops.
+type Engine struct {
 	loops []*loop
 	next  atomic.Uint32 // round robin over loops
 	// detaches counts sessions that left a loop for a goroutine after a
-	// wait (loopDetach), for tests.
+	// wait (LoopDetach), for tests.
 	detaches atomic.Uint64
 	// moves counts server connections moved to their client's loop at a
-	// checkout (loopItem.moveNear), for tests.
+	// checkout (Item.MoveNear), for tests.
 	moves atomic.Uint64
 	// parks counts handlers that waited on their loop (loop.park), for
 	// tests.
@@ -261,7 +232,7 @@ type engine struct {
 
 // loop is one epoll instance and the goroutine running it.
 type loop struct {
-	e    *engine
+	e    *Engine
 	idx  int32 // its place in engine.loops: its share of the pools
 	epfd int
 	file *os.File
@@ -270,13 +241,13 @@ type loop struct {
 	// cur is the item whose handler the loop's goroutine is running (nil:
 	// none; &taken: handed over, the handler's goroutine no longer runs the
 	// loop). seq counts handlers, for the monitor.
-	cur   atomic.Pointer[loopItem]
-	taken loopItem
+	cur   atomic.Pointer[Item]
+	taken Item
 	seq   atomic.Uint64
 
 	// mu guards items, indexed by the duplicate descriptor.
 	mu      sync.Mutex
-	items   []*loopItem
+	items   []*Item
 	count   int // sockets
 	clients int // of which client sessions'
 
@@ -285,22 +256,39 @@ type loop struct {
 	// (the item mbox) that wakes the loop; mboxMu guards posts and
 	// mboxClosed (the engine stopped: posts run on a goroutine each).
 	efd        int
-	mbox       loopItem
+	mbox       Item
 	mboxMu     sync.Mutex
 	sleeping   bool // the loop may wait in epoll: a post must wake it
-	posts      []*loopItem
-	spare      []*loopItem // an emptied array for the next posts
+	posts      []*Item
+	spare      []*Item // an emptied array for the next posts
 	mboxClosed bool
+
+	// The timers of timed waits (Sleep): a heap of the waiting items by
+	// deadline, and a timerfd in the loop's epoll (the item tick) armed
+	// for the earliest. A deadline is in the loop's own clock (now: the
+	// runtime's monotonic time since start), so scheduling costs no
+	// system call unless it is the new earliest. tmu guards the heap,
+	// armed (the deadline the timerfd is set for, 0: none) and
+	// timersClosed (the engine stopped: runtime timers instead).
+	tfd          int
+	tick         Item
+	start        time.Time
+	tmu          sync.Mutex
+	timers       timerHeap
+	armed        int64
+	timersClosed bool
 }
 
-// newEngine starts n loops; n <= 0 starts none (every connection then has
-// its own reader goroutine).
-func newEngine(srv *Server, n int) *engine {
-	e := &engine{srv: srv, stop: make(chan struct{})}
+// New starts n loops; n <= 0 starts none (every connection then has its
+// own reader goroutine). The error says why fewer than n could start; the
+// engine then runs those that did (maybe none: Enabled is false).
+func New(n int) (*Engine, error) {
+	e := &Engine{stop: make(chan struct{})}
+	var err error
 	for i := range n {
-		l, err := newLoop(e, int32(i))
-		if err != nil {
-			srv.log.Warn("event loop unavailable; server connections get a reader goroutine each")
+		var l *loop
+		if l, err = newLoop(e, int32(i)); err != nil {
+			err = fmt.Errorf("event loop %d: %w", i, err)
 			break
 		}
 		e.loops = append(e.loops, l)
@@ -313,10 +301,10 @@ func newEngine(srv *Server, n int) *engine {
 		e.done.Add(1)
 		go e.monitor()
 	}
-	return e
+	return e, err
 }
 
-func newLoop(e *engine, idx int32) (*loop, error) {
+func newLoop(e *Engine, idx int32) (*loop, error) {
 	fd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil, err
@@ -337,21 +325,40 @@ func newLoop(e *engine, idx int32) (*loop, error) {
 		return nil, err
 	}
 	l.efd = efd
-	l.mbox = loopItem{l: l, fd: efd}
+	l.mbox = Item{l: l, fd: efd}
 	if !l.register(&l.mbox) {
 		_ = syscall.Close(efd)
 		_ = l.file.Close()
 		return nil, errors.New("event loop: cannot watch its mailbox")
 	}
+	tfd, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_NONBLOCK|unix.TFD_CLOEXEC)
+	if err != nil {
+		l.closeFDs()
+		return nil, err
+	}
+	l.tfd, l.start = tfd, time.Now()
+	l.tick = Item{l: l, fd: tfd}
+	if !l.register(&l.tick) {
+		_ = syscall.Close(tfd)
+		l.closeFDs()
+		return nil, errors.New("event loop: cannot watch its timer")
+	}
 	l.mu.Lock()
-	l.count-- // the mailbox is no socket
+	l.count -= 2 // the mailbox and the timer are no sockets
 	l.mu.Unlock()
 	return l, nil
 }
 
-// post queues it, whose wait is over, for the loop to resume (wakeUp,
+// closeFDs closes the mailbox's eventfd and the epoll instance of a loop
+// that could not be made.
+func (l *loop) closeFDs() {
+	_ = syscall.Close(l.efd)
+	_ = l.file.Close()
+}
+
+// post queues it, whose wait is over, for the loop to resume (WakeUp,
 // park). After the engine stopped, it is resumed on a goroutine of its own.
-func (l *loop) post(it *loopItem) {
+func (l *loop) post(it *Item) {
 	l.mboxMu.Lock()
 	if l.mboxClosed {
 		l.mboxMu.Unlock()
@@ -371,7 +378,7 @@ func (l *loop) post(it *loopItem) {
 }
 
 // takePosts empties the mailbox (the loop's goroutine).
-func (l *loop) takePosts() []*loopItem {
+func (l *loop) takePosts() []*Item {
 	l.mboxMu.Lock()
 	posts := l.posts
 	l.posts, l.spare = l.spare, nil
@@ -382,7 +389,7 @@ func (l *loop) takePosts() []*loopItem {
 // recyclePosts gives back the array of a mailbox the loop has handled (not
 // one it was handed over in the middle of: the new goroutine may be
 // filling the array the mailbox had then).
-func (l *loop) recyclePosts(posts []*loopItem) {
+func (l *loop) recyclePosts(posts []*Item) {
 	l.mboxMu.Lock()
 	if l.spare == nil {
 		l.spare = posts[:0]
@@ -395,7 +402,7 @@ func (l *loop) recyclePosts(posts []*loopItem) {
 // of epoll); if its wait is already over, it is posted. Its socket stays in
 // epoll: a client that waits for its answer sends nothing meanwhile, and
 // the loop takes it out only if an event for it comes.
-func (l *loop) park(it *loopItem, out bool) {
+func (l *loop) park(it *Item, out bool) {
 	l.e.parks.Add(1)
 	it.out = out
 	it.state.Store(itemWaiting)
@@ -408,10 +415,10 @@ func (l *loop) park(it *loopItem, out bool) {
 
 // resumeOrphan resumes a waiting item after its engine stopped: on this
 // goroutine, and its connection then goes on on a goroutine of its own
-// (loopDetach) or ends.
-func (l *loop) resumeOrphan(it *loopItem) {
-	keep := it.h.loopResume(it)
-	if keep && it.suspended() {
+// (LoopDetach) or ends.
+func (l *loop) resumeOrphan(it *Item) {
+	keep := it.h.LoopResume(it)
+	if keep && it.Suspended() {
 		// Waits again (the pools are closed: it will not be long).
 		it.state.Store(itemWaiting)
 		if !it.wait.CompareAndSwap(waitSuspending, waitParked) {
@@ -421,7 +428,7 @@ func (l *loop) resumeOrphan(it *loopItem) {
 		return
 	}
 	if keep {
-		it.h.loopDetach()
+		it.h.LoopDetach()
 	}
 	if it.state.Swap(itemOff) != itemOff {
 		l.forget(it)
@@ -429,16 +436,16 @@ func (l *loop) resumeOrphan(it *loopItem) {
 	}
 }
 
-// enabled reports whether there are loops.
-func (e *engine) enabled() bool { return e != nil && len(e.loops) > 0 }
+// Enabled reports whether there are loops.
+func (e *Engine) Enabled() bool { return e != nil && len(e.loops) > 0 }
 
-// add puts the socket behind control (its connection's) in a loop, with h
+// Add puts the socket behind control (its connection's) in a loop, with h
 // as its handler. place is given the item before the loop can run its
 // handler, and nil if it could not be added after all. add returns false if
 // it cannot add it (the caller then reads the connection on a goroutine of
 // its own).
-func (e *engine) add(control func(func(fd uintptr)) error, h loopHandler, client bool, place func(*loopItem)) bool {
-	if !e.enabled() {
+func (e *Engine) Add(control func(func(fd uintptr)) error, h Handler, client bool, place func(*Item)) bool {
+	if !e.Enabled() {
 		return false
 	}
 	dup := -1
@@ -451,7 +458,7 @@ func (e *engine) add(control func(func(fd uintptr)) error, h loopHandler, client
 		return false
 	}
 	l := e.loops[int(e.next.Add(1))%len(e.loops)]
-	it := &loopItem{l: l, h: h, fd: dup, client: client}
+	it := &Item{l: l, h: h, fd: dup, client: client}
 	place(it)
 	e.mu.Lock()
 	closed := e.closed
@@ -465,10 +472,10 @@ func (e *engine) add(control func(func(fd uintptr)) error, h loopHandler, client
 }
 
 // register adds it to the loop's table and to epoll.
-func (l *loop) register(it *loopItem) bool {
+func (l *loop) register(it *Item) bool {
 	l.mu.Lock()
 	for it.fd >= len(l.items) {
-		l.items = append(l.items, make([]*loopItem, max(64, len(l.items)))...)
+		l.items = append(l.items, make([]*Item, max(64, len(l.items)))...)
 	}
 	l.items[it.fd] = it
 	l.count++
@@ -487,7 +494,7 @@ func (l *loop) register(it *loopItem) bool {
 }
 
 // forget drops it from the table.
-func (l *loop) forget(it *loopItem) {
+func (l *loop) forget(it *Item) {
 	l.mu.Lock()
 	if it.fd < len(l.items) && l.items[it.fd] == it {
 		l.items[it.fd] = nil
@@ -502,8 +509,11 @@ func (l *loop) forget(it *loopItem) {
 // remove takes it out of the loop for good and closes the duplicate
 // descriptor (the connection itself is its owner's to close). inEpoll says
 // whether it is still registered.
-func (l *loop) remove(it *loopItem, inEpoll bool) {
+func (l *loop) remove(it *Item, inEpoll bool) {
 	it.state.Store(itemOff)
+	if it.aw != nil {
+		l.unschedule(it)
+	}
 	if inEpoll {
 		_ = syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, it.fd, nil)
 	}
@@ -514,7 +524,7 @@ func (l *loop) remove(it *loopItem, inEpoll bool) {
 // takeOver hands the loop to a new goroutine if its goroutine is running
 // it's handler: it is taken out of epoll first, so the new goroutine does not
 // see it; the handler's goroutine puts it back when the handler returns.
-func (l *loop) takeOver(it *loopItem) {
+func (l *loop) takeOver(it *Item) {
 	if !l.cur.CompareAndSwap(it, &l.taken) {
 		return
 	}
@@ -530,7 +540,7 @@ func (l *loop) takeOver(it *loopItem) {
 func (l *loop) run() {
 	defer l.e.done.Done()
 	var evs [loopBatch]syscall.EpollEvent
-	var ready [loopBatch]*loopItem
+	var ready [loopBatch]*Item
 	n := 0
 	wait := func(fd uintptr) bool {
 		for {
@@ -581,13 +591,17 @@ func (l *loop) run() {
 				var b [8]byte
 				_, _ = unix.Read(l.efd, b[:])
 				stay = l.runPosts()
+			case it == &l.tick:
+				var b [8]byte
+				_, _ = unix.Read(l.tfd, b[:])
+				l.fireTimers()
 			case it.state.Load() == itemWaiting && !it.out:
 				// Its handler waits: out of epoll until it is resumed
 				// (level-triggered, the event would come back at once).
 				_ = syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, it.fd, nil)
 				it.out, it.hangupOnly = true, false
 				if it.byEvent {
-					it.wakeUp() // its resume looks at the socket
+					it.WakeUp() // its resume looks at the socket
 				}
 			case it.state.CompareAndSwap(itemArmed, itemHandling):
 				stay = l.handle(it, false)
@@ -627,25 +641,25 @@ func (l *loop) runPosts() bool {
 	return true
 }
 
-// handle runs the handler of it (its loopReady, or its loopResume after a
+// handle runs the handler of it (its LoopReady, or its LoopResume after a
 // wait: resumed, the socket is then out of epoll), and puts the socket back
 // in the loop, parks it or removes it. It returns false if the loop was
 // handed over while the handler ran: the caller's goroutine is then no
 // longer the loop's.
-func (l *loop) handle(it *loopItem, resumed bool) bool {
+func (l *loop) handle(it *Item, resumed bool) bool {
 	l.cur.Store(it)
 	l.seq.Add(1)
 	var keep bool
 	if resumed {
-		keep = it.h.loopResume(it)
+		keep = it.h.LoopResume(it)
 	} else {
-		keep = it.h.loopReady(it)
+		keep = it.h.LoopReady(it)
 	}
 	if l.cur.CompareAndSwap(it, nil) {
 		switch {
 		case !keep:
 			l.remove(it, true)
-		case it.suspended():
+		case it.Suspended():
 			l.park(it, resumed && it.out)
 		case resumed && it.out:
 			it.out = false
@@ -661,23 +675,23 @@ func (l *loop) handle(it *loopItem, resumed bool) bool {
 				break
 			}
 			it.state.Store(itemArmed)
-			if it.h.loopStale() {
-				l.e.wake(it)
+			if it.h.LoopStale() {
+				l.e.Wake(it)
 			}
 		default:
 			it.state.Store(itemArmed)
-			if it.h.loopStale() {
-				l.e.wake(it)
+			if it.h.LoopStale() {
+				l.e.Wake(it)
 			}
 		}
 		return true
 	}
 	it.out, it.hangupOnly = false, false // takeOver took it out of epoll
 	switch {
-	case keep && it.suspended():
+	case keep && it.Suspended():
 		l.park(it, true)
-	case keep && it.h.loopDetach():
-		l.remove(it, false) // after loopDetach took it off its owner
+	case keep && it.h.LoopDetach():
+		l.remove(it, false) // after LoopDetach took it off its owner
 		l.e.detaches.Add(1)
 	case keep && l.rearm(it):
 	default:
@@ -688,23 +702,23 @@ func (l *loop) handle(it *loopItem, resumed bool) bool {
 
 // detach lets a kept socket that cannot go back in the loop (the engine is
 // closing) go on on a goroutine of its own, or removes it.
-func (l *loop) detach(it *loopItem) {
-	if it.h.loopDetach() {
+func (l *loop) detach(it *Item) {
+	if it.h.LoopDetach() {
 		l.e.detaches.Add(1)
 	}
 	l.remove(it, false)
 }
 
-// share is the loop of the item the caller's handler runs for: its share
+// Share is the loop of the item the caller's handler runs for: its share
 // of a pool (pool.Entry.SetShare), -1 for none (it is nil: not on a loop).
-func (it *loopItem) share() int32 {
+func (it *Item) Share() int32 {
 	if it == nil {
 		return -1
 	}
 	return it.l.idx
 }
 
-// moveNear moves a socket no handler is running for to the loop of near,
+// MoveNear moves a socket no handler is running for to the loop of near,
 // so that its handler runs there from now on. place is given its item there
 // before the new loop can run its handler (not called if it did not move:
 // already there, or being handled); the old item is left off for good, so
@@ -712,7 +726,7 @@ func (it *loopItem) share() int32 {
 // if the socket could be put in neither loop (the engine is closing): it is
 // then read by no one and its connection must be closed. moveNear reports
 // whether place was called.
-func (it *loopItem) moveNear(near *loopItem, place func(*loopItem)) bool {
+func (it *Item) MoveNear(near *Item, place func(*Item)) bool {
 	from, to := it.l, near.l
 	if from == to || !it.state.CompareAndSwap(itemArmed, itemHandling) {
 		return false
@@ -724,7 +738,7 @@ func (it *loopItem) moveNear(near *loopItem, place func(*loopItem)) bool {
 	closed := to.e.closed
 	to.e.mu.Unlock()
 	for _, l := range [2]*loop{to, from} {
-		moved := &loopItem{l: l, h: it.h, fd: it.fd, client: it.client}
+		moved := &Item{l: l, h: it.h, fd: it.fd, client: it.client}
 		place(moved)
 		if !closed && l.register(moved) {
 			if l == to {
@@ -739,7 +753,7 @@ func (it *loopItem) moveNear(near *loopItem, place func(*loopItem)) bool {
 }
 
 // rearm puts back in epoll an item taken out for a handler that blocked.
-func (l *loop) rearm(it *loopItem) bool {
+func (l *loop) rearm(it *Item) bool {
 	l.e.mu.Lock()
 	closed := l.e.closed
 	l.e.mu.Unlock()
@@ -751,32 +765,32 @@ func (l *loop) rearm(it *loopItem) bool {
 		return false
 	}
 	it.state.Store(itemArmed)
-	if it.h.loopStale() {
-		l.e.wake(it)
+	if it.h.LoopStale() {
+		l.e.Wake(it)
 	}
 	return true
 }
 
-// wake ends the connection of an item that no handler is running: it is
-// taken out of its loop and its handler's loopEnd runs on a goroutine of its
+// Wake ends the connection of an item that no handler is running: it is
+// taken out of its loop and its handler's LoopEnd runs on a goroutine of its
 // own. An item whose handler is running is ended by its loop when the
-// handler returns (loopStale).
-func (e *engine) wake(it *loopItem) {
+// handler returns (LoopStale).
+func (e *Engine) Wake(it *Item) {
 	if it == nil || !it.state.CompareAndSwap(itemArmed, itemHandling) {
 		return
 	}
 	l := it.l
 	_ = syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, it.fd, nil)
 	go func() {
-		it.h.loopEnd()
+		it.h.LoopEnd()
 		l.remove(it, false)
 	}()
 }
 
 // monitor hands over a loop whose goroutine has run one handler for a whole
-// tick: a handler that blocks without saying so (yield) holds up the other
+// tick: a handler that blocks without saying so (Yield) holds up the other
 // sockets of its loop for at most two ticks.
-func (e *engine) monitor() {
+func (e *Engine) monitor() {
 	defer e.done.Done()
 	t := time.NewTicker(loopTick)
 	defer t.Stop()
@@ -797,10 +811,10 @@ func (e *engine) monitor() {
 	}
 }
 
-// close stops the loops (after the pools are closed: their connections have
+// Close stops the loops (after the pools are closed: their connections have
 // been shut down) and closes what they still hold.
-func (e *engine) close() {
-	if !e.enabled() {
+func (e *Engine) Close() {
+	if !e.Enabled() {
 		return
 	}
 	e.mu.Lock()
@@ -825,6 +839,7 @@ func (e *engine) close() {
 		for _, it := range posts {
 			go l.resumeOrphan(it)
 		}
+		l.closeTimers()
 	}
 	for _, l := range e.loops {
 		l.mu.Lock()
@@ -839,9 +854,9 @@ func (e *engine) close() {
 	}
 }
 
-// counts is how many sockets the loops hold, and how many of them are
+// Counts is how many sockets the loops hold, and how many of them are
 // client sessions'.
-func (e *engine) counts() (sockets, clients int) {
+func (e *Engine) Counts() (sockets, clients int) {
 	if e == nil {
 		return 0, 0
 	}
@@ -854,9 +869,9 @@ func (e *engine) counts() (sockets, clients int) {
 	return sockets, clients
 }
 
-// idleClients is how many client sessions the loops hold that hold no
-// server connection and are not being handled.
-func (e *engine) idleClients() int {
+// CountIdle is how many client sockets the loops hold that no handler is
+// running for and whose handler idle says is idle.
+func (e *Engine) CountIdle(idle func(Handler) bool) int {
 	if e == nil {
 		return 0
 	}
@@ -864,10 +879,7 @@ func (e *engine) idleClients() int {
 	for _, l := range e.loops {
 		l.mu.Lock()
 		for _, it := range l.items {
-			if it == nil || !it.client || it.state.Load() != itemArmed {
-				continue
-			}
-			if s, ok := it.h.(*session); ok && s.server.Load() == nil {
+			if it != nil && it.client && it.state.Load() == itemArmed && idle(it.h) {
 				n++
 			}
 		}
@@ -876,15 +888,15 @@ func (e *engine) idleClients() int {
 	return n
 }
 
-// clientCount is how many client sessions the loops hold.
-func (e *engine) clientCount() int {
-	_, n := e.counts()
+// ClientCount is how many client sessions the loops hold.
+func (e *Engine) ClientCount() int {
+	_, n := e.Counts()
 	return n
 }
 
-// shutdownSocket shuts down both directions of the socket behind control,
+// ShutdownSocket shuts down both directions of the socket behind control,
 // so that a loop reading it (through its own descriptor) sees its end.
-func shutdownSocket(control func(func(fd uintptr)) error) {
+func ShutdownSocket(control func(func(fd uintptr)) error) {
 	_ = control(func(fd uintptr) { _ = syscall.Shutdown(int(fd), syscall.SHUT_RDWR) })
 }
 
@@ -897,9 +909,10 @@ func epollPoll(epfd int, evs []syscall.EpollEvent) (int, syscall.Errno) {
 	return int(n), e
 }
 
-// readItem reads once from a loop's descriptor: 0 and nil when nothing is
-// there (the readiness was stale), io.EOF at the end of the stream.
-func readItem(it *loopItem, p []byte) (int, error) {
+// Read reads once from the item's descriptor (the loop's duplicate): 0 and
+// nil when nothing is there (the readiness was stale), io.EOF at the end of
+// the stream.
+func (it *Item) Read(p []byte) (int, error) {
 	for {
 		n, errno := wire.ReadFD(it.fd, p)
 		switch {
@@ -914,4 +927,155 @@ func readItem(it *loopItem, p []byte) (int, error) {
 		}
 		return n, nil
 	}
+}
+
+// Stats returns the engine's counts so far.
+func (e *Engine) Stats() Stats {
+	return Stats{Parks: e.parks.Load(), Moves: e.moves.Load(), TakeOvers: e.takeOvers.Load(), Detaches: e.detaches.Load()}
+}
+
+// Armed reports whether the item is in its loop with no handler running.
+func (it *Item) Armed() bool { return it != nil && it.state.Load() == itemArmed }
+
+// CanWatch says that PeerGone can tell a peer that left.
+const CanWatch = true
+
+// tcpEstablished is TCP_ESTABLISHED of the kernel's tcp_states.h.
+const tcpEstablished = 1
+
+// PeerGone reports, without reading, whether the peer of the socket fd has
+// closed or reset the connection. A peek at the next byte tells end of
+// stream and errors; behind unread data the TCP state tells whether the
+// peer has closed since (CLOSE_WAIT).
+func PeerGone(fd uintptr) bool {
+	var b [1]byte
+	n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	switch {
+	case err == syscall.EAGAIN || err == syscall.EINTR:
+		return false // nothing to read: the peer is just quiet
+	case err != nil:
+		return true // reset, or any other failure of the connection
+	case n == 0:
+		return true // end of stream
+	}
+	info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+	return err == nil && info.State != tcpEstablished
+}
+
+// now is the loop's clock: nanoseconds of the runtime's monotonic time
+// since the loop started (no system call).
+func (l *loop) now() int64 { return int64(time.Since(l.start)) }
+
+// schedule sets the timer of it's timed wait to d from now: ready runs
+// then, on the loop's goroutine (the timerfd's event). A wait scheduled
+// again moves in the heap; the timerfd is set again only for a new
+// earliest deadline. After the engine stopped, a runtime timer runs ready.
+func (l *loop) schedule(it *Item, d time.Duration, ready func()) {
+	w := it.waits()
+	l.tmu.Lock()
+	if l.timersClosed {
+		l.tmu.Unlock()
+		if w.timer == nil {
+			w.timer = time.AfterFunc(d, ready)
+		} else {
+			w.timer.Reset(d)
+		}
+		return
+	}
+	now := l.now()
+	w.when = now + max(int64(d), 1)
+	if w.hidx >= 0 {
+		heap.Fix(&l.timers, w.hidx)
+	} else {
+		heap.Push(&l.timers, it)
+	}
+	l.armLocked(now)
+	l.tmu.Unlock()
+}
+
+// unschedule takes it's timer out of the heap (its wait is over, or its
+// socket leaves the loop).
+func (l *loop) unschedule(it *Item) {
+	w := it.aw
+	l.tmu.Lock()
+	if w.hidx >= 0 {
+		heap.Remove(&l.timers, w.hidx)
+	}
+	l.tmu.Unlock()
+	if w.timer != nil {
+		w.timer.Stop()
+	}
+}
+
+// armLocked sets the timerfd for the earliest deadline if it is not set
+// for it already (a later setting is left: its firing finds nothing due
+// and sets it again). l.tmu is held.
+func (l *loop) armLocked(now int64) {
+	if len(l.timers) == 0 {
+		return
+	}
+	first := l.timers[0].aw.when
+	if l.armed != 0 && l.armed <= first {
+		return
+	}
+	l.armed = first
+	spec := unix.ItimerSpec{Value: unix.NsecToTimespec(max(first-now, 1))}
+	_ = unix.TimerfdSettime(l.tfd, 0, &spec, nil)
+}
+
+// fireTimers wakes every timed wait that is due (on the loop's goroutine,
+// at the timerfd's event): their resumes run from the mailbox, after
+// this batch. The timerfd is set again for what is left.
+func (l *loop) fireTimers() {
+	var due []*Item
+	l.tmu.Lock()
+	now := l.now()
+	l.armed = 0
+	for len(l.timers) > 0 && l.timers[0].aw.when <= now {
+		due = append(due, heap.Pop(&l.timers).(*Item))
+	}
+	l.armLocked(now)
+	l.tmu.Unlock()
+	for _, it := range due {
+		it.WakeUp()
+	}
+}
+
+// closeTimers ends the loop's timers when the engine stops: every timed
+// wait is woken (its resume runs on a goroutine, and a wait taken up
+// again gets a runtime timer).
+func (l *loop) closeTimers() {
+	l.tmu.Lock()
+	l.timersClosed = true
+	due := make([]*Item, 0, len(l.timers))
+	for len(l.timers) > 0 {
+		due = append(due, heap.Pop(&l.timers).(*Item))
+	}
+	l.tmu.Unlock()
+	for _, it := range due {
+		it.WakeUp()
+	}
+}
+
+// timerHeap is a loop's timed waits by deadline (container/heap).
+type timerHeap []*Item
+
+func (h timerHeap) Len() int           { return len(h) }
+func (h timerHeap) Less(i, j int) bool { return h[i].aw.when < h[j].aw.when }
+func (h timerHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].aw.hidx, h[j].aw.hidx = i, j
+}
+func (h *timerHeap) Push(x any) {
+	it := x.(*Item)
+	it.aw.hidx = len(*h)
+	*h = append(*h, it)
+}
+func (h *timerHeap) Pop() any {
+	old := *h
+	it := old[len(old)-1]
+	old[len(old)-1] = nil
+	it.aw.hidx = -1
+	*h = old[:len(old)-1]
+	return it
 }
