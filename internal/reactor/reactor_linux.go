@@ -1014,7 +1014,11 @@ func (l *loop) armLocked(now int64) {
 	if len(l.timers) == 0 {
 		return
 	}
-	first := l.timers[0].aw.when
+	// The timerfd is set for the end of the timerSlack window the
+	// earliest deadline falls in, so that the waits due within one window
+	// fire together, in one wake-up of the loop (the runtime's own timers
+	// have the same millisecond grain, from epoll_wait's timeout).
+	first := (l.timers[0].aw.when + timerSlack - 1) / timerSlack * timerSlack
 	if l.armed != 0 && l.armed <= first {
 		return
 	}
@@ -1056,6 +1060,10 @@ func (l *loop) closeTimers() {
 		it.WakeUp()
 	}
 }
+
+// timerSlack is the grain of a loop's timers: a timed wait ends up to this
+// much after its deadline, with the others due in the same window.
+const timerSlack = int64(time.Millisecond)
 
 // timerHeap is a loop's timed waits by deadline (container/heap).
 type timerHeap []*Item
