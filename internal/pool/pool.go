@@ -674,10 +674,6 @@ func (p *Pool[C]) get(ctx context.Context) (C, bool, error) {
 type Waiter[C Conn] struct {
 	w     waiter[C]
 	timer *time.Timer
-	// expiry times out an Enqueue of the pool expiryOf (made by the
-	// first Enqueue that has a timeout).
-	expiry   *time.Timer
-	expiryOf *Pool[C]
 }
 
 // NewWaiter returns a Waiter.
@@ -748,10 +744,11 @@ func (p *Pool[C]) getWith(w *Waiter[C], timeout time.Duration, done <-chan struc
 // an idle connection free at once is returned (ok); a checkout that cannot
 // be served now is refused (err, as GetWith's); otherwise w is queued, in
 // the same FIFO order as GetWith's waiters, and ready is called once its
-// outcome is known: a connection handed over, timeout passed (0: no
+// outcome is known: a connection handed over, Expire after timeout (0: no
 // limit), CancelWait, the pool failing or closing. ready is called with the
 // pool's lock held: it must neither block nor call the pool. Collect then
-// returns the outcome. A connection returned here or by Collect has not
+// returns the outcome. The caller times the wait (its own timer, an event
+// loop's): at or after timeout it calls Expire. A connection returned here or by Collect has not
 // been validated: the caller runs Validate, where it may block, if it is
 // Due.
 func (p *Pool[C]) Enqueue(w *Waiter[C], timeout time.Duration, ready func()) (c C, ok bool, err error) {
@@ -782,32 +779,34 @@ func (p *Pool[C]) Enqueue(w *Waiter[C], timeout time.Duration, ready func()) (c 
 		p.nudge() // the maintainer times the reserve from this first waiter
 	}
 	if timeout > 0 {
-		// The real clock, as the timer's: a stale firing of an earlier
-		// wait's timer finds the deadline not passed (expire).
+		// The real clock, as the caller's timer's: an early or stale
+		// Expire finds the deadline not passed.
 		ww.deadline = time.Now().Add(timeout)
-		if w.expiry == nil || w.expiryOf != p {
-			if w.expiry != nil {
-				w.expiry.Stop()
-			}
-			w.expiry, w.expiryOf = time.AfterFunc(timeout, func() { p.expire(w) }), p
-		} else {
-			w.expiry.Reset(timeout)
-		}
 	}
 	return zero, false, nil
 }
 
-// expire times out w's Enqueue if it still waits and its deadline passed.
-func (p *Pool[C]) expire(w *Waiter[C]) {
+// Expire times out w's Enqueue if it still waits and its deadline passed:
+// ready is called, and Collect returns a *CheckoutTimeoutError. It reports
+// whether it did; false also when the deadline is still to come (its left
+// is how long), or the wait is over or has none (left 0).
+func (p *Pool[C]) Expire(w *Waiter[C]) (expired bool, left time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	ww := &w.w
-	if ww.ready == nil || ww.deadline.IsZero() || time.Now().Before(ww.deadline) || !p.removeWaiterLocked(ww) {
-		return
+	if ww.ready == nil || ww.deadline.IsZero() {
+		return false, 0
+	}
+	if left := time.Until(ww.deadline); left > 0 {
+		return false, left
+	}
+	if !p.removeWaiterLocked(ww) {
+		return false, 0
 	}
 	p.stats.Timeouts++
 	st := p.statsLocked()
 	ww.deliverLocked(result[C]{err: &CheckoutTimeoutError{Waited: p.cfg.Now().Sub(ww.since), Stats: st}})
+	return true, 0
 }
 
 // Collect returns the outcome of an Enqueue whose ready was called: the
@@ -820,9 +819,6 @@ func (p *Pool[C]) Collect(w *Waiter[C]) (c C, fresh, ok bool, err error) {
 	case r = <-w.w.ch:
 	default:
 		return c, false, false, nil
-	}
-	if w.expiry != nil {
-		w.expiry.Stop()
 	}
 	c, fresh, err = p.received(r, w.w.since)
 	return c, fresh, true, err

@@ -1244,14 +1244,25 @@ func TestEnqueue(t *testing.T) {
 			t.Fatalf("collect: %v %v %v", c, fresh, err)
 		}
 
-		// Timeout, with the real (bubble) clock.
+		// Timeout, with the real (bubble) clock: the caller's timer calls
+		// Expire; one that comes early is told how long is left.
 		start := time.Now()
 		if _, ok, err := p.Enqueue(w, 250*time.Millisecond, ready); ok || err != nil {
 			t.Fatalf("should queue: %v %v", ok, err)
 		}
-		time.Sleep(time.Second)
+		time.Sleep(100 * time.Millisecond)
+		if expired, left := p.Expire(w); expired || left != 150*time.Millisecond || readies.Load() != 1 {
+			t.Fatalf("early Expire: %v, %v left, ready %d", expired, left, readies.Load())
+		}
+		time.Sleep(900 * time.Millisecond)
+		if readies.Load() != 1 {
+			t.Fatal("the wait timed out without Expire")
+		}
+		if expired, _ := p.Expire(w); !expired {
+			t.Fatal("Expire after the deadline did not time the wait out")
+		}
 		var te *CheckoutTimeoutError
-		if _, _, _, err := p.Collect(w); readies.Load() != 2 || !errors.As(err, &te) || te.Waited != 250*time.Millisecond {
+		if _, _, _, err := p.Collect(w); readies.Load() != 2 || !errors.As(err, &te) || te.Waited != time.Second {
 			t.Fatalf("timeout: ready %d, %v (waited from %v)", readies.Load(), err, start)
 		}
 
@@ -1265,8 +1276,8 @@ func TestEnqueue(t *testing.T) {
 			t.Fatalf("cancel: ready %d, %v", readies.Load(), err)
 		}
 		time.Sleep(time.Second)
-		if readies.Load() != 3 {
-			t.Fatalf("ready called after its wait ended: %d", readies.Load())
+		if expired, left := p.Expire(w); expired || left != 0 || readies.Load() != 3 {
+			t.Fatalf("a stale Expire after the wait ended: %v, %v left, ready %d", expired, left, readies.Load())
 		}
 
 		// GetWith with the same Waiter: ready is not called.

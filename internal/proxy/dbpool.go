@@ -424,6 +424,7 @@ func (d *dbPool) waitError(err error, byLease bool, lease leaseLeft) error {
 // stood (attachFrom).
 type loopCheckout struct {
 	start   time.Time
+	limit   time.Duration // checkout_timeout (or the lease's rest), timed by the loop
 	lease   leaseLeft
 	byLease bool
 	note    *waitNotice
@@ -444,7 +445,7 @@ func (d *dbPool) checkoutOnLoop(s *session, it *reactor.Item, c *loopCheckout, l
 		return sc, false, err
 	}
 	limit, byLease := d.waitLimit(lease)
-	*c = loopCheckout{start: time.Now(), lease: lease, byLease: byLease}
+	*c = loopCheckout{start: time.Now(), limit: limit, lease: lease, byLease: byLease}
 	w := s.queue()
 	w.Prefer(it.Share())
 	sc, ok, err := d.pool.Enqueue(w, limit, it.Suspend())
@@ -460,6 +461,9 @@ func (d *dbPool) checkoutOnLoop(s *session, it *reactor.Item, c *loopCheckout, l
 		sc, err = d.validated(s, it, sc, false, c)
 		return sc, false, err
 	}
+	if limit > 0 {
+		it.WakeAfter(limit) // the loop's timer: checkedOut then expires the wait
+	}
 	c.note = s.waitNotice()
 	// After the suspend (Enqueue's ready): an end from here on finds the
 	// session waiting and withdraws its checkout (wakeLoop); one that came
@@ -473,15 +477,25 @@ func (d *dbPool) checkoutOnLoop(s *session, it *reactor.Item, c *loopCheckout, l
 // checkedOut ends a checkout that waited on the session's loop
 // (checkoutOnLoop), on the loop.
 func (d *dbPool) checkedOut(s *session, it *reactor.Item, c *loopCheckout) (*serverConn, error) {
-	// Suspended again first: a wake-up that was not the pool's (a rate
-	// wait's timer that fired late) finds nothing to collect, and the
-	// pool's ready, still to come, then wakes it.
+	// Suspended again first: a wake-up that was not the pool's finds
+	// nothing to collect, and the pool's ready, still to come, then wakes
+	// it. The wake-up of the wait's timer (checkoutOnLoop) times the wait
+	// out (Expire delivers the timeout, its ready finding the handler
+	// running); one before the deadline sets the timer for what is left.
 	it.Suspend()
 	sc, fresh, ok, err := d.pool.Collect(s.waiter)
+	if !ok && c.limit > 0 {
+		if expired, left := d.pool.Expire(s.waiter); expired {
+			sc, fresh, ok, err = d.pool.Collect(s.waiter)
+		} else if left > 0 {
+			it.WakeAfter(left)
+		}
+	}
 	if !ok {
 		return nil, errWaitOnLoop
 	}
 	it.Unsuspend()
+	it.SleepDone()
 	c.note.stop() // a notice being written is out before sc is used
 	s.dequeued()
 	d.met.checkoutWait.Observe(time.Since(c.start).Seconds())

@@ -222,6 +222,94 @@ func TestLoopRateWaitsOnLoop(t *testing.T) {
 	}
 }
 
+// TestLoopCheckoutTimeoutOnLoop: a request that queues for a pool whose
+// only connection another client holds waits on its loop and is refused
+// at checkout_timeout (53300), timed by the loop's own timer (no
+// goroutine, no runtime timer: the pool only records the deadline), and it
+// does not leave the loop; once the holder is done, the next request is
+// served.
+func TestLoopCheckoutTimeoutOnLoop(t *testing.T) {
+	fb := startFakeBackend(t, 64)
+	const limit = 300 * time.Millisecond
+	rl := startRelay(t, fb, 1, func(c *config.Config) {
+		c.EventLoops = "1"
+		c.CheckoutTimeout = limit
+	})
+	holder := dialBench(t, rl.addr, simpleRequest)
+	// An extended-protocol request without its Sync holds the server
+	// connection until the Sync.
+	held := extendedRequest[:len(extendedRequest)-wire.HeaderLen]
+	if _, err := holder.conn.Write(held); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the holder to hold the pool's connection", func() bool {
+		for _, s := range rl.srv.sessionList() {
+			if s.server.Load() != nil {
+				return true
+			}
+		}
+		return false
+	})
+	waiter := dialBench(t, rl.addr, simpleRequest)
+	e := rl.srv.engine
+	before := e.Stats()
+	_ = waiter.conn.SetDeadline(time.Now().Add(10 * time.Second))
+	wr := bufio.NewReader(waiter.conn)
+	for round := range 2 {
+		start := time.Now()
+		if _, err := waiter.conn.Write(simpleRequest); err != nil {
+			t.Fatal(err)
+		}
+		code, err := replyCode(wr)
+		took := time.Since(start)
+		if err != nil || code != "53300" {
+			t.Fatalf("round %d: a request queued behind a held connection got %q (%v), want 53300 at checkout_timeout", round, code, err)
+		}
+		if took < limit-5*time.Millisecond || took > limit+2*time.Second {
+			t.Fatalf("round %d: refused after %v, want about checkout_timeout (%v)", round, took, limit)
+		}
+	}
+	after := e.Stats()
+	if after.Parks-before.Parks < 2 || after.Detaches != before.Detaches {
+		t.Fatalf("the waits left the loop: %d waits on it, %d sessions left it", after.Parks-before.Parks, after.Detaches-before.Detaches)
+	}
+	if _, err := holder.conn.Write(fbMsg(nil, 'S', "")); err != nil {
+		t.Fatal(err)
+	}
+	_ = holder.conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := holder.readUntilReady(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := waiter.conn.Write(simpleRequest); err != nil {
+		t.Fatal(err)
+	}
+	if code, err := replyCode(wr); err != nil || code != "" {
+		t.Fatalf("after the holder let go: %q, %v", code, err)
+	}
+}
+
+// replyCode reads an answer up to its ReadyForQuery and returns the
+// SQLSTATE of its ErrorResponse ("" when none).
+func replyCode(r *bufio.Reader) (string, error) {
+	var hdr [5]byte
+	code := ""
+	for {
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			return code, err
+		}
+		body := make([]byte, int(binary.BigEndian.Uint32(hdr[1:]))-4)
+		if _, err := io.ReadFull(r, body); err != nil {
+			return code, err
+		}
+		switch hdr[0] {
+		case 'E':
+			_, code, _ = wire.ErrorFields(body)
+		case 'Z':
+			return code, nil
+		}
+	}
+}
+
 // TestLoopEndWithoutHandOver: a client in transaction mode that says
 // Terminate between two transactions ends on its loop: its session holds
 // nothing that could make the end wait, so the loop is not given away.

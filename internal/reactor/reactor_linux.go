@@ -116,6 +116,18 @@ func (it *Item) Sleep(d time.Duration, byEvent bool) {
 	it.l.schedule(it, d, ready)
 }
 
+// WakeAfter sets a timer for the wait the handler has just suspended
+// (Suspend): if nothing delivers before, the wait is woken after d (the
+// handler's LoopResume then finds nothing delivered, and tells by the
+// time). One timer per item: it replaces a timer still set (Sleep's).
+func (it *Item) WakeAfter(d time.Duration) {
+	w := it.waits()
+	if w.ready == nil {
+		w.ready = it.WakeUp
+	}
+	it.l.schedule(it, d, w.ready)
+}
+
 // WithdrawFunc returns a function that wakes the item's wait early (its
 // resume then finds why), for whoever ends a session.
 func (it *Item) WithdrawFunc() func(error) {

@@ -47,6 +47,8 @@ func (*Item) Sleep(time.Duration, bool) {}
 
 func (*Item) SleepDone() {}
 
+func (*Item) WakeAfter(time.Duration) {}
+
 func (*Item) PeerGone() bool { return false }
 
 func (*Item) WithdrawFunc() func(error) { return func(error) {} }
