@@ -427,7 +427,9 @@ type loopCheckout struct {
 	limit   time.Duration // checkout_timeout (or the lease's rest), timed by the loop
 	lease   leaseLeft
 	byLease bool
-	note    *waitNotice
+	// notify is query_wait_notify when its NOTICE is still to be sent
+	// for this wait (0: none, or sent), timed by the loop too.
+	notify  time.Duration
 	leaseAt int64
 	attempt int
 }
@@ -461,10 +463,12 @@ func (d *dbPool) checkoutOnLoop(s *session, it *reactor.Item, c *loopCheckout, l
 		sc, err = d.validated(s, it, sc, false, c)
 		return sc, false, err
 	}
-	if limit > 0 {
-		it.WakeAfter(limit) // the loop's timer: checkedOut then expires the wait
+	// The loop's timer: checkedOut then sends the query_wait_notify
+	// NOTICE or expires the wait, whichever is first.
+	if n := s.srv.cfg().QueryWaitNotify; n > 0 && (limit <= 0 || n < limit) {
+		c.notify = n
 	}
-	c.note = s.waitNotice()
+	c.wakeNext(it, 0)
 	// After the suspend (Enqueue's ready): an end from here on finds the
 	// session waiting and withdraws its checkout (wakeLoop); one that came
 	// before is withdrawn here.
@@ -472,6 +476,22 @@ func (d *dbPool) checkoutOnLoop(s *session, it *reactor.Item, c *loopCheckout, l
 		s.withdrawWait(errTerminated)
 	}
 	return nil, true, nil
+}
+
+// wakeNext sets the loop's timer of a checkout that has waited for waited
+// (checkoutOnLoop, checkedOut) for its next step: the query_wait_notify
+// NOTICE or checkout_timeout, whichever comes first; none if neither is to
+// come (the pool's delivery wakes it).
+func (c *loopCheckout) wakeNext(it *reactor.Item, waited time.Duration) {
+	next := time.Duration(0)
+	for _, at := range [2]time.Duration{c.notify, c.limit} {
+		if at > 0 && (next == 0 || at-waited < next) {
+			next = max(at-waited, time.Microsecond)
+		}
+	}
+	if next > 0 {
+		it.WakeAfter(next)
+	}
 }
 
 // checkedOut ends a checkout that waited on the session's loop
@@ -484,19 +504,26 @@ func (d *dbPool) checkedOut(s *session, it *reactor.Item, c *loopCheckout) (*ser
 	// running); one before the deadline sets the timer for what is left.
 	it.Suspend()
 	sc, fresh, ok, err := d.pool.Collect(s.waiter)
-	if !ok && c.limit > 0 {
-		if expired, left := d.pool.Expire(s.waiter); expired {
-			sc, fresh, ok, err = d.pool.Collect(s.waiter)
-		} else if left > 0 {
-			it.WakeAfter(left)
-		}
-	}
 	if !ok {
-		return nil, errWaitOnLoop
+		waited := time.Since(c.start)
+		if c.notify > 0 && waited >= c.notify {
+			// Written on the loop, as the session's answers are: it
+			// is out before anything of the checkout's.
+			s.writeClientThen(noticeQueued(c.notify, d), s.yieldFn)
+			c.notify = 0
+		}
+		if c.limit > 0 {
+			if expired, _ := d.pool.Expire(s.waiter); expired {
+				sc, fresh, ok, err = d.pool.Collect(s.waiter)
+			}
+		}
+		if !ok {
+			c.wakeNext(it, waited)
+			return nil, errWaitOnLoop
+		}
 	}
 	it.Unsuspend()
 	it.SleepDone()
-	c.note.stop() // a notice being written is out before sc is used
 	s.dequeued()
 	d.met.checkoutWait.Observe(time.Since(c.start).Seconds())
 	if err != nil {

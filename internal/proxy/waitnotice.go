@@ -10,7 +10,8 @@ import (
 
 // waitNotice tells a client whose request has waited query_wait_notify for
 // a server connection, once per wait, with a NOTICE (PgBouncer's key and
-// message). The NOTICE goes out while nothing else is written to the
+// message), for a checkout that waits on a goroutine (dbPool.checkout; one
+// that waits on its loop is told from the loop, at its timer: checkedOut). The NOTICE goes out while nothing else is written to the
 // client: stop returns only once a notice being written is out, before the
 // checkout's result is used.
 type waitNotice struct {
