@@ -41,8 +41,9 @@ type rateWait struct {
 	// a session, the login deadline for a login.
 	deadline time.Time
 	owner    waitOwner
-	// loop, for a session on its event loop (memory backend), makes a
-	// wait park the session on the loop instead (errRateWaitOnLoop).
+	// loop, for a session on its event loop, makes a wait (and a Redis
+	// decision) park the session on the loop instead (errRateWaitOnLoop,
+	// errRateDecideOnLoop).
 	loop *rateLoopWait
 }
 

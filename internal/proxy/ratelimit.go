@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -241,7 +242,15 @@ type warnLogger interface {
 // when the client leaves or its session ends (clientWatch); its zero value
 // watches nothing. It returns the refusal, or nil to go on.
 func (srv *Server) checkRate(ctx context.Context, log warnLogger, rates []sessionRate, which func(*rateRule) []limiter.Bucket, severity string, rw rateWait) error {
+	lw := rw.loop
+	var taken *rateDecision // a Redis decision made while the read waited on its loop
+	if lw != nil && lw.decision != nil {
+		taken, lw.decision = lw.decision, nil
+	}
 	rl := srv.rates.Load()
+	if taken != nil {
+		rl = taken.rl
+	}
 	if rl == nil {
 		return nil
 	}
@@ -250,33 +259,50 @@ func (srv *Server) checkRate(ctx context.Context, log warnLogger, rates []sessio
 	var ruleBuf [4]*rateRule
 	var reqBuf [4]limiter.Request
 	var dBuf [4]limiter.Decision
-	rules, reqs := ruleBuf[:0], reqBuf[:0]
+	var rules []*rateRule
+	var reqs []limiter.Request
+	var ds []limiter.Decision
+	var start time.Time
+	var allowed bool
+	var err error
 	waits := false
-	for _, sr := range rates {
-		buckets := which(sr.rule)
-		if len(buckets) == 0 {
-			continue
+	if taken != nil {
+		rules, reqs, ds, start = taken.rules, taken.reqs, taken.ds, taken.start
+		allowed, err = taken.allowed, taken.err
+		for _, r := range rules {
+			waits = waits || r.wait
 		}
-		waits = waits || sr.rule.wait
-		rules = append(rules, sr.rule)
-		reqs = append(reqs, limiter.Request{Key: sr.key, Buckets: buckets})
-	}
-	if len(reqs) == 0 {
-		return nil
-	}
-	ds := dBuf[:]
-	if len(reqs) > len(dBuf) {
-		ds = make([]limiter.Decision, len(reqs))
-	}
-	ds = ds[:len(reqs)]
-	start := time.Now()
-	if rl.redis != nil {
-		rw.block() // a round trip to Redis
-	}
-	allowed, err := decide(ctx, rl.lim, reqs, ds)
-	lw := rw.loop
-	if rl.redis != nil {
-		lw = nil // a Redis decision waits off the loop (block above)
+	} else {
+		rules, reqs = ruleBuf[:0], reqBuf[:0]
+		for _, sr := range rates {
+			buckets := which(sr.rule)
+			if len(buckets) == 0 {
+				continue
+			}
+			waits = waits || sr.rule.wait
+			rules = append(rules, sr.rule)
+			reqs = append(reqs, limiter.Request{Key: sr.key, Buckets: buckets})
+		}
+		if len(reqs) == 0 {
+			return nil
+		}
+		start = time.Now()
+		if rl.redis != nil && lw != nil {
+			// A round trip to Redis: the read waits on its loop for the
+			// answer (rateDecision.start), and this runs again then.
+			lw.decision = &rateDecision{rl: rl, rules: slices.Clone(rules), reqs: slices.Clone(reqs),
+				ds: make([]limiter.Decision, len(reqs)), start: start}
+			return errRateDecideOnLoop
+		}
+		ds = dBuf[:]
+		if len(reqs) > len(dBuf) {
+			ds = make([]limiter.Decision, len(reqs))
+		}
+		ds = ds[:len(reqs)]
+		if rl.redis != nil {
+			rw.block() // a round trip to Redis
+		}
+		allowed, err = decide(ctx, rl.lim, reqs, ds)
 	}
 	var waited time.Duration
 	var debts []debtSeen // measured buckets in debt at the first decision
@@ -333,7 +359,9 @@ func (srv *Server) checkRate(ctx context.Context, log warnLogger, rates []sessio
 		allowed, waited, err = limiter.WaitAll(ctx, rl.lim, slices.Clone(reqs), wds, opts)
 		copy(ds, wds)
 	}
-	if rl.redis != nil {
+	if rl.redis != nil && taken == nil {
+		// (A decision made while the read waited on its loop was
+		// observed when it came: rateDecision.start.)
 		srv.rateMet.redisLatency.Observe(time.Since(start).Seconds() - waited.Seconds())
 	}
 	if err != nil {
@@ -416,10 +444,17 @@ func inDebt(rules []*rateRule, ds []limiter.Decision) []debtSeen {
 // session parks on the loop for rateLoopWait.sleep and decides again.
 var errRateWaitOnLoop = errors.New("rate-limit wait on the event loop")
 
+// errRateDecideOnLoop is checkRate's answer when a request of a session on
+// its event loop needs a decision of the Redis backend: the decision is
+// made on a goroutine of its own (rateDecision.start) while the read waits
+// on the loop, and checkRate runs again with its answer.
+var errRateDecideOnLoop = errors.New("rate-limit decision of Redis for a request on the event loop")
+
 // rateLoopWait is a rate-limit wait of a session on its event loop: where
 // limiter.WaitAll sleeps, the session parks (reactor.Item.Sleep) and checkRate
 // runs again when it wakes, with the time waited since the first denial
-// counted against each rule's max_wait as WaitAll counts it.
+// counted against each rule's max_wait as WaitAll counts it. A decision of
+// the Redis backend is waited for on the loop too (decision).
 type rateLoopWait struct {
 	start time.Time // the first denial; zero: not waiting
 	debts []debtSeen
@@ -427,6 +462,39 @@ type rateLoopWait struct {
 	// until is when the current sleep ends: a wake before it (an event
 	// on the client's socket, the session's end) is not the timer's.
 	until time.Time
+	// decision is the Redis decision the read waits for (set by
+	// checkRate with errRateDecideOnLoop, taken by checkRate when the
+	// read is woken); nil when none.
+	decision *rateDecision
+}
+
+// rateDecision is a decision of the Redis backend made for a request whose
+// read waits on its event loop: what checkRate had gathered, and the
+// answer. The goroutine that asks Redis writes the answer and then sets
+// done before it wakes the read; the loop reads the answer only after
+// seeing done, and drops a decision whose session ended meanwhile (its
+// goroutine finishes on its own, within redis_timeout).
+type rateDecision struct {
+	rl    *rateLimits // the rules the decision was asked under (a reload may replace them)
+	rules []*rateRule
+	reqs  []limiter.Request
+	ds    []limiter.Decision
+	start time.Time
+
+	allowed bool
+	err     error
+	done    atomic.Bool
+}
+
+// ask makes the decision on a goroutine of its own and calls ready (the
+// read's wake-up on its loop) when the answer is in.
+func (d *rateDecision) ask(ctx context.Context, met *rateMetrics, ready func()) {
+	go func() {
+		d.allowed, d.err = decide(ctx, d.rl.lim, d.reqs, d.ds)
+		met.redisLatency.Observe(time.Since(d.start).Seconds())
+		d.done.Store(true)
+		ready()
+	}()
 }
 
 // loopSleep is WaitAll's step for a wait on the loop: how long to sleep

@@ -1061,10 +1061,11 @@ func (s *session) txStatus() byte {
 // request (a Query, a FunctionCall, or the first extended-protocol message
 // after a Sync) and returns the refusal when a limit says no. Wait-mode
 // rules delay here, before a server is taken for a new transaction. On an
-// event loop (memory backend) the read waits there (errRateWaitOnLoop:
-// r.rateWait), woken by its timer to decide again, by an event on the
-// client's socket to see whether the client left, or by the session's end;
-// only a Redis decision or a session off its loop's goroutine leaves it.
+// event loop the read waits there (errRateWaitOnLoop: r.rateWait), woken
+// by its timer to decide again, by an event on the client's socket to see
+// whether the client left, or by the session's end; a decision of the
+// Redis backend is waited for there too (rateDecide), woken by its answer.
+// Only a session off its loop's goroutine waits off the loop.
 func (s *session) rateCheck(t byte, r *readPass) error {
 	switch t {
 	case 'Q', 'F':
@@ -1096,9 +1097,12 @@ func (s *session) rateCheck(t byte, r *readPass) error {
 		sc.mu.Unlock()
 	}
 	err := s.srv.checkRate(s.srv.ctx, s.log, rates, requestBuckets(startsTx), "ERROR", rateWait{conn: s.conn, owner: s, loop: lw})
-	if err == errRateWaitOnLoop {
+	switch err {
+	case errRateWaitOnLoop:
 		lw.until = time.Now().Add(lw.sleep)
 		return s.rateSleep(r, it)
+	case errRateDecideOnLoop:
+		return s.rateDecide(r, it)
 	}
 	if lw != nil && !lw.start.IsZero() {
 		*lw = rateLoopWait{}
@@ -1108,52 +1112,97 @@ func (s *session) rateCheck(t byte, r *readPass) error {
 }
 
 // rateSleep parks the read for the rest of its rate-limit wait on the loop
-// (rateCheck) and returns errRateWaitOnLoop: the session's end withdraws
-// it (wakeLoop, withdrawWait). An end that came before the wait could be
-// withdrawn is returned instead.
+// (rateCheck) and returns errRateWaitOnLoop, or an end that came before the
+// wait could be withdrawn (parkRate).
 func (s *session) rateSleep(r *readPass, it *reactor.Item) error {
+	it.Sleep(time.Until(s.lw.rate.until), true)
+	return s.parkRate(r, it)
+}
+
+// rateDecide parks the read while the Redis backend decides its request
+// (rateCheck, errRateDecideOnLoop): the decision is asked on a goroutine
+// of its own once the read is suspended, and its answer wakes the read,
+// whose rateCheck then takes it up. An event on the client's socket does
+// not wake it (the answer comes within redis_timeout).
+func (s *session) rateDecide(r *readPass, it *reactor.Item) error {
+	d := s.lw.rate.decision
+	it.SleepDone() // a sleep's timer still set would wake the wait early
+	ready := it.Suspend()
+	if err := s.parkRate(r, it); err != errRateWaitOnLoop {
+		return err
+	}
+	d.ask(s.srv.ctx, s.srv.rateMet, ready)
+	return errRateWaitOnLoop
+}
+
+// parkRate finishes parking the read for its rate-limit wait, the item
+// suspended (rateSleep, rateDecide): the session's end withdraws the wait
+// from here on (wakeLoop, withdrawWait). An end that came before is
+// returned instead of errRateWaitOnLoop, the wait undone.
+func (s *session) parkRate(r *readPass, it *reactor.Item) error {
 	r.rateWait = true
 	s.waitMu.Lock()
 	s.waitCancel = it.WithdrawFunc()
 	s.waitMu.Unlock()
-	it.Sleep(time.Until(s.lw.rate.until), true)
-	// After the suspend: an end from here on finds the item waiting
-	// (waitingOnLoop) and withdraws the wait; one before is seen here.
-	if werr := s.waitEnded(); werr != nil {
-		it.Unsuspend()
-		it.SleepDone()
-		r.rateWait = false
-		s.waitMu.Lock()
-		s.waitCancel = nil
-		s.waitMu.Unlock()
-		s.lw.rate = rateLoopWait{}
-		return werr
+	// The end sets endErr before it looks for a wait to withdraw: one
+	// that did not find this one is seen here.
+	werr := s.waitEnded()
+	if werr == nil {
+		return errRateWaitOnLoop
 	}
-	return errRateWaitOnLoop
+	it.Unsuspend()
+	it.SleepDone()
+	r.rateWait = false
+	s.waitMu.Lock()
+	s.waitCancel = nil
+	s.waitMu.Unlock()
+	s.lw.rate = rateLoopWait{}
+	return werr
 }
 
 // rateWoken takes up a rate-limit wait on the loop (rateCheck): it returns
 // the session's end, or errClientGone, when the wait must end there, and
 // errRateWaitOnLoop, the read parked again, when it woke before its time
-// (an event on the client's socket that is not its leaving).
+// (an event on the client's socket that is not its leaving) or before the
+// Redis decision it waits for came.
 func (s *session) rateWoken(r *readPass, it *reactor.Item) error {
 	r.rateWait = false
 	s.waitMu.Lock()
 	s.waitCancel = nil
 	s.waitMu.Unlock()
 	werr := s.waitEnded()
-	if werr == nil && it.PeerGone() {
+	d := s.lw.rate.decision
+	if werr == nil && d == nil && it.PeerGone() {
 		werr = errClientGone()
 	}
 	if werr != nil {
-		s.lw.rate = rateLoopWait{}
+		s.lw.rate = rateLoopWait{} // a decision still asked is dropped
 		it.SleepDone()
 		return werr
+	}
+	if d != nil {
+		if !d.done.Load() {
+			return s.rateDecisionWait(r, it, d)
+		}
+		return nil
 	}
 	if time.Now().Before(s.lw.rate.until) {
 		return s.rateSleep(r, it)
 	}
 	return nil
+}
+
+// rateDecisionWait parks the read again for the Redis decision d, already
+// asked, after a wake-up that was not its answer. The answer may have come
+// between that wake-up and the suspend (its wake-up then found nothing
+// waiting): done, seen after the suspend, says so, and the read goes on.
+func (s *session) rateDecisionWait(r *readPass, it *reactor.Item, d *rateDecision) error {
+	it.Suspend()
+	if d.done.Load() {
+		it.Unsuspend()
+		return nil
+	}
+	return s.parkRate(r, it)
 }
 
 // waitAnswered waits until the held server has answered every request sent
