@@ -164,6 +164,9 @@ func NewRedis(client redis.UniversalClient, opts RedisOptions) *Redis {
 	return r
 }
 
+// Timeout is the limit on each call (RedisOptions.Timeout, or its default).
+func (r *Redis) Timeout() time.Duration { return r.timeout }
+
 // honoursContext reports whether client applies context deadlines to its
 // network I/O.
 func honoursContext(client redis.UniversalClient) bool {
@@ -196,6 +199,20 @@ func (r *Redis) Allow(ctx context.Context, req Request) (Decision, error) {
 // requests are in two slots (each request's Key is its own hash tag): use
 // AllowAll with several requests on a single Redis only.
 func (r *Redis) AllowAll(ctx context.Context, reqs []Request, ds []Decision) (bool, error) {
+	keys, args, done, err := r.allowCall(reqs, ds)
+	if done || err != nil {
+		return err == nil, err
+	}
+	res, err := r.call(ctx, "allow", func(ctx context.Context) (any, error) {
+		return allowScript.Run(ctx, r.client, keys, args...).Result()
+	})
+	return finishAllow(res, err, reqs, ds)
+}
+
+// allowCall prepares allowScript's keys and arguments for reqs. done: there
+// was nothing to ask (no buckets: ds say allowed), or err (invalid
+// requests: ds cleared).
+func (r *Redis) allowCall(reqs []Request, ds []Decision) (keys []string, args []any, done bool, err error) {
 	n := bucketCount(reqs)
 	var incBuf [inlineBuckets]int64
 	incs := incBuf[:]
@@ -205,16 +222,16 @@ func (r *Redis) AllowAll(ctx context.Context, reqs []Request, ds []Decision) (bo
 	incs = incs[:n]
 	if err := prepareAll(reqs, ds, incs); err != nil {
 		clear(ds[:min(len(ds), len(reqs))])
-		return false, err
+		return nil, nil, true, err
 	}
 	if n == 0 {
 		for i := range reqs {
 			ds[i] = Decision{Allowed: true}
 		}
-		return true, nil
+		return nil, nil, true, nil
 	}
-	keys := make([]string, 0, n)
-	args := make([]any, 0, 1+len(reqs)+2*n)
+	keys = make([]string, 0, n)
+	args = make([]any, 0, 1+len(reqs)+2*n)
 	args = append(args, len(reqs))
 	k := 0
 	for _, req := range reqs {
@@ -226,10 +243,12 @@ func (r *Redis) AllowAll(ctx context.Context, reqs []Request, ds []Decision) (bo
 			k++
 		}
 	}
+	return keys, args, false, nil
+}
 
-	res, err := r.call(ctx, "allow", func(ctx context.Context) (any, error) {
-		return allowScript.Run(ctx, r.client, keys, args...).Result()
-	})
+// finishAllow decodes allowScript's reply res (or its error) into ds and
+// says whether every request was allowed.
+func finishAllow(res any, err error, reqs []Request, ds []Decision) (bool, error) {
 	if err == nil {
 		err = decodeReply(res, reqs, ds)
 	}
@@ -243,6 +262,106 @@ func (r *Redis) AllowAll(ctx context.Context, reqs []Request, ds []Decision) (bo
 		}
 	}
 	return true, nil
+}
+
+// A Batched is one decision of AllowBatch: AllowAll of Reqs into Ds, its
+// outcome in Allowed and Err.
+type Batched struct {
+	Reqs    []Request
+	Ds      []Decision
+	Allowed bool
+	Err     error
+}
+
+// AllowBatch makes several independent decisions in one round trip: each
+// is AllowAll of its own requests (atomic across them), in one pipeline of
+// script calls, so that one decision's denial or error is its own. The
+// Timeout bounds the whole round trip, and errors and timeouts are as for
+// Allow, for every decision the round trip did not answer. The Redis
+// Cluster caveat of AllowAll applies within a decision.
+func (r *Redis) AllowBatch(ctx context.Context, batch []Batched) {
+	type call struct {
+		b        *Batched
+		keys     []string
+		args     []any
+		cmd      *redis.Cmd
+		noScript bool
+	}
+	calls := make([]call, 0, len(batch))
+	for i := range batch {
+		b := &batch[i]
+		keys, args, done, err := r.allowCall(b.Reqs, b.Ds)
+		if done || err != nil {
+			b.Allowed, b.Err = err == nil, err
+			continue
+		}
+		calls = append(calls, call{b: b, keys: keys, args: args})
+	}
+	if len(calls) == 0 {
+		return
+	}
+	_, err := r.call(ctx, "allow", func(ctx context.Context) (any, error) {
+		// run sends the calls not sent yet or refused with NOSCRIPT.
+		run := func() error {
+			pipe := r.client.Pipeline()
+			n := 0
+			for i := range calls {
+				c := &calls[i]
+				if c.cmd != nil && !c.noScript {
+					continue
+				}
+				c.cmd, c.noScript = allowScript.EvalSha(ctx, pipe, c.keys, c.args...), false
+				n++
+			}
+			if n == 0 {
+				return nil
+			}
+			_, err := pipe.Exec(ctx)
+			if err != nil && !isRedisReply(err) {
+				return err // the round trip failed: no answers
+			}
+			return nil
+		}
+		if err := run(); err != nil {
+			return nil, err
+		}
+		// Redis lost the script (a restart, SCRIPT FLUSH): load it and
+		// ask again for the decisions it refused with NOSCRIPT.
+		again := false
+		for i := range calls {
+			if err := calls[i].cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+				calls[i].noScript, again = true, true
+			}
+		}
+		if again {
+			if err := allowScript.Load(ctx, r.client).Err(); err != nil {
+				return nil, err
+			}
+			if err := run(); err != nil {
+				return nil, err
+			}
+		}
+		return nil, nil
+	})
+	for i := range calls {
+		c := &calls[i]
+		if err != nil {
+			c.b.Allowed, c.b.Err = finishAllow(nil, err, c.b.Reqs, c.b.Ds)
+			continue
+		}
+		res, cerr := c.cmd.Result()
+		if cerr != nil {
+			cerr = fmt.Errorf("limiter: redis allow: %w", cerr)
+		}
+		c.b.Allowed, c.b.Err = finishAllow(res, cerr, c.b.Reqs, c.b.Ds)
+	}
+}
+
+// isRedisReply reports whether err is an error Redis answered a command
+// with (each command's own, as opposed to the round trip failing).
+func isRedisReply(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re)
 }
 
 // Charge implements Limiter, in one script call over the keys of every

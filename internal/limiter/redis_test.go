@@ -406,3 +406,85 @@ func TestRedisWait(t *testing.T) {
 		t.Fatalf("25 Waits at 20/s took %v, want about 250ms", el)
 	}
 }
+
+// TestRedisAllowBatch: the decisions of one AllowBatch are independent
+// (one's denial or invalid request is its own), each atomic across its
+// own requests, made in order (two on one bucket of 1: the first is
+// allowed, the second denied), and the same as Allow's; after SCRIPT FLUSH
+// the batch loads the script and asks again; with Redis stopped every
+// decision fails within the Timeout.
+func TestRedisAllowBatch(t *testing.T) {
+	srv := redistest.StartTB(t)
+	l := newRedis(t, srv, RedisOptions{Timeout: time.Second})
+	mem := NewMemory(MemoryOptions{})
+	batch := func() []Batched {
+		return []Batched{
+			{Reqs: []Request{one("a", 1, time.Hour, 1)}},
+			{Reqs: []Request{one("a", 1, time.Hour, 1)}},
+			{Reqs: []Request{one("b", 5, time.Hour, 1)}},
+			{Reqs: []Request{one("c", 1, time.Hour, 2)}},                            // invalid: a cost over the limit
+			{Reqs: []Request{one("d", 3, time.Hour, 1), one("a", 1, time.Hour, 1)}}, // "a" is used up by the first
+			{Reqs: []Request{{Key: "e"}}},                                           // no buckets
+		}
+	}
+	run := func(round string) []Batched {
+		t.Helper()
+		b := batch()
+		for i := range b {
+			b[i].Ds = make([]Decision, len(b[i].Reqs))
+		}
+		l.AllowBatch(context.Background(), b)
+		for i := range b {
+			want := make([]Decision, len(b[i].Reqs))
+			allowed, err := mem.AllowAll(context.Background(), b[i].Reqs, want)
+			if (err == nil) != (b[i].Err == nil) || allowed != b[i].Allowed {
+				t.Fatalf("%s: decision %d: allowed %v, %v; the memory backend: %v, %v", round, i, b[i].Allowed, b[i].Err, allowed, err)
+			}
+			for j := range want {
+				if b[i].Ds[j].Allowed != want[j].Allowed || b[i].Ds[j].Bucket != want[j].Bucket {
+					t.Fatalf("%s: decision %d, request %d: %+v; the memory backend: %+v", round, i, j, b[i].Ds[j], want[j])
+				}
+			}
+		}
+		return b
+	}
+	b := run("first")
+	if !b[0].Allowed || b[1].Allowed || !b[2].Allowed || !errors.Is(b[3].Err, ErrInvalidRequest) || b[4].Allowed || !b[4].Ds[0].Allowed || b[4].Ds[1].Allowed || !b[5].Allowed {
+		t.Fatalf("first batch: %+v", b)
+	}
+	if b[1].Ds[0].RetryAfter <= 0 {
+		t.Fatalf("denied without a retry: %+v", b[1].Ds[0])
+	}
+	if _, err := srv.Do(context.Background(), "SCRIPT", "FLUSH"); err != nil {
+		t.Fatal(err)
+	}
+	b = run("after SCRIPT FLUSH")
+	if b[0].Allowed || !b[2].Allowed || b[4].Allowed {
+		t.Fatalf("second batch: %+v", b)
+	}
+	// "d" was asked twice, in decisions denied by "a": never debited.
+	for i := range 3 {
+		if d := mustAllow(t, l, one("d", 3, time.Hour, 1)); !d.Allowed {
+			t.Fatalf("d's unit %d of 3: %+v: a denied decision debited it", i+1, d)
+		}
+	}
+
+	if err := srv.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	l2 := NewRedis(srv.Client(), RedisOptions{Timeout: 100 * time.Millisecond})
+	b = []Batched{{Reqs: []Request{one("a", 1, time.Hour, 1)}}, {Reqs: []Request{one("b", 1, time.Hour, 1)}}}
+	for i := range b {
+		b[i].Ds = make([]Decision, 1)
+	}
+	start := time.Now()
+	l2.AllowBatch(context.Background(), b)
+	if el := time.Since(start); el > 300*time.Millisecond {
+		t.Fatalf("a batch on a stopped Redis took %v (timeout 100ms)", el)
+	}
+	for i := range b {
+		if b[i].Err == nil || b[i].Allowed || b[i].Ds[0] != (Decision{}) {
+			t.Fatalf("decision %d on a stopped Redis: %+v", i, b[i])
+		}
+	}
+}

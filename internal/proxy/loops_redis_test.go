@@ -6,6 +6,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -32,13 +34,38 @@ func redisRateRelay(t *testing.T, fb *fakeBackend, rs *redistest.Server, timeout
 	return rl, clients
 }
 
+// redisCounts returns how many script calls (EVALSHA, EVAL) and how many
+// reads of a client socket rs has processed.
+func redisCounts(t *testing.T, rs *redistest.Server) (calls, reads int) {
+	t.Helper()
+	v, err := rs.Do(context.Background(), "INFO", "all")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, _ := v.(string)
+	for _, line := range strings.Split(info, "\r\n") {
+		switch {
+		case strings.HasPrefix(line, "cmdstat_evalsha:calls="), strings.HasPrefix(line, "cmdstat_eval:calls="):
+			k, _ := strconv.Atoi(strings.SplitN(strings.SplitN(line, "calls=", 2)[1], ",", 2)[0])
+			calls += k
+		case strings.HasPrefix(line, "total_reads_processed:"):
+			reads, _ = strconv.Atoi(strings.TrimPrefix(line, "total_reads_processed:"))
+		}
+	}
+	if reads == 0 {
+		t.Fatalf("INFO all of Redis has no total_reads_processed: %q", info)
+	}
+	return calls, reads
+}
+
 // TestLoopRedisDecisionsOnLoop: a request under a Redis-backed rate limit
 // waits on its loop for the decision (asked on a goroutine of its own,
 // whose answer wakes the read), so the sessions neither give their loop
 // away nor leave it; before, every decision handed the loop to a new
-// goroutine and the session went on on a goroutine of its own. A wait-mode
-// denial then sleeps on the loop as with the memory backend, spacing the
-// requests as the limit says.
+// goroutine and the session went on on a goroutine of its own. Decisions
+// queued together are made in one round trip. A wait-mode denial then
+// sleeps on the loop as with the memory backend, spacing the requests as
+// the limit says.
 func TestLoopRedisDecisionsOnLoop(t *testing.T) {
 	rs := redistest.StartTB(t)
 	fb := startFakeBackend(t, 64)
@@ -50,11 +77,20 @@ func TestLoopRedisDecisionsOnLoop(t *testing.T) {
 		rl, clients := redisRateRelay(t, fb, rs, time.Second, rule, n)
 		e := rl.srv.engine
 		parks, takeOvers, detaches := e.Stats().Parks, e.Stats().TakeOvers, e.Stats().Detaches
+		calls0, reads0 := redisCounts(t, rs)
 		if err := roundTripsAtOnce(clients, rounds); err != nil {
 			t.Fatal(err)
 		}
+		calls, reads := redisCounts(t, rs)
+		calls, reads = calls-calls0, reads-reads0
 		p, tk, d, on := e.Stats().Parks-parks, e.Stats().TakeOvers-takeOvers, e.Stats().Detaches-detaches, e.ClientCount()
-		t.Logf("%d requests decided by Redis: %d waits on the loop, %d hand-overs of it, %d sessions left it, %d of %d on it", n*rounds, p, tk, d, on, n)
+		t.Logf("%d requests decided by Redis: %d waits on the loop, %d hand-overs of it, %d sessions left it, %d of %d on it; %d script calls in %d reads of Redis", n*rounds, p, tk, d, on, n, calls, reads)
+		// Decisions queued together share a round trip (a pipeline, one
+		// read of Redis): asked one by one, each call is a read of its
+		// own, and Redis counts its INFO reads too.
+		if calls < n*rounds || float64(calls) < 1.05*float64(reads) {
+			t.Fatalf("%d decisions made in %d script calls and %d reads of Redis: not batched", n*rounds, calls, reads)
+		}
 		// The monitor hands over a loop whose handler runs a whole tick
 		// (a slow machine, -race): that may take one or two off, not all.
 		if p < uint64(n*rounds/2) || on < n/2 || tk*10 > n*rounds {

@@ -33,6 +33,15 @@ type rateLimits struct {
 	// nil with the memory backend (charged in place) or without
 	// measured buckets.
 	charges *charger
+	// asks queues the Redis decisions of reads waiting on their loops
+	// for the askers (rateDecision.ask), askers counts them, batcher
+	// makes several in one round trip; done, closed by close, ends the
+	// askers once the queue is empty.
+	asks    chan *rateDecision
+	askers  atomic.Int32
+	batcher *limiter.Redis
+	timeout time.Duration // redis_timeout
+	done    chan struct{}
 }
 
 // rateRule is one compiled rule.
@@ -162,7 +171,10 @@ func newRateLimits(cfg *config.Config) (*rateLimits, error) {
 		opts.DisableIdentity = true
 		opts.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 		rl.redis = redis.NewClient(opts)
-		rl.lim = limiter.NewRedis(rl.redis, limiter.RedisOptions{Timeout: cfg.RedisTimeout})
+		rl.asks, rl.done = make(chan *rateDecision, askerQueue), make(chan struct{})
+		rl.batcher = limiter.NewRedis(rl.redis, limiter.RedisOptions{Timeout: cfg.RedisTimeout})
+		rl.timeout = rl.batcher.Timeout()
+		rl.lim = rl.batcher
 		if slices.ContainsFunc(rl.rules, func(r *rateRule) bool { return len(r.measured) > 0 }) {
 			rl.charges = newCharger(rl.lim)
 		}
@@ -178,6 +190,7 @@ func (rl *rateLimits) close() {
 			if rl.charges != nil {
 				rl.charges.stop()
 			}
+			close(rl.done)
 			_ = rl.redis.Close()
 		})
 	}
@@ -289,7 +302,7 @@ func (srv *Server) checkRate(ctx context.Context, log warnLogger, rates []sessio
 		start = time.Now()
 		if rl.redis != nil && lw != nil {
 			// A round trip to Redis: the read waits on its loop for the
-			// answer (rateDecision.start), and this runs again then.
+			// answer (rateDecision.ask), and this runs again then.
 			lw.decision = &rateDecision{rl: rl, rules: slices.Clone(rules), reqs: slices.Clone(reqs),
 				ds: make([]limiter.Decision, len(reqs)), start: start}
 			return errRateDecideOnLoop
@@ -361,7 +374,7 @@ func (srv *Server) checkRate(ctx context.Context, log warnLogger, rates []sessio
 	}
 	if rl.redis != nil && taken == nil {
 		// (A decision made while the read waited on its loop was
-		// observed when it came: rateDecision.start.)
+		// observed by its asker.)
 		srv.rateMet.redisLatency.Observe(time.Since(start).Seconds() - waited.Seconds())
 	}
 	if err != nil {
@@ -446,7 +459,7 @@ var errRateWaitOnLoop = errors.New("rate-limit wait on the event loop")
 
 // errRateDecideOnLoop is checkRate's answer when a request of a session on
 // its event loop needs a decision of the Redis backend: the decision is
-// made on a goroutine of its own (rateDecision.start) while the read waits
+// made off the loop (rateDecision.ask) while the read waits
 // on the loop, and checkRate runs again with its answer.
 var errRateDecideOnLoop = errors.New("rate-limit decision of Redis for a request on the event loop")
 
@@ -470,10 +483,10 @@ type rateLoopWait struct {
 
 // rateDecision is a decision of the Redis backend made for a request whose
 // read waits on its event loop: what checkRate had gathered, and the
-// answer. The goroutine that asks Redis writes the answer and then sets
-// done before it wakes the read; the loop reads the answer only after
-// seeing done, and drops a decision whose session ended meanwhile (its
-// goroutine finishes on its own, within redis_timeout).
+// answer. The asker that asks Redis writes the answer and then sets done
+// before it wakes the read; the loop reads the answer only after seeing
+// done, and drops a decision whose session ended meanwhile (its asker
+// finishes it on its own, within redis_timeout).
 type rateDecision struct {
 	rl    *rateLimits // the rules the decision was asked under (a reload may replace them)
 	rules []*rateRule
@@ -481,20 +494,133 @@ type rateDecision struct {
 	ds    []limiter.Decision
 	start time.Time
 
+	// Set by ask for the asker.
+	ctx   context.Context
+	met   *rateMetrics
+	ready func()
+
 	allowed bool
 	err     error
 	done    atomic.Bool
 }
 
-// ask makes the decision on a goroutine of its own and calls ready (the
-// read's wake-up on its loop) when the answer is in.
+// Askers: the Redis decisions of reads waiting on their loops are queued
+// (rateLimits.asks) for a few askers, each of which takes every decision
+// queued when it is free and makes them in one round trip (a pipeline:
+// limiter.Redis.AllowBatch), so that under load many sessions' decisions
+// share a round trip (the loop's waits make that possible: a session on a
+// goroutine of its own asked alone). An asker is started when none is
+// free, up to maxAskers, and ends after askerIdle without a decision.
+const (
+	maxAskers  = 4
+	askerIdle  = 2 * time.Second
+	maxBatch   = 64   // decisions in one round trip
+	askerQueue = 4096 // decisions queued; beyond, one is asked on a goroutine of its own
+)
+
+// ask has the decision made off the loop by an asker, which calls ready
+// (the read's wake-up on its loop) when the answer is in.
 func (d *rateDecision) ask(ctx context.Context, met *rateMetrics, ready func()) {
-	go func() {
-		d.allowed, d.err = decide(ctx, d.rl.lim, d.reqs, d.ds)
-		met.redisLatency.Observe(time.Since(d.start).Seconds())
+	d.ctx, d.met, d.ready = ctx, met, ready
+	rl := d.rl
+	select {
+	case rl.asks <- d:
+	default:
+		go rl.answer([]*rateDecision{d})
+		return
+	}
+	// An asker free to take it now, or one more (each asker's last look
+	// at the queue comes after it stops counting itself: askerDone).
+	if n := rl.askers.Load(); n == 0 || n < maxAskers && len(rl.asks) > 1 {
+		rl.startAsker(n)
+	}
+}
+
+// startAsker starts an asker if n are still running.
+func (rl *rateLimits) startAsker(n int32) {
+	if rl.askers.CompareAndSwap(n, n+1) {
+		go rl.asker()
+	}
+}
+
+// asker makes the queued decisions, every one queued at once in a round
+// trip, until the queue has been empty for askerIdle, or is empty once the
+// rules are closed.
+func (rl *rateLimits) asker() {
+	idle := time.NewTimer(askerIdle)
+	defer idle.Stop()
+	batch := make([]*rateDecision, 0, maxBatch)
+	for {
+		var d *rateDecision
+		select {
+		case d = <-rl.asks:
+		case <-idle.C:
+		case <-rl.done:
+			select {
+			case d = <-rl.asks:
+			default:
+			}
+		}
+		if d == nil {
+			rl.askerDone()
+			return
+		}
+		batch = append(batch[:0], d)
+	gather:
+		for len(batch) < maxBatch {
+			select {
+			case d = <-rl.asks:
+				batch = append(batch, d)
+			default:
+				break gather
+			}
+		}
+		rl.answer(batch)
+		clear(batch)
+		idle.Reset(askerIdle)
+	}
+}
+
+// askerDone is an asker's end: a decision queued after its last look and
+// before it stopped counting itself gets another.
+func (rl *rateLimits) askerDone() {
+	n := rl.askers.Add(-1)
+	if len(rl.asks) > 0 {
+		rl.startAsker(n)
+	}
+}
+
+// answer makes the decisions of batch in one round trip and wakes their
+// reads. redis_timeout counts from the oldest decision's start (the first:
+// the queue is FIFO), so that the time a decision was queued for a free
+// asker is part of it.
+func (rl *rateLimits) answer(batch []*rateDecision) {
+	ctx, cancel := batch[0].ctx, func() {}
+	if rl.timeout > 0 {
+		ctx, cancel = context.WithDeadline(ctx, batch[0].start.Add(rl.timeout))
+	}
+	if len(batch) == 1 || rl.batcher == nil {
+		for _, d := range batch {
+			d.allowed, d.err = decide(ctx, rl.lim, d.reqs, d.ds)
+		}
+	} else {
+		bs := make([]limiter.Batched, len(batch))
+		for i, d := range batch {
+			bs[i] = limiter.Batched{Reqs: d.reqs, Ds: d.ds}
+		}
+		rl.batcher.AllowBatch(ctx, bs)
+		for i, d := range batch {
+			d.allowed, d.err = bs[i].Allowed, bs[i].Err
+		}
+	}
+	cancel()
+	for _, d := range batch {
+		d.met.redisLatency.Observe(time.Since(d.start).Seconds())
+		ready := d.ready
+		d.ctx, d.met, d.ready = nil, nil, nil
 		d.done.Store(true)
 		ready()
-	}()
+	}
 }
 
 // loopSleep is WaitAll's step for a wait on the loop: how long to sleep
