@@ -1087,7 +1087,9 @@ func (s *session) rateCheck(t byte, r *readPass) error {
 		}
 	}
 	var lw *rateLoopWait
-	if it.OnLoop() {
+	if it.OnLoop() || s.lw != nil && s.lw.rate.decision != nil {
+		// (Resumed off its loop, the engine stopped, with a Redis
+		// decision in: taken up all the same, not asked twice.)
 		lw = &s.waits().rate
 	}
 	startsTx := s.txStatus() == wire.TxIdle
@@ -1120,9 +1122,9 @@ func (s *session) rateSleep(r *readPass, it *reactor.Item) error {
 }
 
 // rateDecide parks the read while the Redis backend decides its request
-// (rateCheck, errRateDecideOnLoop): the decision is asked on a goroutine
-// of its own once the read is suspended, and its answer wakes the read,
-// whose rateCheck then takes it up. An event on the client's socket does
+// (rateCheck, errRateDecideOnLoop): the decision is queued for an asker
+// once the read is suspended (rateDecision.ask), and its answer wakes the
+// read, whose rateCheck then takes it up. An event on the client's socket does
 // not wake it (the answer comes within redis_timeout).
 func (s *session) rateDecide(r *readPass, it *reactor.Item) error {
 	d := s.lw.rate.decision

@@ -33,6 +33,11 @@ type sample struct {
 // /proc, so Linux only) and the files that are not sockets.
 type socketCounts struct {
 	clients, servers, redis, otherSockets, files int
+	// epolls counts the epoll instances among files.
+	epolls int
+	// fileKinds lists the other files by what they link to (a pipe, an
+	// epoll instance, the log), for a failure to say which one is new.
+	fileKinds string
 }
 
 func (c socketCounts) String() string {
@@ -50,6 +55,7 @@ func (s *soak) socketsNow() socketCounts {
 		return c
 	}
 	inodes := map[string]bool{}
+	kinds := map[string]int{}
 	for _, e := range ents {
 		l, err := os.Readlink(filepath.Join(dir, e.Name()))
 		if err != nil {
@@ -59,8 +65,21 @@ func (s *soak) socketsNow() socketCounts {
 			inodes[strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]")] = true
 		} else {
 			c.files++
+			if i := strings.Index(l, ":["); i > 0 && !strings.HasPrefix(l, "anon_inode:") {
+				l = l[:i] // pipe:[123]: the kind, not the inode
+			}
+			kinds[l]++
+			if l == "anon_inode:[eventpoll]" {
+				c.epolls++
+			}
 		}
 	}
+	names := make([]string, 0, len(kinds))
+	for k, n := range kinds {
+		names = append(names, fmt.Sprintf("%s ×%d", k, n))
+	}
+	sort.Strings(names)
+	c.fileKinds = strings.Join(names, ", ")
 	listenPort, _ := strconv.ParseInt(s.port(), 10, 64)
 	found := 0
 	for _, f := range []string{"tcp", "tcp6"} {
