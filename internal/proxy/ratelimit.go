@@ -595,11 +595,8 @@ func (rl *rateLimits) askerDone() {
 // the queue is FIFO), so that the time a decision was queued for a free
 // asker is part of it.
 func (rl *rateLimits) answer(batch []*rateDecision) {
-	ctx, cancel := batch[0].ctx, func() {}
-	if rl.timeout > 0 {
-		ctx, cancel = context.WithDeadline(ctx, batch[0].start.Add(rl.timeout))
-	}
-	if len(batch) == 1 || rl.batcher == nil {
+	ctx, cancel := context.WithDeadline(batch[0].ctx, batch[0].start.Add(rl.timeout))
+	if len(batch) == 1 {
 		for _, d := range batch {
 			d.allowed, d.err = decide(ctx, rl.lim, d.reqs, d.ds)
 		}
