@@ -1314,6 +1314,7 @@ func TestMaxUses(t *testing.T) {
 		synctest.Wait() // the second checkout waits: max_size 1
 		p.Put(a)
 		b := <-got
+		synctest.Wait() // the pool closes a on a goroutine of its own
 		if !a.closed.Load() || b == a || b.closed.Load() {
 			t.Fatalf("used once: a closed %v, the waiter got a again %v", a.closed.Load(), b == a)
 		}
