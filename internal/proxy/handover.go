@@ -154,6 +154,20 @@ func (s *session) passTo(fn handOverFunc, state []byte) error {
 	if !ok {
 		return errors.New("the client connection has no descriptor to pass")
 	}
+	// The new process gets the socket; what this one still had to send
+	// (kept on the loop for a client that had not read it) goes first.
+	s.wmu.Lock()
+	var err error
+	if s.cio != nil && s.cio.Kept() > 0 {
+		_ = s.conn.SetWriteDeadline(time.Now().Add(finalWriteTimeout))
+		err = s.cio.Write(nil)
+		_ = s.conn.SetWriteDeadline(time.Time{})
+		s.keptSentLocked()
+	}
+	s.wmu.Unlock()
+	if err != nil {
+		return err
+	}
 	f, err := fc.File()
 	if err != nil {
 		return err

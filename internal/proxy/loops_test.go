@@ -24,16 +24,20 @@ import (
 )
 
 // TestLoopPeerStopsReading: a client that sends many queries and reads none
-// of their (large) answers blocks the loop's write to it; the loop goes on
-// without it (the writer hands it over), so another client of the same loop
-// is answered meanwhile, and the first still gets every answer, in order,
-// once it reads. poolerd holds no more of the answers than the sockets do:
-// the server connection is not read while its client does not read.
+// of their (large) answers cannot take what its server sends; the loop
+// keeps the rest of one read for it and stops reading that server until
+// the client reads (PgBouncer's backpressure), without giving the loop to
+// another goroutine, so another client of the same loop is answered
+// meanwhile, and the first still gets every answer, in order, once it
+// reads. poolerd holds no more of the answers than one read: the server
+// connection is not read while its client does not read.
 func TestLoopPeerStopsReading(t *testing.T) {
 	fb := startFakeBackend(t, 256<<10)
 	rl := startRelay(t, fb, 2, func(c *config.Config) { c.EventLoops = "1" })
 	stalled := dialBench(t, rl.addr, simpleRequest)
 	other := dialBench(t, rl.addr, simpleRequest)
+	e := rl.srv.engine
+	takeOvers := e.Stats().TakeOvers
 	const n = 100 // 25 MB of answers
 	var batch []byte
 	for range n {
@@ -42,12 +46,33 @@ func TestLoopPeerStopsReading(t *testing.T) {
 	if _, err := stalled.conn.Write(batch); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond) // the socket buffers fill up
+	// The socket buffers fill up, then the loop keeps the rest of a read.
+	var kept, most int64
+	for deadline := time.Now().Add(10 * time.Second); kept == 0 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		for _, s := range rl.srv.sessionList() {
+			if s.wmu.TryLock() { // held by a writer that waits
+				if s.cio != nil {
+					kept = max(kept, s.cio.Kept())
+				}
+				s.wmu.Unlock()
+			}
+		}
+		most = max(most, kept)
+	}
+	// One read, and what a read may hold back from the one before it (a
+	// frame's start, a held RowDescription).
+	if most == 0 || most > serverReadSize+maxCapture+8 {
+		t.Errorf("output kept for the client that does not read: %d bytes, want some, at most one server read (%d)", most, serverReadSize)
+	}
 	_ = other.conn.SetDeadline(time.Now().Add(10 * time.Second))
 	for i := range 20 {
 		if err := other.roundTrip(); err != nil {
 			t.Fatalf("the other client's query %d while one client does not read: %v", i, err)
 		}
+	}
+	if tk := e.Stats().TakeOvers - takeOvers; tk != 0 {
+		t.Errorf("the loop was handed to another goroutine %d times while a client did not read", tk)
 	}
 	_ = stalled.conn.SetDeadline(time.Now().Add(20 * time.Second))
 	if err := readReadies(stalled.conn, n); err != nil {

@@ -10,14 +10,17 @@ import (
 	"github.com/poolerd/poolerd/internal/wire"
 )
 
-// A client session on an event loop (loops_linux.go) has no goroutine: the
-// loop reads the client when it sends something and runs the same steps as
-// session.relay, on the loop's goroutine. A step that must wait (a checkout
-// queue, a rate limit, a client or server that does not read) first hands
-// the loop to a new goroutine (yieldLoop) and finishes on the old one; the
-// socket is out of the loop meanwhile, so its bytes stay in order. TLS
-// clients, and every client when event_loops is off, run on their own
-// goroutine (session.run).
+// A client session on an event loop (internal/reactor) has no goroutine:
+// the loop reads the client when it sends something and runs the same
+// steps as session.relay, on the loop's goroutine. A checkout queue or a
+// rate limit waits on the loop (LoopResume takes the read up); output the
+// client does not take yet is kept for the loop to send when it can
+// (keepOnLoop, sendKept). Another step that must wait (a server that does
+// not read, poolerd's own query, another writer) first hands the loop to a
+// new goroutine (yieldLoop) and finishes on the old one; the socket is out
+// of the loop meanwhile, so its bytes stay in order. TLS clients, and every
+// client when event_loops is off, run on their own goroutine
+// (session.run).
 
 // startRelay starts relaying a session that has just logged in: on an event
 // loop when there is one, on a goroutine of its own otherwise. The session
@@ -85,6 +88,9 @@ func (s *session) yieldLoop() { s.item.Load().Yield() }
 // LoopReady is relay's loop body for a session on an event loop: one read
 // of the client, handled.
 func (s *session) LoopReady(it *reactor.Item) bool {
+	if it.WantsWrite() && !s.sendKept() {
+		return true // the client has not taken its output yet: read later
+	}
 	bp := s.srv.bufs.Get()
 	n, err := it.Read((*bp)[wire.Headroom:])
 	if n == 0 {
@@ -227,4 +233,7 @@ func (s *session) closeConn() {
 		}
 	}
 	_ = s.conn.Close()
+	if sc := s.server.Load(); sc != nil {
+		sc.resumeFeed() // it sends to no one now
+	}
 }

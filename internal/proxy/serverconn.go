@@ -264,6 +264,9 @@ type serverConn struct {
 	item    atomic.Pointer[reactor.Item]
 	yieldFn func()
 	closing atomic.Bool
+	// paused: the handler waits on its loop for the holder's client to
+	// take its kept output (pauseFeed).
+	paused atomic.Bool
 
 	// closeWhy is the pool's reason for closing the connection (its Closed
 	// hook), for the log line Close writes.
@@ -332,6 +335,7 @@ func (sc *serverConn) Close() error {
 			// is found ended by its loop at once.
 			sc.closing.Store(true)
 			reactor.ShutdownSocket(sc.io.Control)
+			sc.resumeFeed() // a paused read finds the end
 		}
 		err = sc.Conn.Close()
 		sc.logClosed()
@@ -422,8 +426,8 @@ func (sc *serverConn) LoopEnd() {}
 func (sc *serverConn) LoopDetach() bool { return false }
 
 // LoopReady is the event loop's readLoop: one read, handled (loops_linux.go).
-// LoopResume: a server connection never waits on its loop (it never
-// suspends); if it were taken up, it would read as LoopReady does.
+// LoopResume takes up a read paused for the holder's client (pauseFeed):
+// it reads as LoopReady does.
 func (sc *serverConn) LoopResume(it *reactor.Item) bool { return sc.LoopReady(it) }
 
 func (sc *serverConn) LoopReady(it *reactor.Item) bool {
@@ -434,6 +438,9 @@ func (sc *serverConn) LoopReady(it *reactor.Item) bool {
 		it.Yield()
 		sc.gone(net.ErrClosed)
 		return false
+	}
+	if own := sc.owner.Load(); own != nil && sc.pauseFeed(it, own) {
+		return true // woken by resumeFeed
 	}
 	buf := sc.readBuf
 	n, err := it.Read(buf[wire.Headroom:])
@@ -451,6 +458,36 @@ func (sc *serverConn) LoopReady(it *reactor.Item) bool {
 	it.Yield()
 	sc.gone(err)
 	return false
+}
+
+// pauseFeed stops reading the server, on its loop, while its holder's
+// client has output kept for it (session.keepOnLoop): what the server
+// sends next stays in the socket until the client has read the rest, so a
+// client that does not read holds one read's worth of memory, and the
+// server then blocks in its send (PgBouncer's backpressure). It reports
+// whether the handler waits; resumeFeed ends the wait (the client took
+// its output, left its loop or ended, or the connection closes).
+func (sc *serverConn) pauseFeed(it *reactor.Item, own *session) bool {
+	if !own.keptOut() {
+		return false
+	}
+	it.Suspend()
+	sc.paused.Store(true)
+	if own.keptOut() && !sc.closing.Load() {
+		return true
+	}
+	// Sent meanwhile: read on (a resumeFeed that came first only made
+	// the suspension ready).
+	sc.paused.Store(false)
+	it.Unsuspend()
+	return false
+}
+
+// resumeFeed ends a pauseFeed (any goroutine).
+func (sc *serverConn) resumeFeed() {
+	if sc.paused.CompareAndSwap(true, false) {
+		sc.item.Load().WakeUp()
+	}
 }
 
 // readLoop relays what the server sends until the connection ends.
@@ -541,9 +578,9 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 				sc.holdingT, sc.afterHit = true, true
 			case sc.heldT != nil && sc.cur.Type != 'E':
 				if out > start {
-					own.writeFromServer(sc.yieldFn, buf[start:out])
+					own.writeFromServer(sc, buf[start:out])
 				}
-				own.writeFromServer(sc.yieldFn, sc.heldT)
+				own.writeFromServer(sc, sc.heldT)
 				sc.heldT = nil
 				start, out = off, off
 			}
@@ -606,11 +643,11 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 					// client the error held for it (retry.go).
 					sc.retry = false
 					if out > start {
-						own.writeFromServer(sc.yieldFn, buf[start:out])
+						own.writeFromServer(sc, buf[start:out])
 					}
 					start, out = off, off
 					if !sc.resend(own, status) {
-						own.writeFromServer(sc.yieldFn, wire.AppendReadyForQuery(sc.retryErr, status))
+						own.writeFromServer(sc, wire.AppendReadyForQuery(sc.retryErr, status))
 						answered++
 					}
 					sc.retryErr = nil
@@ -669,16 +706,16 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 					sc.replacing = false
 					sc.heldT = nil
 					if out > start {
-						own.writeFromServer(sc.yieldFn, buf[start:out])
+						own.writeFromServer(sc, buf[start:out])
 					}
 					start, out = off, off
 					break
 				}
 				if sc.heldT != nil {
 					if out > start {
-						own.writeFromServer(sc.yieldFn, buf[start:out])
+						own.writeFromServer(sc, buf[start:out])
 					}
-					own.writeFromServer(sc.yieldFn, sc.heldT)
+					own.writeFromServer(sc, sc.heldT)
 					sc.heldT = nil
 					start, out = off, off
 				}
@@ -687,7 +724,7 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 					// connection ends (keep.go), and gets an ERROR then.
 					sc.replacing = false
 					if out > start {
-						own.writeFromServer(sc.yieldFn, buf[start:out])
+						own.writeFromServer(sc, buf[start:out])
 					}
 					start, out = off, off
 					sc.lostErr = &wire.Error{Severity: sev, Code: code, Message: msg}
@@ -698,15 +735,15 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 				if sc.replacing {
 					sc.replacing = false
 					if out > start {
-						own.writeFromServer(sc.yieldFn, buf[start:out])
+						own.writeFromServer(sc, buf[start:out])
 					}
 					switch {
 					case sc.dupClient != "" && txstate.IsDuplicateOf(code, msg, sc.dupServer):
-						own.writeFromServer(sc.yieldFn, txstate.DuplicateError(sev, sc.dupClient))
+						own.writeFromServer(sc, txstate.DuplicateError(sev, sc.dupClient))
 					case code == "26000" && own.tracked:
-						own.writeFromServer(sc.yieldFn, sc.unknownStatementReply(own, sev, code, msg))
+						own.writeFromServer(sc, sc.unknownStatementReply(own, sev, code, msg))
 					default:
-						own.writeFromServer(sc.yieldFn, sc.timeoutReply(own, sev, code, msg))
+						own.writeFromServer(sc, sc.timeoutReply(own, sev, code, msg))
 					}
 					start, out = off, off
 				}
@@ -752,7 +789,7 @@ func (sc *serverConn) handle(buf []byte, start, end int) error {
 	switch {
 	case out == start:
 	case own != nil:
-		own.writeFromServer(sc.yieldFn, buf[start:out])
+		own.writeFromServer(sc, buf[start:out])
 		sc.dbp.ctr.sent.Add(uint64(out - start))
 	case sc.draining.Load():
 		// The rest of the answer to a client that left mid-request,

@@ -372,7 +372,18 @@ func (s *session) relay(fresh bool) (parked bool) {
 		}
 		s.cio = rd
 	}
+	var err error
+	if rd.Kept() > 0 {
+		// Output its loop kept (keepOnLoop) goes first, before this
+		// goroutine waits for the client.
+		err = rd.Write(nil)
+		s.keptSentLocked()
+	}
 	s.wmu.Unlock()
+	if err != nil {
+		s.end(err)
+		return false
+	}
 	if fresh && s.tryPark() {
 		return true
 	}
@@ -1724,10 +1735,81 @@ func (s *session) noteParameter(name, value string) {
 	s.pmu.Unlock()
 }
 
-// writeFromServer forwards server bytes to the client. yield (nil unless
-// the server's event loop is the writer) is called before the write waits.
-func (s *session) writeFromServer(yield func(), p []byte) {
-	s.writeClientThen(p, yield)
+// writeFromServer forwards bytes from sc to the client. When sc's loop is
+// the writer and the client is on a loop, what the client does not take
+// now is kept for its loop to send (keepOnLoop); otherwise the write waits,
+// its loop going on without it (sc.yieldFn).
+func (s *session) writeFromServer(sc *serverConn, p []byte) {
+	if sc.item.Load().OnLoop() && s.keepOnLoop(p) {
+		return
+	}
+	s.writeClientThen(p, sc.yieldFn)
+}
+
+// keepOnLoop writes p to a client on an event loop without waiting: what
+// the socket does not take now is kept, and the client's loop sends it
+// when the client reads (LoopReady, sendKept), while the server that
+// sends more waits (serverConn.pauseFeed). It returns false if it cannot
+// (the client is on a goroutine of its own, or another writer is busy):
+// the caller then writes and waits.
+func (s *session) keepOnLoop(p []byte) bool {
+	ci := s.item.Load()
+	if ci == nil || !s.wmu.TryLock() {
+		return false
+	}
+	if s.cio == nil || !s.cio.Raw() || s.item.Load() != ci {
+		s.wmu.Unlock()
+		return false
+	}
+	kept, err := s.cio.WriteOrKeep(p, nil)
+	if kept > 0 && err == nil {
+		ci.WantWrite(true)
+	}
+	s.wmu.Unlock()
+	if err != nil && !s.closed.Load() {
+		s.log.Debug("client write failed", zap.Error(err))
+		s.closeConn()
+	}
+	return true
+}
+
+// keptOut reports whether the client, on its loop, has output kept for it
+// (keepOnLoop) that it has not read yet: its item waits to write from the
+// keeping until keptSentLocked (any goroutine, no lock).
+func (s *session) keptOut() bool {
+	return !s.closed.Load() && s.item.Load().WantsWrite()
+}
+
+// sendKept sends, on the client's loop, what keepOnLoop kept, as much as
+// the client takes now; it reports whether all of it is sent (or the
+// connection failed).
+func (s *session) sendKept() bool {
+	if !s.wmu.TryLock() {
+		return false // a writer that waits sends it first
+	}
+	var left int
+	var err error
+	if s.cio != nil {
+		left, err = s.cio.Flush()
+	}
+	if left == 0 {
+		s.keptSentLocked()
+	}
+	s.wmu.Unlock()
+	if err != nil && !s.closed.Load() {
+		s.log.Debug("client write failed", zap.Error(err))
+		s.closeConn()
+	}
+	return left == 0
+}
+
+// keptSentLocked: the client has taken all its kept output (wmu held):
+// its loop reads it again, and the server it holds sends on.
+func (s *session) keptSentLocked() {
+	s.item.Load().WantWrite(false)
+	if sc := s.server.Load(); sc != nil {
+		sc.resumeFeed()
+	}
 }
 
 // writeClient writes to the client; errors end the session through its
@@ -1747,7 +1829,11 @@ func (s *session) writeClientThen(p []byte, beforeWait func()) {
 	}
 	switch {
 	case s.cio != nil:
-		err = s.cio.Write2Then(p, nil, beforeWait)
+		kept := s.cio.Kept() > 0
+		err = s.cio.Write2Then(p, nil, beforeWait) // after what was kept
+		if kept {
+			s.keptSentLocked()
+		}
 	default:
 		if beforeWait != nil {
 			beforeWait()

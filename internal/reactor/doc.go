@@ -19,7 +19,12 @@
 // handler's LoopResume, in the order posted. A timed wait (Item.Sleep)
 // ends at its timer or, if asked, at an event on its socket.
 //
-// A handler may block (a client that does not read): then the goroutine
+// Output that a socket cannot take now need not block its writer: the
+// handler keeps it and says so (Item.WantWrite); the loop then runs its
+// LoopReady when the socket is writable (and not for what it sends) until
+// the handler says it is all sent.
+//
+// A handler may block otherwise: then the goroutine
 // running it gives the loop to a new goroutine and finishes the handler on
 // its own, with the socket it was handling taken out of the loop, so
 // nothing of that socket is read until the handler is done (no

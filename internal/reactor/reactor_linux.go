@@ -70,6 +70,71 @@ type Item struct {
 	// sleep taken up again after an event that was data: the client's
 	// leaving behind it still wakes it); owned as out is.
 	out, byEvent, hangupOnly bool
+	// wout: the socket waits to take more of what its handler wrote
+	// (WantWrite): it is in epoll for writability alone (see events).
+	wout atomic.Bool
+	// fdMu orders closing fd (closeFD) with WantWrite's change of its
+	// registration from another goroutine, which must not reach a
+	// descriptor reused by another socket; fdClosed is set once it is
+	// closed.
+	fdMu     sync.Mutex
+	fdClosed bool
+}
+
+// closeFD closes the item's descriptor.
+func (it *Item) closeFD() {
+	it.fdMu.Lock()
+	it.fdClosed = true
+	_ = syscall.Close(it.fd)
+	it.fdMu.Unlock()
+}
+
+// events is what the item's socket is in epoll for: what it sends, and
+// its peer's hang-up; only writability while its output waits (WantWrite:
+// the handler reads nothing more until what it has to send is sent, and
+// a level-triggered EPOLLIN would wake the loop again and again).
+func (it *Item) events(wout bool) uint32 {
+	if wout {
+		return syscall.EPOLLOUT
+	}
+	return syscall.EPOLLIN | syscall.EPOLLRDHUP
+}
+
+// epollSet adds the item to its loop's epoll (op EPOLL_CTL_ADD) or changes
+// what it is there for (EPOLL_CTL_MOD), for what WantWrite last asked, even
+// if WantWrite runs on another goroutine meanwhile.
+func (it *Item) epollSet(op int) error {
+	for {
+		w := it.wout.Load()
+		ev := syscall.EpollEvent{Events: it.events(w), Fd: int32(it.fd)}
+		if err := syscall.EpollCtl(it.l.epfd, op, it.fd, &ev); err != nil {
+			return err
+		}
+		if it.wout.Load() == w {
+			return nil
+		}
+		op = syscall.EPOLL_CTL_MOD
+	}
+}
+
+// WantsWrite reports whether the item's output waits (WantWrite).
+func (it *Item) WantsWrite() bool { return it != nil && it.wout.Load() }
+
+// WantWrite says whether the item's handler has output waiting for the
+// socket to take it (any goroutine; callers serialize their calls for one
+// item): while it has, the loop runs the handler's LoopReady when the
+// socket is writable, and not for what it sends. An item out of epoll
+// meanwhile (its handler waits) gets this when it is put back.
+func (it *Item) WantWrite(on bool) {
+	if it == nil || it.wout.Swap(on) == on {
+		return
+	}
+	ev := syscall.EpollEvent{Events: it.events(on), Fd: int32(it.fd)}
+	it.fdMu.Lock()
+	if !it.fdClosed {
+		_ = syscall.EpollCtl(it.l.epfd, syscall.EPOLL_CTL_MOD, it.fd, &ev) // ENOENT: out of epoll now
+	}
+	it.fdMu.Unlock()
 }
 
 // itemWait is what an item's wait needs beyond its state (Item.wait), made
@@ -444,7 +509,7 @@ func (l *loop) resumeOrphan(it *Item) {
 	}
 	if it.state.Swap(itemOff) != itemOff {
 		l.forget(it)
-		_ = syscall.Close(it.fd)
+		it.closeFD()
 	}
 }
 
@@ -496,8 +561,7 @@ func (l *loop) register(it *Item) bool {
 	}
 	l.mu.Unlock()
 	it.state.Store(itemArmed)
-	ev := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLRDHUP, Fd: int32(it.fd)}
-	if err := syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_ADD, it.fd, &ev); err != nil {
+	if err := it.epollSet(syscall.EPOLL_CTL_ADD); err != nil {
 		it.state.Store(itemOff)
 		l.forget(it)
 		return false
@@ -530,7 +594,7 @@ func (l *loop) remove(it *Item, inEpoll bool) {
 		_ = syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, it.fd, nil)
 	}
 	l.forget(it)
-	_ = syscall.Close(it.fd)
+	it.closeFD()
 }
 
 // takeOver hands the loop to a new goroutine if its goroutine is running
@@ -681,8 +745,7 @@ func (l *loop) handle(it *Item, resumed bool) bool {
 		case it.hangupOnly:
 			// Back from a sleep that watched for the hang-up alone.
 			it.hangupOnly = false
-			ev := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLRDHUP, Fd: int32(it.fd)}
-			if syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_MOD, it.fd, &ev) != nil {
+			if it.epollSet(syscall.EPOLL_CTL_MOD) != nil {
 				l.detach(it)
 				break
 			}
@@ -751,6 +814,7 @@ func (it *Item) MoveNear(near *Item, place func(*Item)) bool {
 	to.e.mu.Unlock()
 	for _, l := range [2]*loop{to, from} {
 		moved := &Item{l: l, h: it.h, fd: it.fd, client: it.client}
+		moved.wout.Store(it.wout.Load())
 		place(moved)
 		if !closed && l.register(moved) {
 			if l == to {
@@ -760,7 +824,7 @@ func (it *Item) MoveNear(near *Item, place func(*Item)) bool {
 		}
 	}
 	place(nil)
-	_ = syscall.Close(it.fd)
+	it.closeFD()
 	return true
 }
 
@@ -772,8 +836,7 @@ func (l *loop) rearm(it *Item) bool {
 	if closed {
 		return false
 	}
-	ev := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLRDHUP, Fd: int32(it.fd)}
-	if syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_ADD, it.fd, &ev) != nil {
+	if it.epollSet(syscall.EPOLL_CTL_ADD) != nil {
 		return false
 	}
 	it.state.Store(itemArmed)
@@ -860,7 +923,7 @@ func (e *Engine) Close() {
 		l.mu.Unlock()
 		for _, it := range items {
 			if it != nil && it.state.Swap(itemOff) != itemOff {
-				_ = syscall.Close(it.fd)
+				it.closeFD()
 			}
 		}
 	}

@@ -59,6 +59,10 @@ func (*Item) WaitingOnLoop() bool { return false }
 
 func (*Item) Yield() {}
 
+func (*Item) WantWrite(bool) {}
+
+func (*Item) WantsWrite() bool { return false }
+
 func (*Item) Share() int32 { return -1 }
 
 func (*Item) Armed() bool { return false }

@@ -444,3 +444,89 @@ func TestCloseWakesSleepers(t *testing.T) {
 	e.Close()
 	recv(t, h.resumed, "the sleeper's resume at Close")
 }
+
+// outputWaiter is a handler with output waiting (WantWrite): LoopReady
+// counts the calls that find the item waiting to write, and takes the
+// output as sent when send is set; otherwise it reads as testHandler does.
+// A read of "wait" suspends it (ready is then its delivery).
+type outputWaiter struct {
+	*testHandler
+	writable atomic.Int32
+	send     atomic.Bool
+	ready    chan func()
+}
+
+func (h *outputWaiter) LoopReady(it *Item) bool {
+	if it.WantsWrite() {
+		h.writable.Add(1)
+		if h.send.Load() {
+			it.WantWrite(false)
+		}
+		return true
+	}
+	var b [64]byte
+	n, err := it.Read(b[:])
+	if err != nil {
+		return false
+	}
+	if string(b[:n]) == "wait" {
+		h.ready <- it.Suspend()
+	}
+	if n > 0 {
+		h.readCh <- string(b[:n])
+	}
+	return true
+}
+
+// TestWantWrite: an item whose output waits is run when its socket is
+// writable and not for what its peer sends, which it reads once its
+// output is sent; asked from another goroutine while the handler waits
+// out of epoll, the wait for writability comes with its resume.
+func TestWantWrite(t *testing.T) {
+	e := newEngine(t, 1)
+	h := &outputWaiter{testHandler: newTestHandler(), ready: make(chan func(), 1)}
+	it, peer := add(t, e, h)
+	h.send.Store(true)
+	it.WantWrite(true)
+	waitFor(t, "the writable socket's handler run", func() bool { return !it.WantsWrite() })
+	send(t, peer, "after")
+	if got := recv(t, h.readCh, "the read after the output"); got != "after" {
+		t.Fatalf("read %q", got)
+	}
+	if n := h.writable.Load(); n != 1 {
+		t.Fatalf("run %d times for writability, want 1", n)
+	}
+
+	// While its output waits, data from the peer does not run it.
+	h.send.Store(false)
+	it.WantWrite(true)
+	send(t, peer, "held")
+	waitFor(t, "runs for writability", func() bool { return h.writable.Load() > 10 })
+	select {
+	case got := <-h.readCh:
+		t.Fatalf("read %q while the output waits", got)
+	default:
+	}
+	h.send.Store(true)
+	if got := recv(t, h.readCh, "the read once the output is sent"); got != "held" {
+		t.Fatalf("read %q", got)
+	}
+
+	// Asked while the handler waits (out of epoll): it gets it when it
+	// is put back.
+	send(t, peer, "wait")
+	recv(t, h.readCh, "the read that suspends")
+	ready := recv(t, h.ready, "the suspension")
+	send(t, peer, "x") // the event takes the waiting item out of epoll
+	time.Sleep(20 * time.Millisecond)
+	h.writable.Store(0)
+	it.WantWrite(true)
+	ready()
+	recv(t, h.resumed, "the resume")
+	if got := recv(t, h.readCh, "the read after"); got != "x" {
+		t.Fatalf("read %q", got)
+	}
+	if n := h.writable.Load(); n != 1 {
+		t.Fatalf("run %d times for writability after the resume, want 1", n)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 )
 
@@ -47,7 +48,9 @@ func (bp *BufferPool) Put(b *[]byte) { bp.p.Put(b) }
 // call bookkeeping (see rawio_linux.go).
 //
 // Reads are made by one goroutine at a time; writes may come from several
-// goroutines (they are serialized).
+// goroutines (they are serialized). A writer that must not wait (an event
+// loop) uses WriteOrKeep, which keeps what the socket does not take for
+// Flush; every other write sends what is kept first.
 type ConnReader struct {
 	// plain is the connection when it has no file descriptor to make raw
 	// system calls on (TLS): reads and writes then go through it, and a
@@ -69,7 +72,18 @@ type ConnReader struct {
 	// beforeWait is called once before the first wait (Write2Then).
 	beforeWait func()
 	iov        iovec
+	// kept is what a write that does not wait (WriteOrKeep) could not
+	// send yet, in order: Flush sends it when the socket takes more, and
+	// every later write sends it first. nkept is its length, for looks
+	// without the lock (Kept). keep: tryWrite keeps the rest of r.a and
+	// r.b in kept instead of waiting.
+	kept  []byte
+	nkept atomic.Int64
+	keep  bool
 }
+
+// errNoDescriptor: a write that does not wait needs a descriptor.
+var errNoDescriptor = errors.New("wire: connection has no file descriptor")
 
 // NewConnReader prepares reads and writes of conn. On a *net.TCPConn or a
 // *net.UnixConn it reads and writes with raw system calls; on any other
@@ -98,7 +112,7 @@ func (r *ConnReader) Raw() bool { return r.plain == nil }
 // during the call (see syscall.RawConn).
 func (r *ConnReader) Control(f func(fd uintptr)) error {
 	if r.plain != nil {
-		return errors.New("wire: connection has no file descriptor")
+		return errNoDescriptor
 	}
 	return r.rc.Control(f)
 }
@@ -194,7 +208,8 @@ func (r *ConnReader) putBack(b *[]byte) {
 	}
 }
 
-// Write writes all of p. Write deadlines apply.
+// Write writes all of p, after what WriteOrKeep kept (with p empty: only
+// that). Write deadlines apply.
 func (r *ConnReader) Write(p []byte) error { return r.Write2(p, nil) }
 
 // Write2 writes a then b, in one system call when the socket takes both.
@@ -207,7 +222,7 @@ func (r *ConnReader) Write2Then(a, b []byte, beforeWait func()) error {
 	if len(a) == 0 {
 		a, b = b, nil
 	}
-	if len(a) == 0 {
+	if len(a) == 0 && r.nkept.Load() == 0 {
 		return nil
 	}
 	// The poller's write lock is not enough: it is released only when
@@ -222,6 +237,27 @@ func (r *ConnReader) Write2Then(a, b []byte, beforeWait func()) error {
 		_, err := r.plain.Write(b)
 		return err
 	}
+	if len(r.kept) > 0 {
+		// What an earlier write kept goes first.
+		r.a, r.b, r.werr, r.beforeWait = r.kept, nil, nil, beforeWait
+		err := r.rc.Write(r.wfn)
+		if err == nil {
+			err = r.werr
+		}
+		beforeWait = r.beforeWait // not called if that write did not wait
+		r.kept = nil
+		r.nkept.Store(0)
+		if err != nil {
+			r.a, r.b, r.werr, r.beforeWait = nil, nil, nil, nil
+			r.wmu.Unlock()
+			return err
+		}
+	}
+	if len(a) == 0 {
+		r.beforeWait = nil
+		r.wmu.Unlock()
+		return nil
+	}
 	r.a, r.b, r.werr, r.beforeWait = a, b, nil, beforeWait
 	err := r.rc.Write(r.wfn)
 	if err == nil {
@@ -230,6 +266,66 @@ func (r *ConnReader) Write2Then(a, b []byte, beforeWait func()) error {
 	r.a, r.b, r.werr, r.beforeWait = nil, nil, nil, nil
 	r.wmu.Unlock()
 	return err
+}
+
+// WriteOrKeep writes a then b without waiting: what the socket does not
+// take now is kept, after anything kept before, for Flush (or the next
+// Write) to send. It returns how many bytes are kept. Connections without
+// a descriptor (TLS) cannot keep.
+func (r *ConnReader) WriteOrKeep(a, b []byte) (kept int, err error) {
+	if len(a) == 0 {
+		a, b = b, nil
+	}
+	r.wmu.Lock()
+	defer r.wmu.Unlock()
+	if r.plain != nil {
+		return 0, errNoDescriptor
+	}
+	if len(r.kept) > 0 {
+		r.kept = append(append(r.kept, a...), b...)
+		r.nkept.Store(int64(len(r.kept)))
+		return len(r.kept), nil
+	}
+	if len(a) == 0 {
+		return 0, nil
+	}
+	return r.writeKeeping(a, b)
+}
+
+// Flush sends what WriteOrKeep kept, as much as the socket takes without
+// waiting, and returns how many bytes are still kept.
+func (r *ConnReader) Flush() (kept int, err error) {
+	r.wmu.Lock()
+	defer r.wmu.Unlock()
+	if len(r.kept) == 0 {
+		return 0, nil
+	}
+	a := r.kept
+	r.kept = r.kept[:0] // tryWrite moves an unsent rest to the front
+	return r.writeKeeping(a, nil)
+}
+
+// Kept is how many bytes WriteOrKeep kept that are not sent yet (any
+// goroutine).
+func (r *ConnReader) Kept() int64 { return r.nkept.Load() }
+
+// writeKeeping writes a then b, keeping in r.kept what the socket does not
+// take now (r.wmu held).
+func (r *ConnReader) writeKeeping(a, b []byte) (int, error) {
+	r.a, r.b, r.werr, r.keep = a, b, nil, true
+	err := r.rc.Write(r.wfn)
+	if err == nil {
+		err = r.werr
+	}
+	r.a, r.b, r.werr, r.keep = nil, nil, nil, false
+	if len(r.kept) == 0 {
+		r.kept = nil // a backlog's buffer is not held by an idle connection
+	}
+	if err != nil {
+		r.kept = nil
+	}
+	r.nkept.Store(int64(len(r.kept)))
+	return len(r.kept), err
 }
 
 func (r *ConnReader) tryWrite(fd uintptr) bool {
@@ -244,6 +340,12 @@ func (r *ConnReader) tryWrite(fd uintptr) bool {
 		switch {
 		case errno == syscall.EINTR:
 			continue
+		case errno == syscall.EAGAIN && r.keep:
+			// The rest is kept (r.a may be the tail of r.kept itself:
+			// append moves it to the front).
+			r.kept = append(append(r.kept[:0], r.a...), r.b...)
+			r.a, r.b = nil, nil
+			return true
 		case errno == syscall.EAGAIN:
 			if f := r.beforeWait; f != nil {
 				r.beforeWait = nil
