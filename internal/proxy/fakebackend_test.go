@@ -65,6 +65,12 @@ type fakeBackend struct {
 	// write's error and the connection ends.
 	streamQuery []byte
 	streamEnded chan error
+	// stallQuery, if set (under mu) before the first connection: after
+	// answering a Query with this text the connection reads nothing more
+	// until stallRelease is closed (a backend busy with a long query while
+	// its client sends more).
+	stallQuery   []byte
+	stallRelease chan struct{}
 }
 
 // startFakeBackend listens on a loopback port and serves until the
@@ -171,7 +177,7 @@ func (fb *fakeBackend) serve(c net.Conn) {
 		}
 		w += n
 		out = out[:0]
-		quit := false
+		quit, stall := false, false
 		for w-r >= wire.HeaderLen {
 			l := int(binary.BigEndian.Uint32(in[r+1:]))
 			if l < 4 {
@@ -191,6 +197,9 @@ func (fb *fakeBackend) serve(c net.Conn) {
 				fb.stream(c, out)
 				return
 			}
+			if in[r] == 'Q' && fb.stallQuery != nil && bytes.Equal(bytes.TrimSuffix(in[r+wire.HeaderLen:r+total], []byte{0}), fb.stallQuery) {
+				stall = true
+			}
 			var ok bool
 			out, ok = fb.answer(out, in[r], in[r+wire.HeaderLen:r+total])
 			r += total
@@ -206,6 +215,9 @@ func (fb *fakeBackend) serve(c net.Conn) {
 		}
 		if quit {
 			return
+		}
+		if stall {
+			<-fb.stallRelease
 		}
 		if r == w {
 			r, w = 0, 0

@@ -86,6 +86,75 @@ func TestLoopPeerStopsReading(t *testing.T) {
 	}
 }
 
+// TestLoopServerStopsReading: a client that sends more than its server
+// reads (a backend busy with a long query while the client pipelines
+// megabytes of requests) fills the server's socket; the loop keeps the
+// rest of one read of the client for the server and stops reading that
+// client until the server takes it, without giving the loop to another
+// goroutine, so another client of the same loop is answered meanwhile, and
+// the first gets every answer once its server reads again.
+func TestLoopServerStopsReading(t *testing.T) {
+	fb := startFakeBackend(t, 64)
+	fb.stallQuery, fb.stallRelease = []byte("SELECT stall"), make(chan struct{})
+	rl := startRelay(t, fb, 2, func(c *config.Config) { c.EventLoops = "1" })
+	busy := dialBench(t, rl.addr, simpleRequest)
+	other := dialBench(t, rl.addr, simpleRequest)
+	e := rl.srv.engine
+	takeOvers := e.Stats().TakeOvers
+	// The stalling query, then 8 MB of queries in the same write: the
+	// whole pipeline goes to the server the stalling query went to.
+	const n = 8000
+	batch := wire.AppendQuery(nil, "SELECT stall")
+	pad := "SELECT x FROM bench -- " + string(make([]byte, 1000))
+	for range n {
+		batch = wire.AppendQuery(batch, pad)
+	}
+	answers := make(chan error, 1)
+	go func() { answers <- readReadies(busy.conn, n+1) }()
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := busy.conn.Write(batch)
+		wrote <- err
+	}()
+	var kept, most int64
+	for deadline := time.Now().Add(10 * time.Second); kept == 0 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		for _, s := range rl.srv.sessionList() {
+			if sc := s.server.Load(); sc != nil && sc.io != nil {
+				kept = max(kept, sc.io.Kept())
+			}
+		}
+		most = max(most, kept)
+	}
+	// One read of the client, and the parameter sync ahead of it.
+	if most == 0 || most > wire.BufferSize+1024 {
+		t.Errorf("output kept for the server that does not read: %d bytes, want some, at most one read of its client (%d)", most, wire.BufferSize)
+	}
+	_ = other.conn.SetDeadline(time.Now().Add(10 * time.Second))
+	for i := range 20 {
+		if err := other.roundTrip(); err != nil {
+			t.Fatalf("the other client's query %d while a server does not read: %v", i, err)
+		}
+	}
+	if tk := e.Stats().TakeOvers - takeOvers; tk != 0 {
+		t.Errorf("the loop was handed to another goroutine %d times while a server did not read", tk)
+	}
+	close(fb.stallRelease)
+	_ = busy.conn.SetDeadline(time.Now().Add(30 * time.Second))
+	if err := <-wrote; err != nil {
+		t.Fatalf("the pipeline: %v", err)
+	}
+	if err := <-answers; err != nil {
+		t.Fatalf("answers to the pipeline: %v", err)
+	}
+	if err := busy.roundTrip(); err != nil {
+		t.Fatalf("after the pipeline: %v", err)
+	}
+	if err := fb.Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestLoopSessionsMovePaths: clients that queue for a pool too small for
 // them wait on their loop (no goroutine: the pool hands each connection to
 // the waiting session's loop), and nothing of what they send is lost or

@@ -14,10 +14,11 @@ import (
 // the loop reads the client when it sends something and runs the same
 // steps as session.relay, on the loop's goroutine. A checkout queue or a
 // rate limit waits on the loop (LoopResume takes the read up); output the
-// client does not take yet is kept for the loop to send when it can
-// (keepOnLoop, sendKept). Another step that must wait (a server that does
-// not read, poolerd's own query, another writer) first hands the loop to a
-// new goroutine (yieldLoop) and finishes on the old one; the socket is out
+// client or its server does not take yet is kept for the loop to send when
+// it can, the peer that feeds it not read meanwhile (keepOnLoop, sendKept,
+// serverConn.writeOrKeep). Another step that must wait (poolerd's own
+// query, another writer) first hands the loop to a new goroutine
+// (yieldLoop) and finishes on the old one; the socket is out
 // of the loop meanwhile, so its bytes stay in order. TLS clients, and every
 // client when event_loops is off, run on their own goroutine
 // (session.run).
@@ -88,8 +89,16 @@ func (s *session) yieldLoop() { s.item.Load().Yield() }
 // LoopReady is relay's loop body for a session on an event loop: one read
 // of the client, handled.
 func (s *session) LoopReady(it *reactor.Item) bool {
-	if it.WantsWrite() && !s.sendKept() {
+	out, held := it.WantsWrite(), it.HoldsReads()
+	if out && !s.sendKept() {
 		return true // the client has not taken its output yet: read later
+	}
+	if out && held {
+		// Its server has not taken the last request yet
+		// (serverConn.writeOrKeep). Called while its reads are held
+		// and not for its output, the handler reads: a hang-up or an
+		// error (or a stale event), which the read finds.
+		return true
 	}
 	bp := s.srv.bufs.Get()
 	n, err := it.Read((*bp)[wire.Headroom:])

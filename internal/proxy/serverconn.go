@@ -264,9 +264,12 @@ type serverConn struct {
 	item    atomic.Pointer[reactor.Item]
 	yieldFn func()
 	closing atomic.Bool
-	// paused: the handler waits on its loop for the holder's client to
-	// take its kept output (pauseFeed).
-	paused atomic.Bool
+	// paused: the connection's reads are held until the holder's client
+	// takes its kept output (pauseFeed); heldClient is the holder's
+	// client item whose reads are held until the connection takes what
+	// writeOrKeep kept for it.
+	paused     atomic.Bool
+	heldClient atomic.Pointer[reactor.Item]
 
 	// closeWhy is the pool's reason for closing the connection (its Closed
 	// hook), for the log line Close writes.
@@ -335,7 +338,8 @@ func (sc *serverConn) Close() error {
 			// is found ended by its loop at once.
 			sc.closing.Store(true)
 			reactor.ShutdownSocket(sc.io.Control)
-			sc.resumeFeed() // a paused read finds the end
+			sc.resumeFeed()    // a held read finds the end
+			sc.releaseClient() // what it kept goes nowhere now
 		}
 		err = sc.Conn.Close()
 		sc.logClosed()
@@ -426,8 +430,8 @@ func (sc *serverConn) LoopEnd() {}
 func (sc *serverConn) LoopDetach() bool { return false }
 
 // LoopReady is the event loop's readLoop: one read, handled (loops_linux.go).
-// LoopResume takes up a read paused for the holder's client (pauseFeed):
-// it reads as LoopReady does.
+// LoopResume: a server connection never waits on its loop (it never
+// suspends); if it were taken up, it would read as LoopReady does.
 func (sc *serverConn) LoopResume(it *reactor.Item) bool { return sc.LoopReady(it) }
 
 func (sc *serverConn) LoopReady(it *reactor.Item) bool {
@@ -439,8 +443,14 @@ func (sc *serverConn) LoopReady(it *reactor.Item) bool {
 		sc.gone(net.ErrClosed)
 		return false
 	}
-	if own := sc.owner.Load(); own != nil && sc.pauseFeed(it, own) {
-		return true // woken by resumeFeed
+	// Called while its reads were held: for its output, or for a
+	// hang-up or error (or a stale event), which the read finds.
+	out, held := it.WantsWrite(), it.HoldsReads()
+	if out {
+		sc.sendKept(it)
+	}
+	if own := sc.owner.Load(); (out || !held) && own != nil && sc.pauseFeed(it, own) {
+		return true // resumeFeed lets it read again
 	}
 	buf := sc.readBuf
 	n, err := it.Read(buf[wire.Headroom:])
@@ -460,33 +470,76 @@ func (sc *serverConn) LoopReady(it *reactor.Item) bool {
 	return false
 }
 
-// pauseFeed stops reading the server, on its loop, while its holder's
-// client has output kept for it (session.keepOnLoop): what the server
+// pauseFeed stops reading the server while its holder's client, on its
+// loop, has output kept for it (session.keepOnLoop): what the server
 // sends next stays in the socket until the client has read the rest, so a
 // client that does not read holds one read's worth of memory, and the
 // server then blocks in its send (PgBouncer's backpressure). It reports
-// whether the handler waits; resumeFeed ends the wait (the client took
-// its output, left its loop or ended, or the connection closes).
+// whether the reads are held (Item.HoldReads); resumeFeed lets them go on
+// (the client took its output, or the connection closes).
 func (sc *serverConn) pauseFeed(it *reactor.Item, own *session) bool {
 	if !own.keptOut() {
 		return false
 	}
-	it.Suspend()
+	it.HoldReads(true)
 	sc.paused.Store(true)
 	if own.keptOut() && !sc.closing.Load() {
 		return true
 	}
-	// Sent meanwhile: read on (a resumeFeed that came first only made
-	// the suspension ready).
-	sc.paused.Store(false)
-	it.Unsuspend()
+	sc.resumeFeed() // taken meanwhile (a resumeFeed before paused was set found nothing)
 	return false
 }
 
 // resumeFeed ends a pauseFeed (any goroutine).
 func (sc *serverConn) resumeFeed() {
 	if sc.paused.CompareAndSwap(true, false) {
-		sc.item.Load().WakeUp()
+		sc.item.Load().HoldReads(false)
+	}
+}
+
+// writeOrKeep writes a then b to the server from its holder's loop (on,
+// the holder's client item) without waiting: what the socket does not
+// take now is kept for the server's loop to send when it can (sendKept),
+// and the client is not read meanwhile (on holds its reads), so a server
+// that does not read holds at most one read of its client. It returns
+// false, having written nothing, if it cannot (the connection is not on a
+// loop, or another write is under way): the caller then writes and waits.
+func (sc *serverConn) writeOrKeep(on *reactor.Item, a, b []byte) (bool, error) {
+	it := sc.item.Load()
+	if it == nil || sc.io == nil || !sc.io.Raw() {
+		return false, nil
+	}
+	kept, ok, err := sc.io.WriteOrKeep(a, b)
+	if !ok || err != nil || kept == 0 {
+		return ok, err
+	}
+	it.WantWrite(true)
+	// Held before it is recorded: whoever takes the record lets it go
+	// after this hold (sendKept, write2, Close).
+	on.HoldReads(true)
+	sc.heldClient.Store(on)
+	if sc.io.Kept() == 0 || sc.closing.Load() {
+		sc.releaseClient() // sent meanwhile, or closed
+	}
+	return true, nil
+}
+
+// sendKept sends, on the server's loop (it), what writeOrKeep kept, as
+// much as the server takes now; once all of it is sent (or the connection
+// failed: its read finds why) the holder's client is read again.
+func (sc *serverConn) sendKept(it *reactor.Item) {
+	if left, err := sc.io.Flush(); left > 0 && err == nil {
+		return
+	}
+	it.WantWrite(false)
+	sc.releaseClient()
+}
+
+// releaseClient lets a client that writeOrKeep held be read again (any
+// goroutine).
+func (sc *serverConn) releaseClient() {
+	if ci := sc.heldClient.Swap(nil); ci != nil {
+		ci.HoldReads(false)
 	}
 }
 
@@ -521,7 +574,13 @@ func (sc *serverConn) read(p []byte) (int, error) {
 // to read (an event loop goes on without the writer).
 func (sc *serverConn) write2(a, b []byte, beforeWait func()) error {
 	if sc.io != nil {
-		return sc.io.Write2Then(a, b, beforeWait)
+		kept := sc.io.Kept() > 0
+		err := sc.io.Write2Then(a, b, beforeWait) // after what was kept
+		if kept {
+			sc.item.Load().WantWrite(false)
+			sc.releaseClient()
+		}
+		return err
 	}
 	if beforeWait != nil {
 		beforeWait() // TLS may wait
@@ -974,16 +1033,21 @@ func (sc *serverConn) settleLocked(rfqs int, status byte) {
 // idleBrokenLocked reports whether a broken connection is otherwise idle
 // between transactions (nothing owed, nothing half sent).
 func (sc *serverConn) idleBrokenLocked() bool {
-	return sc.pending == 0 && !sc.unsynced && sc.txStatus == wire.TxIdle && !sc.busy &&
+	return sc.pending == 0 && !sc.unsynced && sc.txStatus == wire.TxIdle && !sc.busy && !sc.keptOut() &&
 		!sc.cancelling && !sc.midFrame
 }
 
 // cleanLocked reports whether the server owes nothing and is outside any
 // transaction and frame.
 func (sc *serverConn) cleanLocked() bool {
-	return sc.pending == 0 && !sc.unsynced && sc.txStatus == wire.TxIdle && !sc.busy &&
+	return sc.pending == 0 && !sc.unsynced && sc.txStatus == wire.TxIdle && !sc.busy && !sc.keptOut() &&
 		len(sc.swallowQ) == 0 && sc.stq.len() == 0 && len(sc.qundo) == 0 && !sc.cancelling && !sc.midFrame && !sc.clientMid && !sc.broken
 }
+
+// keptOut reports whether part of a request written from a loop is kept,
+// not yet sent (writeOrKeep): the connection is in no state to serve
+// anyone else.
+func (sc *serverConn) keptOut() bool { return sc.io != nil && sc.io.Kept() > 0 }
 
 // detachLocked gives the connection up from own, clean (released to the
 // pool, or dropped at a transaction boundary): own may attach another one

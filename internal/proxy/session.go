@@ -1445,7 +1445,16 @@ func (s *session) flush(data []byte, b batch) bool {
 	}
 	var err error
 	switch {
-	case sync != nil || len(data) > 0:
+	case sync == nil && len(data) == 0:
+	case s.item.Load().OnLoop():
+		// On the client's loop: what the server does not take now is
+		// kept for its loop to send, and the client is not read
+		// meanwhile (writeOrKeep).
+		var done bool
+		if done, err = sc.writeOrKeep(s.item.Load(), sync, data); !done && err == nil {
+			err = sc.write2(sync, data, s.yieldFn)
+		}
+	default:
 		err = sc.write2(sync, data, s.yieldFn)
 	}
 	if err != nil {
@@ -1761,11 +1770,14 @@ func (s *session) keepOnLoop(p []byte) bool {
 		s.wmu.Unlock()
 		return false
 	}
-	kept, err := s.cio.WriteOrKeep(p, nil)
+	kept, ok, err := s.cio.WriteOrKeep(p, nil) // ok: s.wmu orders its writers
 	if kept > 0 && err == nil {
 		ci.WantWrite(true)
 	}
 	s.wmu.Unlock()
+	if !ok && err == nil {
+		return false
+	}
 	if err != nil && !s.closed.Load() {
 		s.log.Debug("client write failed", zap.Error(err))
 		s.closeConn()

@@ -21,8 +21,10 @@
 //
 // Output that a socket cannot take now need not block its writer: the
 // handler keeps it and says so (Item.WantWrite); the loop then runs its
-// LoopReady when the socket is writable (and not for what it sends) until
-// the handler says it is all sent.
+// LoopReady when the socket is writable (a client's: not for what it
+// sends) until the handler says it is all sent. A handler can also stop
+// its socket being read for a while (Item.HoldReads: the peer it feeds
+// does not take what it has), from any goroutine.
 //
 // A handler may block otherwise: then the goroutine
 // running it gives the loop to a new goroutine and finishes the handler on

@@ -70,16 +70,21 @@ type Item struct {
 	// sleep taken up again after an event that was data: the client's
 	// leaving behind it still wakes it); owned as out is.
 	out, byEvent, hangupOnly bool
-	// wout: the socket waits to take more of what its handler wrote
-	// (WantWrite): it is in epoll for writability alone (see events).
-	wout atomic.Bool
-	// fdMu orders closing fd (closeFD) with WantWrite's change of its
-	// registration from another goroutine, which must not reach a
-	// descriptor reused by another socket; fdClosed is set once it is
+	// flags are what the handler asked of its socket's registration
+	// (flagOut: WantWrite, flagHold: HoldReads; see events); changed
+	// under fdMu, which also orders closing fd (closeFD) with such a
+	// change from another goroutine, so that it never reaches a
+	// descriptor reused by another socket; fdClosed is set once fd is
 	// closed.
+	flags    atomic.Uint32
 	fdMu     sync.Mutex
 	fdClosed bool
 }
+
+const (
+	flagOut  uint32 = 1 << iota // output waits for the socket (WantWrite)
+	flagHold                    // nothing more is read for now (HoldReads)
+)
 
 // closeFD closes the item's descriptor.
 func (it *Item) closeFD() {
@@ -89,53 +94,80 @@ func (it *Item) closeFD() {
 	it.fdMu.Unlock()
 }
 
-// events is what the item's socket is in epoll for: what it sends, and
-// its peer's hang-up; only writability while its output waits (WantWrite:
-// the handler reads nothing more until what it has to send is sent, and
-// a level-triggered EPOLLIN would wake the loop again and again).
-func (it *Item) events(wout bool) uint32 {
-	if wout {
-		return syscall.EPOLLOUT
+// events is what the item's socket is in epoll for, given its flags: what
+// it sends and its peer's hang-up, unless its reads are held (HoldReads),
+// or its output waits and it is a client's (a client's loop reads nothing
+// more of it until it has taken what it was sent); and writability while
+// its output waits (WantWrite). A level-triggered EPOLLIN that the handler
+// would not read would wake the loop again and again.
+func (it *Item) events(f uint32) uint32 {
+	var ev uint32
+	if f&flagOut != 0 {
+		ev |= syscall.EPOLLOUT
 	}
-	return syscall.EPOLLIN | syscall.EPOLLRDHUP
+	if f&flagHold == 0 && (f&flagOut == 0 || !it.client) {
+		ev |= syscall.EPOLLIN | syscall.EPOLLRDHUP
+	}
+	return ev
 }
 
 // epollSet adds the item to its loop's epoll (op EPOLL_CTL_ADD) or changes
-// what it is there for (EPOLL_CTL_MOD), for what WantWrite last asked, even
-// if WantWrite runs on another goroutine meanwhile.
+// what it is there for (EPOLL_CTL_MOD), for its flags as last set, even if
+// they change on another goroutine meanwhile.
 func (it *Item) epollSet(op int) error {
 	for {
-		w := it.wout.Load()
-		ev := syscall.EpollEvent{Events: it.events(w), Fd: int32(it.fd)}
+		f := it.flags.Load()
+		ev := syscall.EpollEvent{Events: it.events(f), Fd: int32(it.fd)}
 		if err := syscall.EpollCtl(it.l.epfd, op, it.fd, &ev); err != nil {
 			return err
 		}
-		if it.wout.Load() == w {
+		if it.flags.Load() == f {
 			return nil
 		}
 		op = syscall.EPOLL_CTL_MOD
 	}
 }
 
-// WantsWrite reports whether the item's output waits (WantWrite).
-func (it *Item) WantsWrite() bool { return it != nil && it.wout.Load() }
-
-// WantWrite says whether the item's handler has output waiting for the
-// socket to take it (any goroutine; callers serialize their calls for one
-// item): while it has, the loop runs the handler's LoopReady when the
-// socket is writable, and not for what it sends. An item out of epoll
-// meanwhile (its handler waits) gets this when it is put back.
-func (it *Item) WantWrite(on bool) {
-	if it == nil || it.wout.Swap(on) == on {
+// setFlag sets or clears one of the item's flags and changes its
+// registration to match (any goroutine). An item out of epoll meanwhile
+// (its handler waits) gets it when it is put back.
+func (it *Item) setFlag(flag uint32, on bool) {
+	if it == nil {
 		return
 	}
-	ev := syscall.EpollEvent{Events: it.events(on), Fd: int32(it.fd)}
 	it.fdMu.Lock()
-	if !it.fdClosed {
-		_ = syscall.EpollCtl(it.l.epfd, syscall.EPOLL_CTL_MOD, it.fd, &ev) // ENOENT: out of epoll now
+	f := it.flags.Load()
+	nf := f &^ flag
+	if on {
+		nf |= flag
+	}
+	if nf != f {
+		it.flags.Store(nf)
+		if !it.fdClosed {
+			ev := syscall.EpollEvent{Events: it.events(nf), Fd: int32(it.fd)}
+			_ = syscall.EpollCtl(it.l.epfd, syscall.EPOLL_CTL_MOD, it.fd, &ev) // ENOENT: out of epoll now
+		}
 	}
 	it.fdMu.Unlock()
 }
+
+// WantWrite says whether the item's handler has output waiting for the
+// socket to take it (any goroutine): while it has, the loop runs the
+// handler's LoopReady when the socket is writable (a client's: not for
+// what it sends).
+func (it *Item) WantWrite(on bool) { it.setFlag(flagOut, on) }
+
+// WantsWrite reports whether the item's output waits (WantWrite).
+func (it *Item) WantsWrite() bool { return it != nil && it.flags.Load()&flagOut != 0 }
+
+// HoldReads says whether the loop should stop running the item's handler
+// for what its socket sends (any goroutine): while it holds, the handler
+// runs only when its output waits and the socket is writable, or for the
+// socket's hang-up or error (which epoll always reports).
+func (it *Item) HoldReads(on bool) { it.setFlag(flagHold, on) }
+
+// HoldsReads reports whether the item's reads are held (HoldReads).
+func (it *Item) HoldsReads() bool { return it != nil && it.flags.Load()&flagHold != 0 }
 
 // itemWait is what an item's wait needs beyond its state (Item.wait), made
 // at the item's first wait and owned by whoever runs its handler: ready
@@ -814,7 +846,7 @@ func (it *Item) MoveNear(near *Item, place func(*Item)) bool {
 	to.e.mu.Unlock()
 	for _, l := range [2]*loop{to, from} {
 		moved := &Item{l: l, h: it.h, fd: it.fd, client: it.client}
-		moved.wout.Store(it.wout.Load())
+		moved.flags.Store(it.flags.Load())
 		place(moved)
 		if !closed && l.register(moved) {
 			if l == to {

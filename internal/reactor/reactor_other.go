@@ -63,6 +63,10 @@ func (*Item) WantWrite(bool) {}
 
 func (*Item) WantsWrite() bool { return false }
 
+func (*Item) HoldReads(bool) {}
+
+func (*Item) HoldsReads() bool { return false }
+
 func (*Item) Share() int32 { return -1 }
 
 func (*Item) Armed() bool { return false }

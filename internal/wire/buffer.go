@@ -270,32 +270,39 @@ func (r *ConnReader) Write2Then(a, b []byte, beforeWait func()) error {
 
 // WriteOrKeep writes a then b without waiting: what the socket does not
 // take now is kept, after anything kept before, for Flush (or the next
-// Write) to send. It returns how many bytes are kept. Connections without
-// a descriptor (TLS) cannot keep.
-func (r *ConnReader) WriteOrKeep(a, b []byte) (kept int, err error) {
+// Write) to send. It returns how many bytes are kept, and ok false (having
+// written nothing) if another write is under way. Connections without a
+// descriptor (TLS) cannot keep.
+func (r *ConnReader) WriteOrKeep(a, b []byte) (kept int, ok bool, err error) {
 	if len(a) == 0 {
 		a, b = b, nil
 	}
-	r.wmu.Lock()
+	if !r.wmu.TryLock() {
+		return 0, false, nil
+	}
 	defer r.wmu.Unlock()
 	if r.plain != nil {
-		return 0, errNoDescriptor
+		return 0, false, errNoDescriptor
 	}
 	if len(r.kept) > 0 {
 		r.kept = append(append(r.kept, a...), b...)
 		r.nkept.Store(int64(len(r.kept)))
-		return len(r.kept), nil
+		return len(r.kept), true, nil
 	}
 	if len(a) == 0 {
-		return 0, nil
+		return 0, true, nil
 	}
-	return r.writeKeeping(a, b)
+	kept, err = r.writeKeeping(a, b)
+	return kept, true, err
 }
 
 // Flush sends what WriteOrKeep kept, as much as the socket takes without
-// waiting, and returns how many bytes are still kept.
+// waiting, and returns how many bytes are still kept. If another write is
+// under way it sends nothing (that write sends the kept bytes first).
 func (r *ConnReader) Flush() (kept int, err error) {
-	r.wmu.Lock()
+	if !r.wmu.TryLock() {
+		return int(r.nkept.Load()), nil
+	}
 	defer r.wmu.Unlock()
 	if len(r.kept) == 0 {
 		return 0, nil

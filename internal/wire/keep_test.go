@@ -48,8 +48,9 @@ func TestConnReaderKeep(t *testing.T) {
 		b := chunk(i)
 		want = append(want, b...)
 		var err error
-		if kept, err = r.WriteOrKeep(b[:1000], b[1000:]); err != nil {
-			t.Fatal(err)
+		var ok bool
+		if kept, ok, err = r.WriteOrKeep(b[:1000], b[1000:]); err != nil || !ok {
+			t.Fatal(ok, err)
 		}
 		if i > 0 && kept > 0 && int64(kept) != r.Kept() {
 			t.Fatalf("WriteOrKeep says %d kept, Kept %d", kept, r.Kept())
@@ -77,8 +78,8 @@ func TestConnReaderKeep(t *testing.T) {
 	for i := 0; r.Kept() == 0; i++ {
 		b := chunk(100 + i)
 		want = append(want, b...)
-		if _, err := r.WriteOrKeep(b, nil); err != nil {
-			t.Fatal(err)
+		if _, ok, err := r.WriteOrKeep(b, nil); err != nil || !ok {
+			t.Fatal(ok, err)
 		}
 	}
 	tail := []byte("the end")
@@ -95,7 +96,7 @@ func TestConnReaderKeep(t *testing.T) {
 	defer a.Close()
 	defer b.Close()
 	pr, _ := NewConnReader(a, nil)
-	if _, err := pr.WriteOrKeep([]byte("x"), nil); err == nil {
+	if _, _, err := pr.WriteOrKeep([]byte("x"), nil); err == nil {
 		t.Fatal("WriteOrKeep on a pipe succeeded")
 	}
 }
