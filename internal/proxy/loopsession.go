@@ -145,6 +145,9 @@ func (s *session) LoopResume(it *reactor.Item) bool {
 type loopWait struct {
 	pend readPass
 	rate rateLoopWait
+	// withdraw is WithdrawFunc of the item withdrawOf (withdrawFor).
+	withdraw   *func(error)
+	withdrawOf *reactor.Item
 }
 
 // waits returns the session's loop wait state, made on its first wait.

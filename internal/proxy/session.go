@@ -36,7 +36,7 @@ import (
 // client goroutine, atomics read by anyone, and the groups guarded by one
 // mutex each. Locks are taken in the order given in docs/architecture.md
 // ("Concurrency contract"): finalMu, attachMu, then the held serverConn's mu,
-// then pmu or stmu; wmu, waitMu and qmu are leaves.
+// then pmu or stmu; wmu and qmu are leaves.
 type session struct {
 	// Set by the login goroutine before register publishes the session;
 	// read-only afterwards.
@@ -145,11 +145,11 @@ type session struct {
 	groupMsgs int
 	cacheHits map[string]*stmtDef
 	// waiter is this session's reusable place in its pool's queue (made on
-	// its first wait), cancelWait withdraws it; waiterPool is the pool it
-	// belongs to.
+	// its first wait), cancelWait withdraws it (made with it); waiterPool
+	// is the pool it belongs to.
 	waiter     *pool.Waiter[*serverConn]
 	waiterPool *pool.Pool[*serverConn]
-	cancelWait func(cause error)
+	cancelWait *func(cause error)
 	// login is the login's own state (handshake.go), nil once the relay
 	// runs: an idle client does not carry it.
 	login *loginState
@@ -276,10 +276,13 @@ type session struct {
 	stmts map[string]*stmtDef
 	bound map[string]string
 
-	// waitMu guards waitCancel, which withdraws a checkout in progress (a
-	// cancel request, a shutdown).
-	waitMu     sync.Mutex
-	waitCancel func(cause error)
+	// waitCancel withdraws a wait in progress (a checkout's, a rate
+	// limit's on the loop) for a cancel request or the session's end; nil
+	// while none is. A call that comes after the wait ended (it loaded
+	// the function before the owner cleared it) finds nothing to withdraw,
+	// or the session's next wait, which a cancel request or an end may
+	// withdraw as well.
+	waitCancel atomic.Pointer[func(cause error)]
 
 	// wd enforces the timeouts and leak detection (its own mutex).
 	wd watchdog
@@ -1154,9 +1157,7 @@ func (s *session) rateDecide(r *readPass, it *reactor.Item) error {
 // returned instead of errRateWaitOnLoop, the wait undone.
 func (s *session) parkRate(r *readPass, it *reactor.Item) error {
 	r.rateWait = true
-	s.waitMu.Lock()
-	s.waitCancel = it.WithdrawFunc()
-	s.waitMu.Unlock()
+	s.waitCancel.Store(s.withdrawFor(it))
 	// The end sets endErr before it looks for a wait to withdraw: one
 	// that did not find this one is seen here.
 	werr := s.waitEnded()
@@ -1166,11 +1167,19 @@ func (s *session) parkRate(r *readPass, it *reactor.Item) error {
 	it.Unsuspend()
 	it.SleepDone()
 	r.rateWait = false
-	s.waitMu.Lock()
-	s.waitCancel = nil
-	s.waitMu.Unlock()
+	s.waitCancel.Store(nil)
 	s.lw.rate = rateLoopWait{}
 	return werr
+}
+
+// withdrawFor is the item's WithdrawFunc, for waitCancel, made once per item.
+func (s *session) withdrawFor(it *reactor.Item) *func(error) {
+	lw := s.waits()
+	if lw.withdrawOf != it {
+		f := it.WithdrawFunc()
+		lw.withdraw, lw.withdrawOf = &f, it
+	}
+	return lw.withdraw
 }
 
 // rateWoken takes up a rate-limit wait on the loop (rateCheck): it returns
@@ -1180,9 +1189,7 @@ func (s *session) parkRate(r *readPass, it *reactor.Item) error {
 // Redis decision it waits for came.
 func (s *session) rateWoken(r *readPass, it *reactor.Item) error {
 	r.rateWait = false
-	s.waitMu.Lock()
-	s.waitCancel = nil
-	s.waitMu.Unlock()
+	s.waitCancel.Store(nil)
 	werr := s.waitEnded()
 	d := s.lw.rate.decision
 	if werr == nil && d == nil && it.PeerGone() {
@@ -1678,19 +1685,16 @@ func (s *session) queue() *pool.Waiter[*serverConn] {
 	if s.waiter == nil || s.waiterPool != s.dbp.pool {
 		w, p := pool.NewWaiter[*serverConn](), s.dbp.pool
 		s.waiter, s.waiterPool = w, p
-		s.cancelWait = func(cause error) { p.CancelWait(w, cause) }
+		cancel := func(cause error) { p.CancelWait(w, cause) }
+		s.cancelWait = &cancel
 	}
-	s.waitMu.Lock()
-	s.waitCancel = s.cancelWait
-	s.waitMu.Unlock()
+	s.waitCancel.Store(s.cancelWait)
 	return s.waiter
 }
 
 // dequeued ends the wait queued began.
 func (s *session) dequeued() {
-	s.waitMu.Lock()
-	s.waitCancel = nil
-	s.waitMu.Unlock()
+	s.waitCancel.Store(nil)
 	s.waitSince.Store(0)
 	s.waitedAt = s.srv.nanotime()
 }
@@ -1934,11 +1938,9 @@ func (s *session) terminate(err error) {
 
 // withdrawWait withdraws the session's checkout in progress, if any.
 func (s *session) withdrawWait(cause error) {
-	s.waitMu.Lock()
-	if s.waitCancel != nil {
-		s.waitCancel(cause)
+	if f := s.waitCancel.Load(); f != nil {
+		(*f)(cause)
 	}
-	s.waitMu.Unlock()
 }
 
 // releaseClientSlot gives back the session's place under the client
@@ -2149,11 +2151,9 @@ func (s *session) releaseAtEnd(sc *serverConn) {
 func (s *session) cancel() {
 	sc := s.server.Load()
 	if sc == nil {
-		s.waitMu.Lock()
-		if s.waitCancel != nil {
-			s.waitCancel(errClientCancel)
+		if f := s.waitCancel.Load(); f != nil {
+			(*f)(errClientCancel)
 		}
-		s.waitMu.Unlock()
 		return
 	}
 	sc.mu.Lock()
