@@ -27,5 +27,6 @@ type Stats struct {
 	Parks     uint64 // handlers that waited on their loop
 	Moves     uint64 // sockets moved to another loop (MoveNear)
 	TakeOvers uint64 // loops handed to a new goroutine (Yield, the monitor)
+	Rescues   uint64 // of those, the monitor's (a handler ran a whole tick)
 	Detaches  uint64 // sockets that left the loops for a goroutine (LoopDetach)
 }

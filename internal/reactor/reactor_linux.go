@@ -332,6 +332,10 @@ type Engine struct {
 	// takeOvers counts loops handed to a new goroutine because a handler
 	// was about to block (loop.takeOver), for tests.
 	takeOvers atomic.Uint64
+	// rescues counts the monitor's takeOvers (a handler that ran a whole
+	// tick), for tests: on a loaded machine a loop's goroutine can be
+	// kept off its CPU for that long.
+	rescues atomic.Uint64
 
 	mu     sync.Mutex
 	closed bool
@@ -632,14 +636,15 @@ func (l *loop) remove(it *Item, inEpoll bool) {
 // takeOver hands the loop to a new goroutine if its goroutine is running
 // it's handler: it is taken out of epoll first, so the new goroutine does not
 // see it; the handler's goroutine puts it back when the handler returns.
-func (l *loop) takeOver(it *Item) {
+func (l *loop) takeOver(it *Item) bool {
 	if !l.cur.CompareAndSwap(it, &l.taken) {
-		return
+		return false
 	}
 	_ = syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, it.fd, nil)
 	l.e.takeOvers.Add(1)
 	l.e.done.Add(1)
 	go l.run()
+	return true
 }
 
 // run is the loop's goroutine: it waits through the runtime poller for the
@@ -910,8 +915,8 @@ func (e *Engine) monitor() {
 		}
 		for i, l := range e.loops {
 			seq := l.seq.Load()
-			if it := l.cur.Load(); it != nil && it != &l.taken && seq == last[i] {
-				l.takeOver(it)
+			if it := l.cur.Load(); it != nil && it != &l.taken && seq == last[i] && l.takeOver(it) {
+				e.rescues.Add(1)
 			}
 			last[i] = seq
 		}
@@ -1038,7 +1043,7 @@ func (it *Item) Read(p []byte) (int, error) {
 
 // Stats returns the engine's counts so far.
 func (e *Engine) Stats() Stats {
-	return Stats{Parks: e.parks.Load(), Moves: e.moves.Load(), TakeOvers: e.takeOvers.Load(), Detaches: e.detaches.Load()}
+	return Stats{Parks: e.parks.Load(), Moves: e.moves.Load(), TakeOvers: e.takeOvers.Load(), Rescues: e.rescues.Load(), Detaches: e.detaches.Load()}
 }
 
 // Armed reports whether the item is in its loop with no handler running.
