@@ -3,7 +3,8 @@
 // many unanswered probes) and TCP_USER_TIMEOUT (how long sent data may stay
 // unacknowledged), as PgBouncer's tcp_keepalive, tcp_keepidle,
 // tcp_keepintvl, tcp_keepcnt and tcp_user_timeout set them; and reads the
-// user of a Unix-socket client (SO_PEERCRED) for peer authentication.
+// user of a Unix-socket client (SO_PEERCRED) for peer authentication, and
+// the accept queue of a listener (AcceptQueued).
 package netopt
 
 import (

@@ -35,6 +35,7 @@ import (
 	"github.com/poolerd/poolerd/internal/authquery"
 	"github.com/poolerd/poolerd/internal/backend"
 	"github.com/poolerd/poolerd/internal/config"
+	"github.com/poolerd/poolerd/internal/netopt"
 	"github.com/poolerd/poolerd/internal/pamauth"
 	"github.com/poolerd/poolerd/internal/reactor"
 	"github.com/poolerd/poolerd/internal/wire"
@@ -661,10 +662,26 @@ func (srv *Server) closeListenersLocked(keepUnix bool) {
 			srv.consoleOnly.Store(true)
 			continue
 		}
-		_ = ln.Close()
+		closeDrained(ln)
 		delete(srv.listeners, ln)
 	}
 }
+
+// closeDrained closes a listener once the connections the kernel has
+// already completed for it are accepted (its Serve loop goes on accepting
+// meanwhile, and each is answered as any login during a shutdown is), for
+// at most acceptDrain: closing a listening socket resets the connections
+// in its accept queue, which with so_reuseport another poolerd would have
+// served, and which otherwise get a reset where an ErrorResponse is due.
+func closeDrained(ln net.Listener) {
+	for deadline := time.Now().Add(acceptDrain); netopt.AcceptQueued(ln) > 0 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	_ = ln.Close()
+}
+
+// acceptDrain bounds closeDrained's wait.
+const acceptDrain = 100 * time.Millisecond
 
 // onUnixSocket reports whether nc came in through a Unix socket.
 func onUnixSocket(nc net.Conn) bool {
