@@ -48,6 +48,18 @@ func unlessRescued(t *testing.T, scenario func(t *testing.T) (e *reactor.Engine,
 	t.Skip("every run had a loop taken over by the monitor (a loaded machine)")
 }
 
+// keptWithin samples how many bytes a loop keeps for a peer that does not
+// read (sample) every 20 ms until some are, for at most 10 s, and returns
+// the most it saw.
+func keptWithin(sample func() int64) int64 {
+	var most int64
+	for deadline := time.Now().Add(10 * time.Second); most == 0 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		most = max(most, sample())
+	}
+	return most
+}
+
 // TestLoopPeerStopsReading: a client that sends many queries and reads none
 // of their (large) answers cannot take what its server sends; the loop
 // keeps the rest of one read for it and stops reading that server until
@@ -73,9 +85,7 @@ func TestLoopPeerStopsReading(t *testing.T) {
 			t.Fatal(err)
 		}
 		// The socket buffers fill up, then the loop keeps the rest of a read.
-		var kept, most int64
-		for deadline := time.Now().Add(10 * time.Second); kept == 0 && time.Now().Before(deadline); {
-			time.Sleep(20 * time.Millisecond)
+		most := keptWithin(func() (kept int64) {
 			for _, s := range rl.srv.sessionList() {
 				if s.wmu.TryLock() { // held by a writer that waits
 					if s.cio != nil {
@@ -84,8 +94,8 @@ func TestLoopPeerStopsReading(t *testing.T) {
 					s.wmu.Unlock()
 				}
 			}
-			most = max(most, kept)
-		}
+			return kept
+		})
 		// One read, and what a read may hold back from the one before it (a
 		// frame's start, a held RowDescription).
 		if most == 0 || most > serverReadSize+maxCapture+8 {
@@ -145,16 +155,14 @@ func TestLoopServerStopsReading(t *testing.T) {
 			_, err := busy.conn.Write(batch)
 			wrote <- err
 		}()
-		var kept, most int64
-		for deadline := time.Now().Add(10 * time.Second); kept == 0 && time.Now().Before(deadline); {
-			time.Sleep(20 * time.Millisecond)
+		most := keptWithin(func() (kept int64) {
 			for _, s := range rl.srv.sessionList() {
 				if sc := s.server.Load(); sc != nil && sc.io != nil {
 					kept = max(kept, sc.io.Kept())
 				}
 			}
-			most = max(most, kept)
-		}
+			return kept
+		})
 		// One read of the client, and the parameter sync ahead of it.
 		if most == 0 || most > wire.BufferSize+1024 {
 			problems = append(problems, fmt.Sprintf("output kept for the server that does not read: %d bytes, want some, at most one read of its client (%d)", most, wire.BufferSize))
