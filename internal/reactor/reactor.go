@@ -4,7 +4,10 @@ package reactor
 type Handler interface {
 	// LoopReady handles a readable socket: it reads it (Item.Read, the loop's
 	// duplicate) and reports whether the socket stays in the loop. A
-	// handler that returns false has ended the connection.
+	// handler that returns false has ended the connection. It is also
+	// called when the socket is writable while its output waits
+	// (WantWrite), and for a hang-up or an error while its reads are held
+	// (HoldReads).
 	LoopReady(it *Item) (keep bool)
 	// LoopResume takes up a handler that suspended (Item.Suspend)
 	// once its wait is over, on the loop, with LoopReady's result.
