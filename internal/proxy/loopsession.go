@@ -94,10 +94,11 @@ func (s *session) LoopReady(it *reactor.Item) bool {
 		return true // the client has not taken its output yet: read later
 	}
 	if out && held {
-		// Its server has not taken the last request yet
-		// (serverConn.writeOrKeep). Called while its reads are held
-		// and not for its output, the handler reads: a hang-up or an
-		// error (or a stale event), which the read finds.
+		// Its output is sent, but its server has not taken the last
+		// request yet (serverConn.writeOrKeep): read later. Called
+		// while its reads are held and not for its output, the
+		// handler reads on: that is a hang-up or an error (or a stale
+		// event), which the read finds.
 		return true
 	}
 	bp := s.srv.bufs.Get()

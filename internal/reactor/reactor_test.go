@@ -530,3 +530,34 @@ func TestWantWrite(t *testing.T) {
 		t.Fatalf("run %d times for writability after the resume, want 1", n)
 	}
 }
+
+// TestHoldReads: while an item's reads are held what its peer sends does
+// not run its handler, its peer's leaving does (epoll reports a hang-up
+// whatever the registration), and once released it reads what came.
+func TestHoldReads(t *testing.T) {
+	e := newEngine(t, 1)
+	h := newTestHandler()
+	it, peer := add(t, e, h)
+	it.HoldReads(true)
+	if !it.HoldsReads() {
+		t.Fatal("HoldReads(true) not recorded")
+	}
+	send(t, peer, "one")
+	time.Sleep(20 * time.Millisecond)
+	select {
+	case got := <-h.readCh:
+		t.Fatalf("read %q while held", got)
+	default:
+	}
+	it.HoldReads(false)
+	if got := recv(t, h.readCh, "the read once released"); got != "one" {
+		t.Fatalf("read %q", got)
+	}
+	it.HoldReads(true)
+	send(t, peer, "two")
+	_ = syscall.Shutdown(peer, syscall.SHUT_RDWR) // pair's cleanup closes it
+	if got := recv(t, h.readCh, "the read at the peer's leaving, held"); got != "two" {
+		t.Fatalf("read %q", got)
+	}
+	waitFor(t, "the item's end after the hang-up", func() bool { return it.state.Load() == itemOff })
+}
